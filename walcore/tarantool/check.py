@@ -1,0 +1,209 @@
+"""Verdicts on Tarantool files and on the chains they form in a data dir.
+
+Built from `xlog.FileScan` results; the links checked are those that Tarantool itself does not
+(tarantool-files.md): EOF markers, PrevVClock links, silent truncation, gaps before snapshots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..findings import FindingList
+from .layout import DataDir, kind_of, name_number
+from .meta import Vclock, format_vclock, vclock_sum
+from .xlog import SEALED_KINDS, FileScan
+
+
+@dataclass
+class TarantoolFile:
+    path: str
+    kind: str | None
+    status: str  # ok | open | in_progress | damaged
+    size: int
+    rows: int | None = None
+    blocks: int | None = None
+    zstd_blocks: int | None = None
+    instance: str | None = None
+    vclock: Vclock | None = None
+    prev_vclock: Vclock | None = None
+    # component -> [first, last, min, max] LSN
+    lsns: dict[int, list[int]] = field(default_factory=dict)
+    findings: FindingList = field(default_factory=FindingList)
+
+    def end_vclock(self) -> Vclock | None:
+        """The vclock after this file's last row."""
+        if self.vclock is None:
+            return None
+        end = dict(self.vclock)
+        for comp, r in self.lsns.items():
+            end[comp] = r[1]
+        return end
+
+    def mark_damaged(self) -> None:
+        if self.status != "in_progress":
+            self.status = "damaged"
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "family": "tarantool",
+            "kind": self.kind,
+            "status": self.status,
+            "size": self.size,
+            "rows": self.rows,
+            "blocks": self.blocks,
+            "zstd_blocks": self.zstd_blocks,
+            "instance": self.instance,
+            "vclock": _vclock_json(self.vclock),
+            "prev_vclock": _vclock_json(self.prev_vclock),
+            "lsn_ranges": {str(c): [r[2], r[3]] for c, r in sorted(self.lsns.items())},
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def _vclock_json(vclock: Vclock | None) -> dict | None:
+    return None if vclock is None else {str(k): v for k, v in sorted(vclock.items())}
+
+
+def in_progress_file(path: Path, size: int) -> TarantoolFile:
+    kind = kind_of(path)
+    return TarantoolFile(str(path), kind[0] if kind else None, "in_progress", size)
+
+
+def file_verdict(scan: FileScan) -> TarantoolFile:
+    """The verdict on one file seen alone (chain checks may add to it)."""
+    span, meta = scan.span, scan.meta
+    findings = scan.findings
+    path = Path(scan.path)
+    kind = scan.kind or (kind_of(path) or (None,))[0]
+    if meta is not None:
+        named = kind_of(path)
+        if named and named[0] != meta.kind:
+            findings.add("kind_mismatch", 0, f"file is named .{named[0]} but its meta block says {meta.filetype}")
+        number = name_number(path)
+        if meta.vclock is not None and meta.kind in ("xlog", "snap", "vylog") and number is not None \
+                and number != vclock_sum(meta.vclock):
+            findings.add("name_mismatch", 0, f"name says vclock sum {number}, meta VClock "
+                         f"{format_vclock(meta.vclock)} sums to {vclock_sum(meta.vclock)}")
+        if meta.kind == "xlog":
+            for comp, (first, *_rest) in sorted(span.lsns.items()):
+                expected = meta.vclock.get(comp, 0) + 1
+                if first != expected:
+                    code = "lsn_gap" if first > expected else "lsn_order"
+                    findings.add(code, span.first_pos, f"first lsn of component {comp} is {first}, but VClock "
+                                 f"{format_vclock(meta.vclock)} says the next is {expected}")
+            if span.blocks and not span.last_commit and not span.stopped:
+                findings.add("unterminated_transaction", span.last_block_pos,
+                             "the last row does not commit its transaction")
+        if not span.eof and not span.stopped and meta.kind in SEALED_KINDS:
+            findings.add("missing_eof", span.end_pos, f"a .{meta.kind} file is written whole, but it has no EOF marker")
+    if findings:
+        status = "damaged"
+    elif not span.eof:
+        status = "open"
+    else:
+        status = "ok"
+    return TarantoolFile(
+        scan.path, kind, status, scan.size,
+        rows=span.rows if meta else None, blocks=span.blocks if meta else None,
+        zstd_blocks=span.zstd_blocks if meta else None,
+        instance=meta.instance if meta else None, vclock=meta.vclock if meta else None,
+        prev_vclock=meta.prev_vclock if meta else None, lsns=span.lsns, findings=findings)
+
+
+def _leq(a: Vclock, b: Vclock) -> bool:
+    return all(v <= b.get(k, 0) for k, v in a.items() if v)
+
+
+def _same(a: Vclock, b: Vclock) -> bool:
+    return _leq(a, b) and _leq(b, a)
+
+
+@dataclass
+class Chain:
+    path: str
+    status: str
+    findings: FindingList
+    xlogs: list[str]
+    snapshots: list[dict]
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "status": self.status, "findings": [f.to_json() for f in self.findings],
+                "xlogs": self.xlogs, "snapshots": self.snapshots}
+
+
+def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[Chain]:
+    """Check every wal dir's xlog chain and link the data dir's snapshots to it.
+
+    May mark files damaged (an xlog other than the newest without its EOF marker).
+    """
+    snaps = [reports[str(p)] for p in data_dir.snaps]
+    chains = []
+    for wal_dir, paths in data_dir.xlog_dirs.items():
+        xlogs = [reports[str(p)] for p in paths]
+        findings = FindingList()
+        _check_links(xlogs, findings)
+        snapshots = [_link_snapshot(s, xlogs, findings) for s in snaps]
+        instances = {f.instance for f in xlogs + snaps if f.instance}
+        if len(instances) > 1:
+            findings.add("instance_mismatch", None, f"files of {len(instances)} instances are mixed: "
+                         + ", ".join(sorted(instances)))
+        for f in xlogs + snaps:
+            if f.status == "damaged":
+                findings.add("damaged_file", None, f"{Path(f.path).name} is damaged", f.path)
+        chains.append(Chain(str(wal_dir), "damaged" if findings else "ok", findings,
+                            [f.path for f in xlogs], snapshots))
+    return chains
+
+
+def _check_links(xlogs: list[TarantoolFile], findings: FindingList) -> None:
+    for i, f in enumerate(xlogs):
+        newest = i == len(xlogs) - 1
+        if f.status == "open" and not newest:
+            f.findings.add("missing_eof", f.size, "only the newest xlog may lack its EOF marker; this one is "
+                           "older, so it was cut short")
+            f.mark_damaged()
+        if i == 0 or f.vclock is None or xlogs[i - 1].vclock is None:
+            continue
+        prev = xlogs[i - 1]
+        end = prev.end_vclock()
+        name = Path(f.path).name
+        if f.prev_vclock is None:
+            findings.add("prev_vclock_mismatch", None, f"{name} has no PrevVClock but follows {Path(prev.path).name}", f.path)
+        elif not _same(f.prev_vclock, prev.vclock):
+            findings.add("xlog_gap", None, f"{name} says the previous xlog starts at {format_vclock(f.prev_vclock)}, "
+                         f"but {Path(prev.path).name} starts at {format_vclock(prev.vclock)}: an xlog is missing "
+                         "between them", f.path)
+            continue
+        if not _same(end, f.vclock):
+            findings.add("rows_lost", None, f"{Path(prev.path).name} ends at {format_vclock(end)} but {name} starts at "
+                         f"{format_vclock(f.vclock)}: rows between them are missing (the older file was truncated)",
+                         prev.path)
+
+
+def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: FindingList) -> dict:
+    """Which xlogs a snapshot makes redundant, and which one replay starts from."""
+    out = {"path": snap.path, "vclock": _vclock_json(snap.vclock), "status": snap.status,
+           "covers": [], "replay_from": None}
+    if snap.vclock is None:
+        return out
+    name = Path(snap.path).name
+    for f in xlogs:
+        end = f.end_vclock()
+        if end is None:
+            continue
+        if _leq(end, snap.vclock):
+            out["covers"].append(f.path)
+        elif _leq(f.vclock, snap.vclock) and out["replay_from"] is None:
+            out["replay_from"] = f.path
+    later = [f for f in xlogs if f.vclock is not None and not _leq(f.end_vclock(), snap.vclock)]
+    if out["replay_from"] is None and later:
+        first = later[0]
+        if _same(first.vclock, snap.vclock):
+            out["replay_from"] = first.path
+        else:
+            findings.add("snapshot_gap", None, f"after {name} at {format_vclock(snap.vclock)} the next xlog "
+                         f"{Path(first.path).name} starts at {format_vclock(first.vclock)}: the xlogs between are "
+                         "missing, so this snapshot cannot be replayed forward", first.path)
+    return out

@@ -1,0 +1,282 @@
+"""One Tarantool file, streamed: meta -> blocks -> rows (the layering of xlog.c).
+
+`scan_file` checks a whole file or a byte range of it with bounded memory (one block at a time)
+and returns a `FileScan`; ranges of one file scanned apart merge into the same result as one scan.
+`read_rows` yields every row, for tools and tests that need the rows themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..findings import FindingList
+from .block import (EOF_MAGIC, FIXHEADER_SIZE, MAGIC_PREFIX, BlockError, decompress, parse_fixheader,
+                    tarantool_crc32c)
+from .meta import MAX_META_SIZE, Meta, MetaError, parse_meta
+from .row import RowError, iter_rows, summarize_rows
+
+READ_BUFFER = 1 << 20
+# Kinds written whole under a temporary name and renamed: no EOF marker means damage.
+SEALED_KINDS = frozenset({"snap", "run", "index"})
+
+
+@dataclass(slots=True)
+class Span:
+    """Blocks scanned in order: where they start and end, their rows and LSNs per component."""
+
+    first_pos: int | None = None  # offset of the first block
+    end_pos: int | None = None  # offset just past the last block (or the EOF marker)
+    blocks: int = 0
+    zstd_blocks: int = 0
+    rows: int = 0
+    # component -> [first, last, min, max]
+    lsns: dict[int, list[int]] = field(default_factory=dict)
+    last_commit: bool = True
+    last_block_pos: int | None = None
+    eof: bool = False  # the EOF marker was read
+    stopped: bool = False  # scanning stopped early (damage it cannot read past)
+
+
+def merge_spans(a: Span, b: Span, findings: FindingList, *, xlog: bool) -> None:
+    """Append span b (which follows a) to a, checking the links between them."""
+    if b.blocks == 0 and not b.eof:
+        a.end_pos = b.end_pos if b.end_pos is not None else a.end_pos
+        a.stopped |= b.stopped
+        return
+    if a.blocks and xlog and not a.last_commit:
+        findings.add("unterminated_transaction", a.last_block_pos,
+                     "the block's last row does not commit its transaction (a transaction never spans blocks)")
+    for comp, (first, last, lo, hi) in b.lsns.items():
+        r = a.lsns.get(comp)
+        if r is None:
+            a.lsns[comp] = [first, last, lo, hi]
+            continue
+        if xlog and first != r[1] + 1:
+            code, what = ("lsn_order", "goes back") if first <= r[1] else ("lsn_gap", "skips ahead")
+            findings.add(code, b.first_pos, f"lsn {first} of component {comp} {what} after {r[1]} of the previous block")
+        r[1] = last
+        r[2] = min(r[2], lo)
+        r[3] = max(r[3], hi)
+    if a.first_pos is None:
+        a.first_pos = b.first_pos
+    a.end_pos = b.end_pos
+    a.blocks += b.blocks
+    a.zstd_blocks += b.zstd_blocks
+    a.rows += b.rows
+    if b.blocks:
+        a.last_commit = b.last_commit
+        a.last_block_pos = b.last_block_pos
+    a.eof = b.eof
+    a.stopped |= b.stopped
+
+
+class _File:
+    """Sequential reads with a known position, plus random reads for resynchronisation."""
+
+    def __init__(self, path):
+        self.f = open(path, "rb", buffering=READ_BUFFER)
+        self.size = os.fstat(self.f.fileno()).st_size
+        self.pos = 0
+
+    def seek(self, pos: int) -> None:
+        self.f.seek(pos)
+        self.pos = pos
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+    def pread(self, n: int, pos: int) -> bytes:
+        return os.pread(self.f.fileno(), n, pos)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _valid_block_at(f: _File, pos: int) -> bool:
+    head = f.pread(FIXHEADER_SIZE, pos)
+    if head[:4] == EOF_MAGIC:
+        return pos + 4 == f.size
+    if len(head) < FIXHEADER_SIZE:
+        return False
+    try:
+        _, length, crc = parse_fixheader(head)
+    except BlockError:
+        return False
+    if pos + FIXHEADER_SIZE + length > f.size:
+        return False
+    return tarantool_crc32c(f.pread(length, pos + FIXHEADER_SIZE)) == crc
+
+
+def find_block(f: _File, start: int) -> int | None:
+    """The offset of the first whole, CRC-valid block (or final EOF marker) at or after `start`."""
+    chunk = READ_BUFFER
+    pos = start
+    while pos < f.size:
+        data = f.pread(chunk + 3, pos)
+        i = 0
+        while True:
+            hits = [j for j in (data.find(MAGIC_PREFIX, i), data.find(EOF_MAGIC, i)) if 0 <= j < chunk]
+            if not hits:
+                break
+            j = min(hits)
+            if _valid_block_at(f, pos + j):
+                return pos + j
+            i = j + 1
+        pos += chunk
+    return None
+
+
+def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop: int | None) -> None:
+    xlog = kind == "xlog"
+    dml = kind in ("xlog", "snap")
+    size = f.size
+    while stop is None or f.pos < stop:
+        pos = f.pos
+        head = f.read(FIXHEADER_SIZE)
+        if not head:
+            span.end_pos = pos
+            return
+        if head[:4] == EOF_MAGIC:
+            span.eof = True
+            span.end_pos = pos + 4
+            if pos + 4 != size:
+                findings.add("data_after_eof", pos + 4, f"{size - pos - 4} bytes follow the EOF marker")
+            return
+        if len(head) < FIXHEADER_SIZE:
+            findings.add("truncated_block", pos, f"the file ends {len(head)} bytes into a 19-byte block header")
+            span.end_pos, span.stopped = size, True
+            return
+        try:
+            compressed, length, crc = parse_fixheader(head)
+        except BlockError as e:
+            findings.add(e.code, pos, f"block header: {e}")
+            if not _resync(f, span, findings, pos):
+                return
+            continue
+        if pos + FIXHEADER_SIZE + length > size:
+            findings.add("truncated_block", pos,
+                         f"block of {length} bytes is cut off: the file ends {size - pos - FIXHEADER_SIZE} bytes into it")
+            # A damaged length also looks like this; a valid block further on tells the two apart.
+            if not _resync(f, span, findings, pos, tail_reported=True):
+                return
+            continue
+        payload = f.read(length)
+        next_pos = f.pos
+        if tarantool_crc32c(payload) != crc:
+            findings.add("crc_mismatch", pos, f"block of {length} bytes: stored crc32c {crc:#010x}, computed "
+                         f"{tarantool_crc32c(payload):#010x}")
+            # A damaged payload keeps the framing; a damaged header field does not.
+            if next_pos == size or _valid_block_at(f, next_pos):
+                continue
+            if not _resync(f, span, findings, pos):
+                return
+            continue
+        rows_origin = pos + FIXHEADER_SIZE
+        if compressed:
+            try:
+                payload = decompress(payload)
+            except BlockError as e:
+                findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
+                continue
+        summary = summarize_rows(payload, xlog=xlog, dml_space_id=dml)
+        if summary.error:
+            offset, code, message = summary.error
+            if compressed:
+                findings.add(code, pos, f"row {summary.rows + 1} of zstd block, at byte {offset} of its rows: {message}")
+            else:
+                findings.add(code, rows_origin + offset, f"row {summary.rows + 1} of block at {pos}: {message}")
+        block = Span(pos, next_pos, 1, int(compressed), summary.rows, summary.lsns, summary.last_commit, pos)
+        merge_spans(span, block, findings, xlog=xlog)
+
+
+def _resync(f: _File, span: Span, findings: FindingList, bad_pos: int, tail_reported: bool = False) -> bool:
+    """Continue at the next valid block after damage at bad_pos; False when there is none."""
+    nxt = find_block(f, bad_pos + 1)
+    if nxt is None:
+        if not tail_reported:
+            findings.add("unreadable_tail", bad_pos, f"no valid block follows: {f.size - bad_pos} bytes to the end are unreadable")
+        span.end_pos, span.stopped = f.size, True
+        return False
+    findings.add("skipped_bytes", bad_pos, f"{nxt - bad_pos} bytes skipped to the next valid block at {nxt}")
+    f.seek(nxt)
+    return True
+
+
+@dataclass(slots=True)
+class FileScan:
+    path: str
+    kind: str | None
+    size: int
+    meta: Meta | None
+    span: Span
+    findings: FindingList
+
+
+def read_meta(f: _File) -> Meta:
+    meta = parse_meta(f.pread(MAX_META_SIZE, 0))
+    if meta is None:
+        raise MetaError(f.size, "the file ends inside the meta block" if f.size else "the file is empty")
+    return meta
+
+
+def scan_file(path, *, start: int | None = None, stop: int | None = None, search: bool = True) -> FileScan:
+    """Check the blocks of a file (all, or those starting in [start, stop)); never raises on bad data.
+
+    With `start`, scanning begins at the first valid block at or after it when `search` is set (a worker
+    taking a slice of a big file), or exactly at it otherwise.
+    """
+    findings = FindingList()
+    span = Span()
+    f = _File(path)
+    try:
+        try:
+            meta = read_meta(f)
+        except MetaError as e:
+            findings.add(e.code, e.offset, str(e))
+            return FileScan(str(path), None, f.size, None, span, findings)
+        if start is None or start <= meta.size:
+            f.seek(meta.size)
+        elif not search:
+            f.seek(start)
+        else:
+            first = find_block(f, start)
+            if first is None or (stop is not None and first >= stop):
+                span.end_pos = first if first is not None else f.size
+                return FileScan(str(path), meta.kind, f.size, meta, span, findings)
+            f.seek(first)
+        _scan_blocks(f, span, findings, kind=meta.kind, stop=stop)
+        return FileScan(str(path), meta.kind, f.size, meta, span, findings)
+    finally:
+        f.close()
+
+
+def read_rows(path):
+    """Yield (block offset, Row) for every row of a file; raise ValueError at the first damage."""
+    f = _File(path)
+    try:
+        meta = read_meta(f)
+        f.seek(meta.size)
+        xlog = meta.kind == "xlog"
+        while True:
+            pos = f.pos
+            head = f.read(FIXHEADER_SIZE)
+            if not head or head[:4] == EOF_MAGIC:
+                return
+            if len(head) < FIXHEADER_SIZE:
+                raise ValueError(f"{path}: truncated block header at {pos}")
+            compressed, length, crc = parse_fixheader(head)
+            payload = f.read(length)
+            if len(payload) < length or tarantool_crc32c(payload) != crc:
+                raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC")
+            if compressed:
+                payload = decompress(payload)
+            try:
+                for row in iter_rows(payload, require_lsn=xlog):
+                    yield pos, row
+            except RowError as e:
+                raise ValueError(f"{path}: block at {pos}, byte {e.offset} of its rows: {e}") from None
+    finally:
+        f.close()
