@@ -101,9 +101,12 @@ def encode_fixheader(compressed: bool, payload) -> bytes:
     return bytes(out)
 
 
+_decompressor = zstandard.ZstdDecompressor()
+
+
 def decompress(payload) -> bytes:
     """Decompress a zstd block. Tarantool's frames carry no content size, so a streaming object is needed."""
-    dobj = zstandard.ZstdDecompressor().decompressobj()
+    dobj = _decompressor.decompressobj()
     try:
         data = dobj.decompress(payload)
     except zstandard.ZstdError as e:
@@ -115,12 +118,9 @@ def decompress(payload) -> bytes:
     return data
 
 
-_compressor = None
+_compressor = zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=False)
 
 
 def compress(payload) -> bytes:
     """zstd level 3 without content size or checksum, as Tarantool writes it."""
-    global _compressor
-    if _compressor is None:
-        _compressor = zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=False)
     return _compressor.compress(payload)

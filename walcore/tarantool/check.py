@@ -24,6 +24,7 @@ class TarantoolFile:
     rows: int | None = None
     blocks: int | None = None
     zstd_blocks: int | None = None
+    eof: bool = False
     instance: str | None = None
     vclock: Vclock | None = None
     prev_vclock: Vclock | None = None
@@ -54,6 +55,7 @@ class TarantoolFile:
             "rows": self.rows,
             "blocks": self.blocks,
             "zstd_blocks": self.zstd_blocks,
+            "eof": self.eof,
             "instance": self.instance,
             "vclock": _vclock_json(self.vclock),
             "prev_vclock": _vclock_json(self.prev_vclock),
@@ -107,7 +109,7 @@ def file_verdict(scan: FileScan) -> TarantoolFile:
     return TarantoolFile(
         scan.path, kind, status, scan.size,
         rows=span.rows if meta else None, blocks=span.blocks if meta else None,
-        zstd_blocks=span.zstd_blocks if meta else None,
+        zstd_blocks=span.zstd_blocks if meta else None, eof=span.eof,
         instance=meta.instance if meta else None, vclock=meta.vclock if meta else None,
         prev_vclock=meta.prev_vclock if meta else None, lsns=span.lsns, findings=findings)
 
@@ -159,11 +161,17 @@ def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[C
 
 def _check_links(xlogs: list[TarantoolFile], findings: FindingList) -> None:
     for i, f in enumerate(xlogs):
-        newest = i == len(xlogs) - 1
-        if f.status == "open" and not newest:
-            f.findings.add("missing_eof", f.size, "only the newest xlog may lack its EOF marker; this one is "
-                           "older, so it was cut short")
-            f.mark_damaged()
+        if f.status == "open" and i < len(xlogs) - 1:
+            # Tarantool leaves the xlog it was writing at a crash without EOF marker and starts a new one.
+            # That is harmless when the next xlog continues exactly where this one ends; else it was cut.
+            nxt = xlogs[i + 1]
+            if nxt.vclock is not None and nxt.prev_vclock is not None and _same(nxt.prev_vclock, f.vclock) \
+                    and _same(f.end_vclock(), nxt.vclock):
+                f.status = "ok"
+            else:
+                f.findings.add("missing_eof", f.size, "an xlog older than the newest has no EOF marker and the "
+                               "next xlog does not continue where it ends: it was cut short")
+                f.mark_damaged()
         if i == 0 or f.vclock is None or xlogs[i - 1].vclock is None:
             continue
         prev = xlogs[i - 1]

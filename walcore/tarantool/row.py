@@ -2,17 +2,20 @@
 
 Two ways through a block's rows, which must agree:
 - `iter_rows` walks row by row and knows each row's offset: the reader, and the judge of damage.
-- `summarize_rows` checks a whole block with C-level passes (msgpack, map, min, max) and falls back
-  to `iter_rows` whenever anything is unusual, so that a finding always comes from the exact walk.
+- `RowDecoder` + `summarize_batch` check many blocks at once in C-level passes (msgpack, map, min,
+  max) and give up whenever anything is unusual; `summarize_rows` (over `iter_rows`) then decides,
+  so that a finding always comes from the exact walk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
-from operator import getitem
+from itertools import chain, repeat
+from operator import itemgetter
 
 import msgpack
+
+from .block import MAX_BLOCK_SIZE
 
 # Header keys.
 TYPE, REPLICA_ID, LSN, TIMESTAMP, GROUP_ID, TSN, FLAGS = 0x00, 0x02, 0x03, 0x04, 0x07, 0x08, 0x09
@@ -71,9 +74,7 @@ class Row:
 
     @property
     def commit(self) -> bool:
-        if TSN not in self.header:
-            return True
-        return bool(self.header.get(FLAGS, 0) & 1)
+        return commits(self.header)
 
     @property
     def space_id(self) -> int | None:
@@ -91,12 +92,22 @@ def _check_header(header, offset: int, require_lsn: bool) -> None:
     rtype = header.get(TYPE)
     if type(rtype) is not int:
         raise RowError(offset, "missing_row_key", "row header has no integer type (key 0x00)")
-    for key in (LSN, REPLICA_ID, GROUP_ID, TSN, FLAGS):
+    for key in (LSN, REPLICA_ID):
         value = header.get(key)
         if value is not None and (type(value) is not int or value < 0):
             raise RowError(offset, "bad_row", f"row header key 0x{key:02x} is {value!r}, not an unsigned int")
     if require_lsn and not header.get(LSN):
         raise RowError(offset, "missing_row_key", "xlog row has no lsn (key 0x03)")
+
+
+def commits(header: dict) -> bool:
+    """Whether a row ends its transaction; raises TypeError on a malformed tsn or flags field."""
+    if TSN not in header:
+        return True
+    flags = header.get(FLAGS, 0)
+    if type(flags) is not int or type(header[TSN]) is not int:
+        raise TypeError("tsn and flags must be unsigned ints")
+    return bool(flags & 1)
 
 
 def iter_rows(payload, *, require_lsn: bool = False, dml_space_id: bool = False):
@@ -143,10 +154,7 @@ class RowSummary:
 
 
 def summarize_rows(payload, *, xlog: bool, dml_space_id: bool) -> RowSummary:
-    return _summarize_fast(payload, xlog, dml_space_id) or _summarize_exact(payload, xlog, dml_space_id)
-
-
-def _summarize_exact(payload, xlog: bool, dml_space_id: bool) -> RowSummary:
+    """The exact walk over one block's rows, for verification."""
     lsns: dict[int, list[int]] = {}
     rows = 0
     last_commit = True
@@ -165,54 +173,83 @@ def _summarize_exact(payload, xlog: bool, dml_space_id: bool) -> RowSummary:
                 r[1] = lsn
                 r[2] = min(r[2], lsn)
                 r[3] = max(r[3], lsn)
-            last_commit = row.commit
+            try:
+                last_commit = row.commit
+            except TypeError as e:
+                raise RowError(row.offset, "bad_row", str(e)) from None
     except RowError as e:
         return RowSummary(rows, lsns, last_commit, (e.offset, e.code, str(e)))
     return RowSummary(rows, lsns, last_commit)
 
 
-def _summarize_fast(payload, xlog: bool, dml_space_id: bool) -> RowSummary | None:
-    """The common case in C-level passes; None whenever the exact walk must decide."""
-    unpacker = _unpacker(payload)
-    unpacker.feed(payload)
+class RowDecoder:
+    """Decodes the rows of a file's blocks, one after another, with one reused Unpacker (all in C)."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self.unpacker = msgpack.Unpacker(None, raw=True, use_list=False, strict_map_key=False,
+                                         max_buffer_size=MAX_BLOCK_SIZE)
+        self.consumed = 0
+
+    def decode(self, payload) -> list | None:
+        """Header and body objects of a block's rows; None if anything is odd (the exact walk decides)."""
+        self.unpacker.feed(payload)
+        self.consumed += len(payload)
+        try:
+            objs = list(self.unpacker)
+        except Exception:  # malformed msgpack of any kind
+            self._reset()
+            return None
+        if self.unpacker.tell() != self.consumed or not objs or len(objs) % 2:
+            self._reset()
+            return None
+        return objs
+
+
+def summarize_batch(blocks: list[list], *, xlog: bool, dml_space_id: bool) -> RowSummary | None:
+    """Check the decoded rows of consecutive blocks in a few C-level passes.
+
+    Returns the summary of all of them when every row is well-formed (and, in an xlog, the LSNs are
+    contiguous and every block ends a transaction); None whenever the exact walk must decide.
+    """
+    batch = blocks[0] if len(blocks) == 1 else list(chain.from_iterable(blocks))
+    headers, bodies = batch[0::2], batch[1::2]
+    n = len(headers)
     try:
-        objs = list(unpacker)
-    except Exception:
+        # Unbound dict methods raise TypeError on anything that is not a map.
+        if xlog:
+            lsns = list(map(dict.get, headers, repeat(LSN)))
+            kinds = set(map(itemgetter(TYPE, REPLICA_ID), headers))
+        else:
+            lsns = list(map(dict.get, headers, repeat(LSN), repeat(0)))
+            kinds = set(zip(map(dict.get, headers, repeat(TYPE)), map(dict.get, headers, repeat(REPLICA_ID), repeat(0))))
+        if dml_space_id:
+            if not all(map(dict.__contains__, bodies, repeat(SPACE_ID))):
+                return None
+        else:
+            any(map(dict.__contains__, bodies, repeat(None)))  # only to raise on a body that is not a map
+        end = 0
+        for objs in blocks:
+            end += len(objs)
+            if not commits(batch[end - 2]):
+                return None
+        if type(sum(lsns)) is not int:  # a None (missing lsn) raises, a float gives a float
+            return None
+    except (TypeError, KeyError):
         return None
-    n = len(objs)
-    if n == 0 or n % 2 or unpacker.tell() != len(payload):
+    types = {t for t, _ in kinds}
+    replicas = {r for _, r in kinds}
+    if len(replicas) != 1 or NOP in types or {type(t) for t in types | replicas} != {int} or min(replicas) < 0:
         return None
-    headers = objs[0::2]
-    if set(map(type, objs)) != {dict}:
-        return None
-    try:
-        types = list(map(getitem, headers, repeat(TYPE)))
-    except KeyError:
-        return None
-    if NOP in types or set(map(type, types)) != {int}:
-        return None
-    if dml_space_id and not all(map(dict.__contains__, objs[1::2], repeat(SPACE_ID))):
-        return None
-    replicas = set(map(dict.get, headers, repeat(REPLICA_ID), repeat(0)))
-    if len(replicas) != 1:
-        return None
-    lsns = list(map(dict.get, headers, repeat(LSN), repeat(0)))
-    if set(map(type, lsns)) != {int}:
-        return None
-    rows = n // 2
     first, last = lsns[0], lsns[-1]
     if xlog:
-        # Each component's LSNs are contiguous; anything else goes to the exact walk.
-        if first <= 0 or lsns != list(range(first, first + rows)):
+        if first <= 0 or lsns != list(range(first, first + n)):
             return None
         lo, hi = first, last
     else:
         lo, hi = min(lsns), max(lsns)
-    for key in (REPLICA_ID, GROUP_ID, TSN, FLAGS):
-        values = set(map(dict.get, headers, repeat(key)))
-        values.discard(None)
-        if values and (set(map(type, values)) != {int} or min(values) < 0):
+        if lo < 0:
             return None
-    tail = headers[-1]
-    last_commit = TSN not in tail or bool(tail.get(FLAGS, 0) & 1)
-    return RowSummary(rows, {replicas.pop(): [first, last, lo, hi]}, last_commit)
+    return RowSummary(n, {replicas.pop(): [first, last, lo, hi]}, True)
