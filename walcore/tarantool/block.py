@@ -51,13 +51,30 @@ def parse_fixheader(header) -> tuple[bool, int, int]:
 
     Returns (compressed, len, crc32c). Raises BlockError on any malformed part.
     """
-    magic = bytes(header[:4])
+    magic = header[:4]
     if magic == ROW_MAGIC:
         compressed = False
     elif magic == ZROW_MAGIC:
         compressed = True
     else:
-        raise BlockError("bad_magic", f"bytes {magic.hex()} are not a block magic")
+        raise BlockError("bad_magic", f"bytes {bytes(magic).hex()} are not a block magic")
+    # The layouts Tarantool writes (len of any width, crc32p 0, a 4-byte crc32c) without the general walk.
+    b = header[4]
+    if b < 0x80:
+        length, pos = b, 5
+    elif b == 0xCD:
+        length, pos = (header[5] << 8) | header[6], 7
+    elif b == 0xCE:
+        length, pos = int.from_bytes(header[5:9], "big"), 9
+    else:
+        pos = 0
+    if pos and header[pos] == 0 and header[pos + 1] == 0xCE and header[pos + 6] == 0xA0 + 12 - pos \
+            and 0 < length <= MAX_BLOCK_SIZE:
+        return compressed, length, int.from_bytes(header[pos + 2:pos + 6], "big")
+    return compressed, *_parse_fixheader_fields(header)
+
+
+def _parse_fixheader_fields(header) -> tuple[int, int]:
     try:
         length, pos = _mp_uint(header, 4)
         _crc32p, pos = _mp_uint(header, pos)
@@ -80,7 +97,7 @@ def parse_fixheader(header) -> tuple[bool, int, int]:
         raise BlockError("bad_fixheader", f"crc32c {crc} does not fit 32 bits")
     if length == 0 or length > MAX_BLOCK_SIZE:
         raise BlockError("bad_fixheader", f"block length {length} is impossible")
-    return compressed, length, crc
+    return length, crc
 
 
 def encode_fixheader(compressed: bool, payload) -> bytes:

@@ -195,16 +195,17 @@ def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop
 
 def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, stop: int | None) -> None:
     size = f.size
-    while stop is None or f.pos < stop:
-        pos = f.pos
-        head = f.read(FIXHEADER_SIZE)
+    read = f.f.read  # the hot loop keeps the position itself; f.pos is set where others need it
+    pos = f.pos
+    while stop is None or pos < stop:
+        head = read(FIXHEADER_SIZE)
         if not head:
-            span.end_pos = pos
+            span.end_pos = f.pos = pos
             return
         if head[:4] == EOF_MAGIC:
             batch.flush(span, findings)
             span.eof = True
-            span.end_pos = pos + 4
+            span.end_pos = f.pos = pos + 4
             if pos + 4 != size:
                 findings.add("data_after_eof", pos + 4, f"{size - pos - 4} bytes follow the EOF marker")
             return
@@ -220,26 +221,29 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             findings.add(e.code, pos, f"block header: {e}")
             if not _resync(f, span, findings, pos):
                 return
+            pos = f.pos
             continue
-        if pos + FIXHEADER_SIZE + length > size:
+        next_pos = pos + FIXHEADER_SIZE + length
+        if next_pos > size:
             batch.flush(span, findings)
             findings.add("truncated_block", pos,
                          f"block of {length} bytes is cut off: the file ends {size - pos - FIXHEADER_SIZE} bytes into it")
             # A damaged length also looks like this; a valid block further on tells the two apart.
             if not _resync(f, span, findings, pos, tail_reported=True):
                 return
+            pos = f.pos
             continue
-        payload = f.read(length)
-        next_pos = f.pos
+        payload = read(length)
         if tarantool_crc32c(payload) != crc:
             batch.flush(span, findings)
             findings.add("crc_mismatch", pos, f"block of {length} bytes: stored crc32c {crc:#010x}, computed "
                          f"{tarantool_crc32c(payload):#010x}")
             # A damaged payload keeps the framing; a damaged header field does not.
-            if next_pos == size or _valid_block_at(f, next_pos):
-                continue
-            if not _resync(f, span, findings, pos):
-                return
+            if next_pos != size and not _valid_block_at(f, next_pos):
+                if not _resync(f, span, findings, pos):
+                    return
+                next_pos = f.pos
+            pos = next_pos
             continue
         if compressed:
             try:
@@ -247,8 +251,11 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             except BlockError as e:
                 batch.flush(span, findings)
                 findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
+                pos = next_pos
                 continue
         batch.add(span, findings, pos, next_pos, compressed, payload)
+        pos = next_pos
+    f.pos = pos
 
 
 def _resync(f: _File, span: Span, findings: FindingList, bad_pos: int, tail_reported: bool = False) -> bool:
