@@ -15,12 +15,9 @@ from ..findings import FindingList
 from .block import (EOF_MAGIC, FIXHEADER_SIZE, MAGIC_PREFIX, BlockError, decompress, parse_fixheader,
                     tarantool_crc32c)
 from .meta import MAX_META_SIZE, Meta, MetaError, parse_meta
-from .row import RowDecoder, RowError, iter_rows, summarize_batch, summarize_rows
+from .row import RowError, RowSummary, RowWalker, iter_rows, summarize_rows
 
 READ_BUFFER = 1 << 20
-# Rows are checked in batches of consecutive blocks, to spread the per-call cost of the C passes.
-BATCH_ROWS = 2048
-BATCH_BYTES = 4 << 20
 # Kinds written whole under a temporary name and renamed: no EOF marker means damage.
 SEALED_KINDS = frozenset({"snap", "run", "index"})
 
@@ -133,68 +130,54 @@ def find_block(f: _File, start: int) -> int | None:
     return None
 
 
-class _Batch:
-    """Decoded blocks waiting to be checked together (bounded: BATCH_ROWS rows or BATCH_BYTES bytes)."""
+def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop: int | None) -> None:
+    # Row headers decode into many small acyclic objects; cyclic GC passes over them would only cost time.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _read_blocks(f, span, findings, kind == "xlog", stop)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
-    def __init__(self, kind: str):
-        self.xlog = kind == "xlog"
-        self.dml = kind in ("xlog", "snap")
-        self.decoder = RowDecoder()
-        self.blocks: list[tuple[int, int, bool, bytes, list]] = []  # (pos, end, zstd, rows bytes, objects)
-        self.rows = self.bytes = 0
 
-    def add(self, span: Span, findings: FindingList, pos: int, end: int, compressed: bool, payload) -> None:
-        objs = self.decoder.decode(payload)
-        if objs is None:
-            self.flush(span, findings)
-            self._exact(span, findings, pos, end, compressed, payload)
+def _check_rows(span: Span, findings: FindingList, walker: RowWalker, pos: int, end: int, compressed: bool,
+                payload) -> None:
+    xlog = walker.xlog
+    walked = walker.walk(payload)
+    if walked is not None:
+        rows, comp, first, last, lo, hi, commit = walked
+        r = span.lsns.get(comp)
+        if r is not None and span.last_commit and (not xlog or first == r[1] + 1):
+            # The common case of merge_spans, without building a Span.
+            r[1] = last
+            if lo < r[2]:
+                r[2] = lo
+            if hi > r[3]:
+                r[3] = hi
+            span.end_pos = end
+            span.blocks += 1
+            span.zstd_blocks += compressed
+            span.rows += rows
+            span.last_commit = commit
+            span.last_block_pos = pos
             return
-        self.blocks.append((pos, end, compressed, payload, objs))
-        self.rows += len(objs)
-        self.bytes += len(payload)
-        if self.rows >= BATCH_ROWS or self.bytes >= BATCH_BYTES:
-            self.flush(span, findings)
-
-    def flush(self, span: Span, findings: FindingList) -> None:
-        if not self.blocks:
-            return
-        blocks, self.blocks, self.rows, self.bytes = self.blocks, [], 0, 0
-        summary = summarize_batch([b[4] for b in blocks], xlog=self.xlog, dml_space_id=self.dml)
-        if summary is None:
-            for pos, end, compressed, payload, _ in blocks:
-                self._exact(span, findings, pos, end, compressed, payload)
-            return
-        zstd = sum(b[2] for b in blocks)
-        merge_spans(span, Span(blocks[0][0], blocks[-1][1], len(blocks), zstd, summary.rows, summary.lsns,
-                               True, blocks[-1][0]), findings, xlog=self.xlog)
-
-    def _exact(self, span, findings, pos, end, compressed, payload) -> None:
-        summary = summarize_rows(payload, xlog=self.xlog, dml_space_id=self.dml)
+        summary = RowSummary(rows, {comp: [first, last, lo, hi]}, commit)
+    else:
+        summary = summarize_rows(payload, xlog=xlog)
         if summary.error:
             offset, code, message = summary.error
             if compressed:
                 findings.add(code, pos, f"row {summary.rows + 1} of zstd block, at byte {offset} of its rows: {message}")
             else:
                 findings.add(code, pos + FIXHEADER_SIZE + offset, f"row {summary.rows + 1} of block at {pos}: {message}")
-        merge_spans(span, Span(pos, end, 1, int(compressed), summary.rows, summary.lsns, summary.last_commit, pos),
-                    findings, xlog=self.xlog)
+    merge_spans(span, Span(pos, end, 1, int(compressed), summary.rows, summary.lsns, summary.last_commit, pos),
+                findings, xlog=xlog)
 
 
-def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop: int | None) -> None:
-    batch = _Batch(kind)
-    # Rows decode into many small acyclic objects; cyclic GC passes over them would only cost time.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        _read_blocks(f, span, findings, batch, stop)
-    finally:
-        batch.flush(span, findings)
-        if gc_was_enabled:
-            gc.enable()
-
-
-def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, stop: int | None) -> None:
+def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: int | None) -> None:
     size = f.size
+    walker = RowWalker(xlog)
     read = f.f.read  # the hot loop keeps the position itself; f.pos is set where others need it
     pos = f.pos
     while stop is None or pos < stop:
@@ -203,21 +186,18 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             span.end_pos = f.pos = pos
             return
         if head[:4] == EOF_MAGIC:
-            batch.flush(span, findings)
             span.eof = True
             span.end_pos = f.pos = pos + 4
             if pos + 4 != size:
                 findings.add("data_after_eof", pos + 4, f"{size - pos - 4} bytes follow the EOF marker")
             return
         if len(head) < FIXHEADER_SIZE:
-            batch.flush(span, findings)
             findings.add("truncated_block", pos, f"the file ends {len(head)} bytes into a 19-byte block header")
             span.end_pos, span.stopped = size, True
             return
         try:
             compressed, length, crc = parse_fixheader(head)
         except BlockError as e:
-            batch.flush(span, findings)
             findings.add(e.code, pos, f"block header: {e}")
             if not _resync(f, span, findings, pos):
                 return
@@ -225,7 +205,6 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             continue
         next_pos = pos + FIXHEADER_SIZE + length
         if next_pos > size:
-            batch.flush(span, findings)
             findings.add("truncated_block", pos,
                          f"block of {length} bytes is cut off: the file ends {size - pos - FIXHEADER_SIZE} bytes into it")
             # A damaged length also looks like this; a valid block further on tells the two apart.
@@ -235,7 +214,6 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             continue
         payload = read(length)
         if tarantool_crc32c(payload) != crc:
-            batch.flush(span, findings)
             findings.add("crc_mismatch", pos, f"block of {length} bytes: stored crc32c {crc:#010x}, computed "
                          f"{tarantool_crc32c(payload):#010x}")
             # A damaged payload keeps the framing; a damaged header field does not.
@@ -249,11 +227,10 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, batch: _Batch, sto
             try:
                 payload = decompress(payload)
             except BlockError as e:
-                batch.flush(span, findings)
                 findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
                 pos = next_pos
                 continue
-        batch.add(span, findings, pos, next_pos, compressed, payload)
+        _check_rows(span, findings, walker, pos, next_pos, compressed, payload)
         pos = next_pos
     f.pos = pos
 
