@@ -12,7 +12,7 @@ MAX_META_SIZE = 4096
 
 Vclock = dict[int, int]
 
-_VCLOCK_ITEM = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
+_VCLOCK_ITEM = re.compile(r" *(\d+) *: *(\d+) *")
 
 
 class MetaError(ValueError):
@@ -40,10 +40,10 @@ class Meta:
 
 
 def parse_vclock(text: str) -> Vclock:
-    text = text.strip()
+    text = text.strip(" ")
     if not (text.startswith("{") and text.endswith("}")):
         raise ValueError(f"vclock {text!r} is not of the form {{id: lsn, ...}}")
-    inner = text[1:-1].strip()
+    inner = text[1:-1].strip(" ")
     vclock: Vclock = {}
     if not inner:
         return vclock
@@ -93,7 +93,7 @@ def parse_meta(buf: bytes) -> Meta | None:
         key, sep, value = line.partition(":")
         if not sep:
             raise MetaError(offset, f"meta line {line!r} is not 'Key: value'")
-        key, value = key.strip(), value.strip()
+        key, value = key.strip(" "), value.strip(" ")
         try:
             if key in ("Instance", "Server"):
                 meta.instance = value

@@ -13,7 +13,7 @@ msgpack object (none for NOP, or at the end of the block).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count
 
 import msgpack
@@ -147,37 +147,39 @@ class RowSummary:
     # component -> [first, last, min, max] LSN, in row order
     lsns: dict[int, list[int]]
     last_commit: bool
-    # (offset in the rows, code, message) of the first malformed row, or None
-    error: tuple[int, str, str] | None = None
+    # (offset in the rows, row number from 1, code, message) of each problem found
+    errors: list[tuple[int, int, str, str]] = field(default_factory=list)
 
 
 def summarize_rows(payload, *, xlog: bool) -> RowSummary:
-    """The exact walk over one block's rows, for verification."""
-    lsns: dict[int, list[int]] = {}
-    rows = 0
-    last_commit = True
+    """The exact walk over one block's rows, for verification.
+
+    It stops at a row it cannot read; an LSN out of sequence is noted and the walk goes on.
+    """
+    summary = RowSummary(0, {}, True)
+    lsns = summary.lsns
     try:
         for row in iter_rows(payload, require_lsn=xlog):
-            rows += 1
+            summary.rows += 1
             lsn = row.lsn
             r = lsns.get(row.replica_id)
             if r is None:
                 lsns[row.replica_id] = [lsn, lsn, lsn, lsn]
             else:
                 if xlog and lsn != r[1] + 1:
-                    what = "goes back" if lsn <= r[1] else "skips ahead"
-                    raise RowError(row.offset, "lsn_order" if lsn <= r[1] else "lsn_gap",
-                                   f"lsn {lsn} of component {row.replica_id} {what} after {r[1]}")
+                    code, what = ("lsn_order", "goes back") if lsn <= r[1] else ("lsn_gap", "skips ahead")
+                    summary.errors.append((row.offset, summary.rows, code,
+                                           f"lsn {lsn} of component {row.replica_id} {what} after {r[1]}"))
                 r[1] = lsn
                 r[2] = min(r[2], lsn)
                 r[3] = max(r[3], lsn)
             try:
-                last_commit = row.commit
+                summary.last_commit = row.commit
             except TypeError as e:
                 raise RowError(row.offset, "bad_row", str(e)) from None
     except RowError as e:
-        return RowSummary(rows, lsns, last_commit, (e.offset, e.code, str(e)))
-    return RowSummary(rows, lsns, last_commit)
+        summary.errors.append((e.offset, summary.rows + 1, e.code, str(e)))
+    return summary
 
 
 class _GiveUp(Exception):

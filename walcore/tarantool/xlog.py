@@ -165,12 +165,12 @@ def _check_rows(span: Span, findings: FindingList, walker: RowWalker, pos: int, 
         summary = RowSummary(rows, {comp: [first, last, lo, hi]}, commit)
     else:
         summary = summarize_rows(payload, xlog=xlog)
-        if summary.error:
-            offset, code, message = summary.error
-            if compressed:
-                findings.add(code, pos, f"row {summary.rows + 1} of zstd block, at byte {offset} of its rows: {message}")
-            else:
-                findings.add(code, pos + FIXHEADER_SIZE + offset, f"row {summary.rows + 1} of block at {pos}: {message}")
+    # What is inside this block, then its links to the previous one: the order verify._join keeps too.
+    for offset, number, code, message in summary.errors:
+        if compressed:
+            findings.add(code, pos, f"row {number} of zstd block, at byte {offset} of its rows: {message}")
+        else:
+            findings.add(code, pos + FIXHEADER_SIZE + offset, f"row {number} of block at {pos}: {message}")
     merge_spans(span, Span(pos, end, 1, int(compressed), summary.rows, summary.lsns, summary.last_commit, pos),
                 findings, xlog=xlog)
 
@@ -232,7 +232,8 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: 
                 continue
         _check_rows(span, findings, walker, pos, next_pos, compressed, payload)
         pos = next_pos
-    f.pos = pos
+    # Stopped at `stop`: the next range starts where this one's scan got to, damaged blocks included.
+    span.end_pos = f.pos = pos
 
 
 def _resync(f: _File, span: Span, findings: FindingList, bad_pos: int, tail_reported: bool = False) -> bool:
