@@ -1,7 +1,7 @@
 """walvault: the command line.
 
 Exit codes: 0 everything checked is intact; 1 there are findings; 2 nothing could be checked
-(a path is missing or unreadable, or the command line is wrong).
+(a path is missing or unreadable, holds no WAL files, or the command line is wrong).
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
     except OSError as e:
         print(f"walvault: cannot check: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    if not report.files:
+        # An empty or wrong directory must not pass for an intact one.
+        print(f"walvault: cannot check: no WAL files under {', '.join(map(str, args.paths))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=1)

@@ -2,8 +2,8 @@
 
 Two walks over a block's rows, which must agree on every block they both accept:
 - `RowWalker.walk`, the fast one: one reused Unpacker per file, the header of each row decoded
-  and its body skipped in C, and only the checks that most blocks need in the loop; it gives up
-  (returns None) on anything unusual — local rows mixed in, a NOP, a gap, bad msgpack.
+  and its body skipped in C, with type and value checks folded into a few operations per row; it
+  gives up (returns None) on anything unusual — local rows mixed in, a NOP, a gap, bad msgpack.
 - `summarize_rows` over `iter_rows`, the exact one: it decides every block the fast one gave up on,
   so that each finding comes with the offset of its row.
 What a row must be, as Tarantool's xrow layer reads it: a header map with an integer type (0x00),
@@ -30,6 +30,8 @@ ROW_TYPES = {
     40: "CONFIRM", 41: "ROLLBACK", 100: "RUNINFO", 101: "PAGEINFO", 102: "ROWINDEX",
 }
 NOP = 12
+# Header keys whose values Tarantool requires to be unsigned ints (xrow_header_decode).
+UINT_KEYS = (REPLICA_ID, LSN, GROUP_ID, TSN, FLAGS)
 _U64 = 1 << 64
 
 
@@ -94,22 +96,18 @@ def _check_header(header, offset: int, require_lsn: bool) -> None:
     rtype = header.get(TYPE)
     if type(rtype) is not int:
         raise RowError(offset, "missing_row_key", "row header has no integer type (key 0x00)")
-    for key in (LSN, REPLICA_ID):
-        value = header.get(key)
-        if value is not None and (type(value) is not int or value < 0):
-            raise RowError(offset, "bad_row", f"row header key 0x{key:02x} is {value!r}, not an unsigned int")
+    for key in UINT_KEYS:
+        if key in header:
+            value = header[key]
+            if type(value) is not int or value < 0:
+                raise RowError(offset, "bad_row", f"row header key 0x{key:02x} is {value!r}, not an unsigned int")
     if require_lsn and not header.get(LSN):
         raise RowError(offset, "missing_row_key", "xlog row has no lsn (key 0x03)")
 
 
 def commits(header: dict) -> bool:
-    """Whether a row ends its transaction; raises TypeError on a malformed tsn or flags field."""
-    if TSN not in header:
-        return True
-    flags = header.get(FLAGS, 0)
-    if type(flags) is not int or type(header[TSN]) is not int:
-        raise TypeError("tsn and flags must be unsigned ints")
-    return bool(flags & 1)
+    """Whether a row ends its transaction (the header's fields are known to be well-typed)."""
+    return TSN not in header or bool(header.get(FLAGS, 0) & 1)
 
 
 def iter_rows(payload, *, require_lsn: bool = False):
@@ -173,10 +171,7 @@ def summarize_rows(payload, *, xlog: bool) -> RowSummary:
                 r[1] = lsn
                 r[2] = min(r[2], lsn)
                 r[3] = max(r[3], lsn)
-            try:
-                summary.last_commit = row.commit
-            except TypeError as e:
-                raise RowError(row.offset, "bad_row", str(e)) from None
+            summary.last_commit = row.commit
     except RowError as e:
         summary.errors.append((e.offset, summary.rows + 1, e.code, str(e)))
     return summary
@@ -215,24 +210,24 @@ class RowWalker:
 
     @staticmethod
     def _walk_xlog(unpacker) -> tuple:
-        # One component, contiguous LSNs, no NOP: what nearly every WAL block is. The loop does as little
-        # as it can per row. The component is checked on the first and last rows only: a row of another
-        # component inside could only pass if its LSN filled a gap in this component's own sequence,
-        # which Tarantool never writes (and the next row of this component would then not follow).
+        # One component, contiguous LSNs, no NOP: what nearly every WAL block is. The first and last rows
+        # are checked like the exact walk does; the loop checks the others with as little as it can:
+        # `^` raises TypeError on anything but an int, so it checks the type and the value at once.
+        # (A msgpack true/false equal to the expected int is the one thing it lets through.)
         skip = unpacker.skip
         h = next(unpacker)
+        _check_fast(h)
         comp = h.get(REPLICA_ID, 0)
         first = last = h[LSN]
-        if type(first) is not int or type(comp) is not int or first <= 0 or comp < 0 or type(h[TYPE]) is not int \
-                or h[TYPE] == NOP:
+        if first <= 0:
             raise _GiveUp
         skip()
         for last, h in zip(count(first + 1), unpacker):
-            if h[LSN] != last or h[TYPE] == NOP:
+            if h[LSN] ^ last or h.get(REPLICA_ID, 0) ^ comp or not h[TYPE] ^ NOP \
+                    or (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
                 raise _GiveUp
             skip()
-        if h.get(REPLICA_ID, 0) != comp or type(h[TYPE]) is not int:
-            raise _GiveUp
+        _check_fast(h)
         return last - first + 1, comp, first, last, first, last, commits(h)
 
     @staticmethod
@@ -240,16 +235,14 @@ class RowWalker:
         # .snap/.vylog/.run/.index: one component; LSNs in any order (runs are sorted by key).
         skip = unpacker.skip
         h = next(unpacker)
+        _check_fast(h)
         comp = h.get(REPLICA_ID, 0)
         first = lo = hi = lsn = h.get(LSN, 0)
-        if type(first) is not int or type(comp) is not int or first < 0 or comp < 0 or type(h[TYPE]) is not int \
-                or h[TYPE] == NOP:
-            raise _GiveUp
         skip()
         rows = 1
         for h in unpacker:
-            lsn = h.get(LSN, 0)
-            if h.get(REPLICA_ID, 0) != comp or h[TYPE] == NOP:
+            lsn = h.get(LSN, 0) | 0
+            if h.get(REPLICA_ID, 0) ^ comp or not h[TYPE] ^ NOP or (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
                 raise _GiveUp
             if lsn > hi:
                 hi = lsn
@@ -257,6 +250,17 @@ class RowWalker:
                 lo = lsn
             skip()
             rows += 1
-        if type(h[TYPE]) is not int or lo < 0:
-            raise _GiveUp
+        _check_fast(h)
         return rows, comp, first, lsn, lo, hi, commits(h)
+
+
+def _check_fast(header) -> None:
+    """The exact walk's header checks, for the rows the fast loop checks in full."""
+    rtype = header[TYPE]
+    if type(rtype) is not int or rtype == NOP:
+        raise _GiveUp
+    for key in UINT_KEYS:
+        if key in header:
+            value = header[key]
+            if type(value) is not int or value < 0:
+                raise _GiveUp

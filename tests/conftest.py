@@ -1,0 +1,90 @@
+"""Shared test support: where the shared fixtures are, real Tarantool instances, the real CLI.
+
+Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is on sys.path).
+
+- ``SHARED``, ``TARANTOOL_FIXTURES``: ../shared and its real Tarantool sample files (read only:
+  copy them before changing anything, see ``copy_tree``).
+- ``require_shared``, ``require_tarantool``: skip marks (``pytestmark = require_shared``).
+- ``run_cli(*args)``: run the installed ``walvault`` entry point in a subprocess.
+- fixtures ``real_instance`` / ``crashed_instance``: session-scoped data dirs written by a real
+  Tarantool (clean shutdown / SIGKILL after the last write). Shared by every test: never modify
+  them, copy them first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+import tarantool_real  # noqa: E402  (stdlib only)
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+TARANTOOL_FIXTURES = SHARED / "fixtures" / "tarantool"
+
+require_shared = pytest.mark.skipif(
+    not TARANTOOL_FIXTURES.is_dir(),
+    reason=f"shared fixtures not found at {TARANTOOL_FIXTURES} (the repo expects ../shared beside it)")
+require_tarantool = pytest.mark.skipif(
+    tarantool_real.TARANTOOL is None,
+    reason="real Tarantool not installed: `tarantool` is not on PATH (Debian: apt-get install -y tarantool)")
+
+_ENTRY_POINT = Path(sys.executable).with_name("walvault")
+
+
+def walvault_command() -> list[str]:
+    """The installed `walvault` entry point (the venv's, else PATH's, else the same code via -c)."""
+    if _ENTRY_POINT.exists():
+        return [str(_ENTRY_POINT)]
+    found = shutil.which("walvault")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; sys.argv[0] = 'walvault'; from walcore.cli import run; run()"]
+
+
+def run_cli(*args, timeout: float = 300.0, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `walvault ARGS...` and return the finished process (text stdout/stderr, never raises on rc)."""
+    return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd or REPO)
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    """Copy a directory and make the copy writable (the shared fixtures are read-only)."""
+    shutil.copytree(src, dst)
+    for root, dirs, files in os.walk(dst):
+        for name in dirs + files:
+            p = Path(root) / name
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    Path(dst).chmod(Path(dst).stat().st_mode | stat.S_IWUSR)
+    return Path(dst)
+
+
+@pytest.fixture(scope="session")
+def real_instance(tmp_path_factory) -> Path:
+    """A data dir written by real Tarantool and shut down cleanly (do not modify it).
+
+    wal_max_size=16384 and scale=2: ~25 xlogs, 4 snapshots, vinyl runs; see tarantool_real.
+    """
+    if tarantool_real.TARANTOOL is None:
+        pytest.skip("real Tarantool not installed: `tarantool` is not on PATH")
+    return tarantool_real.generate_instance(tmp_path_factory.mktemp("real-instance"),
+                                            wal_max_size=16384, scale=2)
+
+
+@pytest.fixture(scope="session")
+def crashed_instance(tmp_path_factory) -> Path:
+    """Like real_instance, but Tarantool was SIGKILLed after its last write (do not modify it)."""
+    if tarantool_real.TARANTOOL is None:
+        pytest.skip("real Tarantool not installed: `tarantool` is not on PATH")
+    return tarantool_real.generate_instance(tmp_path_factory.mktemp("crashed-instance"),
+                                            wal_max_size=16384, scale=2, crash=True)

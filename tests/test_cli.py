@@ -1,0 +1,369 @@
+"""The walvault command line, run as the installed entry point in a subprocess."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import walcore.verify as verify_mod
+from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
+from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
+from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
+from walcore.tarantool.writer import TarantoolWriter, generate_wal
+
+FILE_KEYS = {"path", "family", "kind", "status", "size", "rows", "blocks", "zstd_blocks", "eof", "instance", "vclock",
+             "prev_vclock", "lsn_ranges", "findings"}
+CHAIN_KEYS = {"path", "status", "findings", "xlogs", "snapshots"}
+SUFFIXES = (".xlog", ".snap", ".vylog", ".run", ".index")
+
+
+def block_offsets(path: Path) -> list[int]:
+    """Offsets of the blocks of a valid file, from its raw framing."""
+    data = path.read_bytes()
+    pos = parse_meta(data[:MAX_META_SIZE]).size
+    out = []
+    while pos < len(data) and data[pos:pos + 4] != EOF_MAGIC:
+        out.append(pos)
+        pos += FIXHEADER_SIZE + parse_fixheader(data[pos:pos + FIXHEADER_SIZE])[1]
+    return out
+
+
+def flip(path: Path, offset: int, mask: int = 0x10) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def no_traceback(proc) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout
+
+
+@pytest.fixture
+def damaged_features(tmp_path):
+    """A copy of features/ with one byte flipped inside the 3rd block's rows of 197.xlog."""
+    work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "features")
+    xlog = work / "wal" / "00000000000000000197.xlog"
+    block = block_offsets(xlog)[2]
+    flip(xlog, block + FIXHEADER_SIZE + 3)
+    return work, xlog, block
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+@require_shared
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_exit_0_on_the_fixtures(command):
+    proc = run_cli(command, TARANTOOL_FIXTURES)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    no_traceback(proc)
+    assert proc.stdout.rstrip().endswith("verdict: INTACT")
+
+
+@require_shared
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_exit_1_on_a_damaged_copy(command, damaged_features):
+    work, xlog, block = damaged_features
+    proc = run_cli(command, work)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    no_traceback(proc)
+    assert "verdict: FINDINGS" in proc.stdout
+    # the finding names its code and the damaged block's byte offset
+    line = next(line for line in proc.stdout.splitlines() if "crc_mismatch" in line)
+    assert f"crc_mismatch at byte {block}" in line
+    assert xlog.name in proc.stdout
+
+
+@require_shared
+def test_exit_1_for_a_damaged_file_given_alone(damaged_features):
+    _, xlog, _ = damaged_features
+    proc = run_cli("verify", xlog)
+    assert proc.returncode == 1
+    no_traceback(proc)
+
+
+@require_shared
+@pytest.mark.parametrize("args", [
+    ["verify", "{missing}"],
+    ["inspect", "{missing}"],
+    ["verify", "{fixtures}", "{missing}"],
+    ["verify", "--json", "{missing}"],
+], ids=["verify", "inspect", "with-a-good-path", "json"])
+def test_exit_2_on_a_missing_path(args, tmp_path):
+    missing = tmp_path / "no" / "such.xlog"
+    proc = run_cli(*[a.format(missing=missing, fixtures=TARANTOOL_FIXTURES / "features") for a in args])
+    assert proc.returncode == 2
+    no_traceback(proc)
+    assert str(missing) in proc.stderr
+    assert proc.stdout == ""  # no partial report that could be mistaken for a verdict
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_exit_2_when_there_is_nothing_to_check(command, tmp_path):
+    """An empty directory, or one of other files, must not pass for an intact WAL."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a WAL\n")
+    for path in (tmp_path / "empty", tmp_path / "other"):
+        proc = run_cli(command, str(path))
+        assert proc.returncode == 2
+        no_traceback(proc)
+        assert "no WAL files" in proc.stderr and str(path) in proc.stderr
+        assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["verify"],
+    ["inspect"],
+    ["verify", "--frobnicate", "x"],
+    ["frobnicate", "x"],
+    ["verify", "--jobs", "0", "x"],
+    ["verify", "--jobs", "-3", "x"],
+    ["verify", "--jobs", "two", "x"],
+    ["inspect", "--jobs", "0", "x"],
+], ids=lambda a: " ".join(a) or "nothing")
+def test_exit_2_on_bad_usage(args):
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    no_traceback(proc)
+    assert "walvault" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_help_exits_0():
+    proc = run_cli("verify", "--help")
+    assert proc.returncode == 0
+    assert "--jobs" in proc.stdout and "--json" in proc.stdout
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+@require_shared
+def test_json_has_the_contract_keys():
+    proc = run_cli("inspect", "--json", TARANTOOL_FIXTURES)
+    assert proc.returncode == 0
+    data = json.loads(proc.stdout)
+    assert set(data) == {"files", "chains"}
+    expected = {json.loads(line)["file"]: json.loads(line)
+                for line in (TARANTOOL_FIXTURES / "expected-xlog-pairs-summary.jsonl").read_text().splitlines()}
+    seen = {}
+    for f in data["files"]:
+        assert set(f) == FILE_KEYS, f["path"]
+        assert f["family"] == "tarantool"
+        seen[str(Path(f["path"]).resolve().relative_to(TARANTOOL_FIXTURES.resolve()))] = f
+    assert sorted(seen) == sorted(expected)
+    for name, f in seen.items():
+        e = expected[name]
+        assert f["kind"] == Path(name).suffix[1:]
+        assert f["status"] == "ok" and f["findings"] == [] and f["eof"] is True
+        assert f["size"] == (TARANTOOL_FIXTURES / name).stat().st_size
+        assert f["rows"] == e["rows"]
+        if e["rows"]:
+            assert min(lo for lo, _ in f["lsn_ranges"].values()) == e["min_lsn"]
+            assert max(hi for _, hi in f["lsn_ranges"].values()) == e["max_lsn"]
+        else:
+            assert f["lsn_ranges"] == {}
+        assert all(isinstance(k, str) and k.isdigit() for k in f["lsn_ranges"])
+        if f["kind"] in ("run", "index"):
+            assert f["vclock"] is None
+        else:
+            assert all(k.isdigit() and isinstance(v, int) for k, v in f["vclock"].items())
+    last = seen["features/wal/00000000000000000437.xlog"]
+    assert last["vclock"] == {"0": 8, "1": 429} and last["prev_vclock"] == {"0": 3, "1": 358}
+    assert last["instance"] == "aaaaaaaa-bbbb-4ccc-8ddd-000000000001"
+    assert len(data["chains"]) == 3
+    for chain in data["chains"]:
+        assert set(chain) == CHAIN_KEYS
+        assert chain["status"] == "ok" and chain["findings"] == []
+        assert all(Path(p).suffix == ".xlog" for p in chain["xlogs"])
+
+
+@require_shared
+def test_json_findings_carry_code_offset_message(damaged_features):
+    work, xlog, block = damaged_features
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1
+    no_traceback(proc)
+    data = json.loads(proc.stdout)
+    assert set(data) == {"files", "chains"}
+    damaged = [f for f in data["files"] if f["status"] == "damaged"]
+    assert [Path(f["path"]).name for f in damaged] == [xlog.name]
+    findings = damaged[0]["findings"]
+    assert findings and all(set(x) == {"code", "offset", "message"} for x in findings)
+    assert all(isinstance(x["message"], str) and x["message"] for x in findings)
+    assert findings[0]["code"] == "crc_mismatch" and findings[0]["offset"] == block
+    assert all(f["findings"] == [] for f in data["files"] if f is not damaged[0])
+    (chain,) = data["chains"]
+    assert chain["status"] == "damaged"
+    assert chain["findings"] and all({"code", "offset", "message", "file"} <= set(x) for x in chain["findings"])
+    assert any(x["code"] == "damaged_file" and Path(x["file"]).name == xlog.name for x in chain["findings"])
+
+
+# --------------------------------------------------------------------------- human output
+
+
+@require_shared
+def test_inspect_lists_every_file_and_verify_prints_a_verdict():
+    root = TARANTOOL_FIXTURES / "features"
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in SUFFIXES)
+    proc = run_cli("inspect", root)
+    assert proc.returncode == 0
+    listed = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("OK ")]
+    assert sorted(listed) == files
+    assert proc.stdout.rstrip().splitlines()[-1] == "verdict: INTACT"
+    proc = run_cli("verify", root)
+    assert proc.returncode == 0
+    lines = proc.stdout.rstrip().splitlines()
+    assert lines[-1] == "verdict: INTACT"
+    assert f"{len(files)} files" in proc.stdout
+
+
+# --------------------------------------------------------------------------- *.inprogress
+
+
+@require_shared
+def test_inprogress_files_are_reported_not_damage(tmp_path):
+    work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "features")
+    snap = work / "memtx" / "00000000000000000361.snap"
+    good = work / "memtx" / "00000000000000000500.snap.inprogress"
+    good.write_bytes(snap.read_bytes())
+    garbage = work / "vinyl" / "00000000000000000500.vylog.inprogress"
+    garbage.write_bytes(b"\xd5\xba\x0b\xab this is not a vylog" * 50)
+    half = work / "vinyl" / "513" / "0" / "00000000000000000099.run.inprogress"
+    half.write_bytes(snap.read_bytes()[:700])
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 0, proc.stdout
+    no_traceback(proc)
+    data = json.loads(proc.stdout)
+    statuses = {Path(f["path"]).name: f for f in data["files"]}
+    for p in (good, garbage, half):
+        assert statuses[p.name]["status"] == "in_progress"
+        assert statuses[p.name]["findings"] == []
+    assert {f["status"] for n, f in statuses.items() if not n.endswith(".inprogress")} == {"ok"}
+    assert all(c["status"] == "ok" for c in data["chains"])
+    text = run_cli("inspect", work)
+    assert text.returncode == 0
+    assert "3 in progress" in text.stdout and "verdict: INTACT" in text.stdout
+
+
+# --------------------------------------------------------------------------- read only
+
+
+def _state(root: Path) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        st = d.stat()
+        out[str(d.relative_to(root))] = ("dir", sorted(dirnames), sorted(filenames), st.st_mode, st.st_mtime_ns)
+        for name in filenames:
+            p = d / name
+            st = p.stat()
+            out[str(p.relative_to(root))] = ("file", st.st_size, st.st_mode, st.st_mtime_ns,
+                                             hashlib.sha256(p.read_bytes()).hexdigest())
+    return out
+
+
+@require_shared
+def test_inspect_and_verify_never_modify_the_source(tmp_path):
+    work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "data")
+    # every kind of file walcore meets: damaged, open (no EOF marker), in progress, foreign
+    flip(work / "wal" / "00000000000000000123.xlog", block_offsets(work / "wal" / "00000000000000000123.xlog")[1] + 25)
+    generate_wal(work / "other", target_bytes=3 << 20, file_bytes=1 << 20)  # last xlog left open
+    (work / "memtx" / "00000000000000000999.snap.inprogress").write_bytes(b"half a snapshot")
+    (work / "README.txt").write_text("not a Tarantool file")
+    before = _state(work)
+    codes = set()
+    for jobs in ("1", "2"):
+        for command in ("inspect", "verify"):
+            for extra in ([], ["--json"]):
+                proc = run_cli(command, "--jobs", jobs, *extra, work)
+                no_traceback(proc)
+                codes.add(proc.returncode)
+                assert _state(work) == before, (command, jobs, extra)
+    assert codes == {1}
+
+
+# --------------------------------------------------------------------------- --jobs 2 splits big files
+
+
+@pytest.fixture(scope="module")
+def big_wal(tmp_path_factory):
+    """A 6 MB generated WAL in one open xlog (plus its snapshot)."""
+    root = tmp_path_factory.mktemp("bigwal")
+    files = generate_wal(root / "clean", target_bytes=6 << 20)
+    xlog = next(p for p in files if p.suffix == ".xlog")
+    assert xlog.stat().st_size > 5 << 20
+    return root / "clean", xlog
+
+
+def _damage(kind: str, data: bytearray) -> bytearray:
+    n = len(data)
+    if kind == "flips":  # payload bytes near the cut points of an 8-way split
+        for i in (1, 3, 5, 7):
+            data[n * i // 8] ^= 0xFF
+    elif kind == "zeroed-cut":  # a run of zeros across a cut point
+        data[n // 2 - 40:n // 2 + 40] = bytes(80)
+    elif kind == "hole":  # bytes missing from the middle: framing lost until the next block
+        del data[n // 3:n // 3 + 3000]
+    elif kind == "torn-tail":
+        del data[n - 1000:]
+    return data
+
+
+@pytest.mark.parametrize("damage", ["clean", "flips", "zeroed-cut", "hole", "torn-tail"])
+def test_jobs_2_split_scan_equals_jobs_1(monkeypatch, big_wal, tmp_path, damage):
+    clean, xlog = big_wal
+    if damage == "clean":
+        target = clean
+    else:
+        target = copy_tree(clean, tmp_path / damage)
+        p = target / xlog.name
+        p.write_bytes(bytes(_damage(damage, bytearray(p.read_bytes()))))
+    proc = run_cli("verify", "--json", "--jobs", "1", target)
+    assert proc.returncode == (0 if damage == "clean" else 1), proc.stderr
+    sequential = json.loads(proc.stdout)
+
+    monkeypatch.setattr(verify_mod, "SPLIT_SIZE", 1 << 20)
+    joined = []
+    real_join = verify_mod._join
+
+    def spy(path, parts):
+        joined.append((Path(path).name, len(parts)))
+        return real_join(path, parts)
+
+    monkeypatch.setattr(verify_mod, "_join", spy)
+    parallel = verify_mod.verify_paths([target], jobs=2).to_json()
+    assert dict(joined)[xlog.name] >= 4, "the big xlog was not split"
+    assert parallel == sequential
+    statuses = {Path(f["path"]).name: f["status"] for f in sequential["files"]}
+    assert statuses[xlog.name] == ("open" if damage == "clean" else "damaged")
+
+
+@pytest.mark.slow
+def test_jobs_2_on_a_wal_bigger_than_split_size_via_cli(tmp_path):
+    files = generate_wal(tmp_path / "wal", target_bytes=verify_mod.SPLIT_SIZE + (8 << 20))
+    assert max(p.stat().st_size for p in files) > verify_mod.SPLIT_SIZE
+    one = run_cli("verify", "--json", "--jobs", "1", tmp_path / "wal")
+    two = run_cli("verify", "--json", "--jobs", "2", tmp_path / "wal")
+    assert one.returncode == two.returncode == 0
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+
+
+# --------------------------------------------------------------------------- crafted bad data never crashes
+
+
+def test_nil_lsn_in_a_snapshot_is_a_finding_not_a_crash(tmp_path):
+    path = tmp_path / "00000000000000000000.snap"
+    with TarantoolWriter(path, "SNAP", instance="aaaaaaaa-bbbb-4ccc-8ddd-0000000000f2", vclock={}) as w:
+        w.write_block([({0: 2, 3: None}, {0x10: 512, 0x21: [1]}), ({0: 2, 3: 1}, {0x10: 512, 0x21: [2]})],
+                      compressed=False)
+    proc = run_cli("verify", path)
+    no_traceback(proc)
+    assert proc.returncode == 1

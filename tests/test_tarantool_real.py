@@ -1,0 +1,399 @@
+"""walcore against a real Tarantool 2.6: files it writes, its own reader (xlog.pairs), its recovery.
+
+Every expectation here comes from Tarantool (xlog_pairs_rows, start_recovery, the workload manifest)
+or from the rows the test itself wrote, never from walcore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import tarantool_real as tr
+from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, require_tarantool, run_cli
+from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
+from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
+from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
+from walcore.tarantool.xlog import read_rows, scan_file
+from walcore.verify import verify_paths
+
+pytestmark = require_tarantool
+
+SUFFIXES = (".xlog", ".snap", ".vylog", ".run", ".index")
+FIELDS = ("lsn", "type", "replica_id", "group_id", "tsn", "commit", "space_id", "tuple_len")
+INSERT, REPLACE, UPDATE, DELETE = 2, 3, 4, 5
+KEY, TUPLE = 0x20, 0x21
+
+
+def tarantool_files(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+
+
+def walcore_rows(path: Path) -> list[dict]:
+    """read_rows in xlog.pairs()'s conventions (see tests/tarantool_real.py: xlog_pairs_rows)."""
+    out = []
+    for _, row in read_rows(path):
+        body = row.body or {}
+        has_tsn = TSN in row.header
+        if not has_tsn:
+            assert row.tsn == row.lsn and row.commit is True
+        tuple_len = len(body[TUPLE]) if TUPLE in body else len(body[KEY]) if KEY in body else None
+        out.append({
+            "lsn": row.lsn,
+            "type": row.type_name,
+            "replica_id": row.replica_id or None,
+            "group_id": row.group_id or None,
+            "tsn": row.tsn if has_tsn else None,
+            "commit": True if has_tsn and row.commit else None,
+            "space_id": row.space_id,
+            "tuple_len": tuple_len,
+        })
+    return out
+
+
+def row_mismatches(paths: list[Path]) -> list[str]:
+    """Files where walcore's rows differ from Tarantool's xlog.pairs(), field by field."""
+    problems = []
+    for path in paths:
+        expected = tr.xlog_pairs_rows(path)
+        got = walcore_rows(path)
+        if len(got) != len(expected):
+            problems.append(f"{path}: walcore reads {len(got)} rows, xlog.pairs {len(expected)}")
+            continue
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                problems.append(f"{path}: row {i}: walcore {g} != xlog.pairs {e}")
+                break
+    return problems
+
+
+def by_path(report) -> dict[Path, object]:
+    return {Path(f.path).resolve(): f for f in report.files}
+
+
+def xlogs_of(instance: Path) -> list[Path]:
+    return sorted((instance / "wal").glob("*.xlog"))
+
+
+def block_offsets(path: Path) -> list[int]:
+    return sorted({pos for pos, _ in read_rows(path)})
+
+
+# --------------------------------------------------------------------------- a clean real instance
+
+
+def test_real_instance_has_the_workload_we_rely_on(real_instance):
+    files = tarantool_files(real_instance)
+    kinds = Counter(p.suffix for p in files)
+    assert kinds[".snap"] >= 4 and kinds[".xlog"] >= 10 and kinds[".run"] >= 2 and kinds[".index"] >= 2
+    assert kinds[".vylog"] >= 4
+    report = verify_paths([real_instance], jobs=1)
+    xlogs = [f for f in report.files if f.kind == "xlog"]
+    assert sum(f.zstd_blocks for f in xlogs) > 0
+    # several transactions per block (concurrent fibers): more rows than blocks by far in some file
+    assert any(f.rows >= 3 * f.blocks > 0 for f in xlogs)
+
+
+def test_real_instance_rows_equal_xlog_pairs(real_instance):
+    paths = tarantool_files(real_instance)
+    assert row_mismatches(paths) == []
+    # multi-statement transactions (tsn key), local rows and vinyl files were all compared
+    rows = [r for p in paths if p.suffix == ".xlog" for r in walcore_rows(p)]
+    assert any(r["tsn"] is not None and r["commit"] is None for r in rows)
+    assert any(r["replica_id"] is None and r["group_id"] == 1 for r in rows)
+    types = {r["type"] for p in paths for r in walcore_rows(p)}
+    assert {"INSERT", "REPLACE", "UPDATE", "DELETE", "UPSERT", "RUNINFO", "PAGEINFO", "ROWINDEX"} <= types
+
+
+def test_real_instance_verifies_intact(real_instance):
+    manifest = tr.read_manifest(real_instance)
+    report = verify_paths([real_instance], jobs=2)
+    assert report.intact
+    assert all(f.status == "ok" and f.findings == [] for f in report.files)
+    assert len(report.files) == len(tarantool_files(real_instance))
+    assert [Path(p).name for p in report.ignored] == [tr.MANIFEST_NAME]
+    (chain,) = report.chains
+    assert chain.status == "ok" and chain.findings == []
+    assert [Path(p).resolve() for p in chain.xlogs] == xlogs_of(real_instance)
+    assert len(chain.snapshots) == len(list((real_instance / "memtx").glob("*.snap")))
+    assert all(s["replay_from"] is not None and s["status"] == "ok" for s in chain.snapshots)
+    files = by_path(report)
+    # the clean shutdown left a new empty xlog, named after the final vclock: walcore takes it as newest
+    newest = files[xlogs_of(real_instance)[-1]]
+    assert newest.vclock == manifest["vclock"] and newest.rows == 0 and newest.eof
+    assert vclock_sum(newest.vclock) == manifest["vclock_sum"]
+    # and the one before it ends exactly at that vclock
+    before = files[xlogs_of(real_instance)[-2]]
+    assert before.end_vclock() == manifest["vclock"]
+
+
+def test_real_instance_row_counts_match_xlog_pairs_summary(real_instance):
+    report = verify_paths([real_instance], jobs=1)
+    for f in report.files:
+        if f.kind == "xlog":
+            summary = tr.xlog_pairs_summary(Path(f.path))
+            assert f.rows == summary["rows"], f.path
+            if f.rows:
+                assert min(r[2] for r in f.lsns.values()) == summary["min_lsn"]
+                assert max(r[3] for r in f.lsns.values()) == summary["max_lsn"]
+
+
+def test_real_instance_scans_the_same_without_the_fast_path(real_instance, monkeypatch):
+    """Blocks of real concurrent, multi-statement, local+global WAL traffic: fast path == exact walk."""
+    paths = tarantool_files(real_instance)
+    fast = {p: scan_file(p) for p in paths}
+    monkeypatch.setattr(RowWalker, "walk", lambda self, payload: None)
+    for p in paths:
+        exact = scan_file(p)
+        assert (fast[p].span, fast[p].findings) == (exact.span, exact.findings), p
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+
+def test_crashed_instance_newest_xlog_is_open(crashed_instance):
+    manifest = tr.read_manifest(crashed_instance)
+    report = verify_paths([crashed_instance], jobs=1)
+    assert report.intact
+    files = by_path(report)
+    xlogs = xlogs_of(crashed_instance)
+    newest = files[xlogs[-1]]
+    assert not xlogs[-1].read_bytes().endswith(b"\xd5\x10\xad\xed")
+    assert newest.status == "open" and newest.eof is False and newest.findings == []
+    # SIGKILL came after the last write returned: nothing committed is missing
+    assert newest.end_vclock() == manifest["vclock"]
+    # the vylog Tarantool was appending to is left open too; every other file is closed
+    newest_vylog = sorted((crashed_instance / "vinyl").glob("*.vylog"))[-1]
+    assert files[newest_vylog].status == "open" and files[newest_vylog].findings == []
+    assert all(f.status == "ok" for p, f in files.items() if p not in (xlogs[-1], newest_vylog))
+    (chain,) = report.chains
+    assert chain.status == "ok"
+
+    proc = run_cli("verify", crashed_instance)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("verify", "--json", crashed_instance)
+    assert proc.returncode == 0
+    data = json.loads(proc.stdout)
+    statuses = {Path(f["path"]).name: f["status"] for f in data["files"] if f["kind"] == "xlog"}
+    assert statuses.pop(xlogs[-1].name) == "open"
+    assert set(statuses.values()) == {"ok"}
+
+
+@pytest.fixture(scope="module")
+def restarted_instance(crashed_instance, tmp_path_factory):
+    """The crashed instance, copied and started again by Tarantool (which then shut down cleanly)."""
+    work = copy_tree(crashed_instance, tmp_path_factory.mktemp("restarted") / "data")
+    crashed = xlogs_of(work)[-1]
+    result = tr.start_recovery(work)
+    assert result.ok, result.log
+    assert result.vclock == tr.read_manifest(work)["vclock"]
+    assert result.counts == tr.read_manifest(work)["counts"]
+    return work, crashed
+
+
+def test_crash_then_restart_keeps_the_unclosed_xlog_and_chain_is_ok(restarted_instance):
+    work, crashed = restarted_instance
+    xlogs = xlogs_of(work)
+    assert crashed in xlogs and xlogs[-1] != crashed, "Tarantool started a new xlog after the crashed one"
+    assert not crashed.read_bytes().endswith(b"\xd5\x10\xad\xed"), "Tarantool left the crashed xlog unclosed"
+    report = verify_paths([work], jobs=1)
+    assert report.intact
+    f = by_path(report)[crashed]
+    assert f.status == "ok" and f.eof is False and f.findings == []
+    (chain,) = report.chains
+    assert chain.status == "ok" and chain.findings == []
+    nxt = by_path(report)[xlogs[xlogs.index(crashed) + 1]]
+    assert nxt.prev_vclock == f.vclock and nxt.vclock == f.end_vclock()
+
+
+def test_crash_then_restart_rows_equal_xlog_pairs(restarted_instance):
+    work, _ = restarted_instance
+    assert row_mismatches(tarantool_files(work)) == []
+
+
+def test_unclosed_xlog_cut_short_before_the_next_one_is_damage(restarted_instance, tmp_path):
+    """Control: the unclosed xlog is fine only because the next one continues where it ends."""
+    work = copy_tree(restarted_instance[0], tmp_path / "cut")
+    crashed = work / "wal" / restarted_instance[1].name
+    last_block = block_offsets(crashed)[-1]
+    os.truncate(crashed, last_block)  # drop the whole last block: the framing stays valid
+    assert scan_file(crashed).findings == []
+    report = verify_paths([work], jobs=1)
+    assert not report.intact
+    f = by_path(report)[crashed.resolve()]
+    assert f.status == "damaged" and "missing_eof" in [x.code for x in f.findings]
+    (chain,) = report.chains
+    assert chain.status == "damaged"
+    assert "rows_lost" in [x.code for x in chain.findings]
+    proc = run_cli("verify", work)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- files walcore writes, read by Tarantool
+
+UUID = "aaaaaaaa-bbbb-4ccc-8ddd-0000000000f1"
+
+
+def _expected(rows: list[tuple[dict, dict | None]]) -> list[dict]:
+    """What xlog.pairs() must report for rows we wrote (its conventions, derived from our input)."""
+    out = []
+    for header, body in rows:
+        body = body or {}
+        multi = TSN in header
+        lsn = header.get(3, 0)
+        out.append({
+            "lsn": lsn,
+            "type": ROW_TYPES[header[TYPE]],
+            "replica_id": header.get(REPLICA_ID),
+            "group_id": header.get(GROUP_ID),
+            "tsn": (lsn - header[TSN]) % (1 << 64) if multi else None,
+            "commit": True if multi and header.get(9, 0) & 1 else None,
+            "space_id": body.get(SPACE_ID),
+            "tuple_len": len(body[TUPLE]) if TUPLE in body else len(body[KEY]) if KEY in body else None,
+        })
+    return out
+
+
+def _local(rtype, lsn, *, tsn=None, commit=True):
+    header = dml_header(rtype, lsn, 0, tsn=tsn, commit=commit)
+    header[GROUP_ID] = 1
+    return header
+
+
+def test_written_xlog_is_read_by_tarantool(tmp_path):
+    blocks = [
+        # plain block: single-statement transactions
+        ([(dml_header(REPLACE, lsn, 1), {SPACE_ID: 512, TUPLE: [lsn, f"row {lsn}"]}) for lsn in (1, 2, 3)], False),
+        # zstd block: one multi-statement transaction with an UPDATE (tuple = update ops) and a DELETE
+        ([(dml_header(INSERT, 4, 1, tsn=4, commit=False), {SPACE_ID: 512, TUPLE: [4, "four", 4]}),
+          (dml_header(UPDATE, 5, 1, tsn=4, commit=False), {SPACE_ID: 512, KEY: [4], TUPLE: [["=", 2, "x"], ["+", 3, 1]]}),
+          (dml_header(DELETE, 6, 1, tsn=4, commit=True), {SPACE_ID: 512, KEY: [1]})], True),
+        # a transaction mixing a global and a local row: the local row's tsn wraps (tsn 7 > its lsn 1)
+        ([(dml_header(REPLACE, 7, 1, tsn=7, commit=False), {SPACE_ID: 512, TUPLE: [7, "global"]}),
+          (_local(REPLACE, 1, tsn=7, commit=True), {SPACE_ID: 514, TUPLE: [1, "local"]}),
+          (_local(INSERT, 2), {SPACE_ID: 514, TUPLE: [2, "local single"]})], False),
+        # big enough for Tarantool's own rule (>= 2048 bytes): compressed without being told
+        ([(dml_header(REPLACE, lsn, 1), {SPACE_ID: 513, TUPLE: [lsn, "y" * 300]}) for lsn in range(8, 28)], None),
+    ]
+    path = tmp_path / file_name({}, "xlog")
+    with TarantoolWriter(path, "XLOG", instance=UUID, vclock={}) as w:
+        for rows, compressed in blocks:
+            w.write_block(rows, compressed=compressed)
+    written = [r for rows, _ in blocks for r in rows]
+    expected = _expected(written)
+    assert tr.xlog_pairs_rows(path) == expected
+    assert walcore_rows(path) == expected
+    assert expected[4]["tsn"] == 4 and expected[7]["tsn"] == 7 and expected[7]["lsn"] == 1
+    scan = scan_file(path)
+    assert scan.findings == [] and scan.span.eof
+    assert (scan.span.blocks, scan.span.zstd_blocks) == (4, 2)
+    assert tr.xlog_pairs_summary(path)["rows"] == len(written)
+
+
+def test_written_snapshot_is_read_by_tarantool(tmp_path):
+    rows = [({TYPE: INSERT, TIMESTAMP: 1.7e9} | ({3: i} if i else {}), {SPACE_ID: 512, TUPLE: [i, "s" * (i % 50)]})
+            for i in range(300)]
+    path = tmp_path / file_name({1: 300}, "snap")
+    with TarantoolWriter(path, "SNAP", instance=UUID, vclock={1: 300}) as w:
+        w.write_block(rows[:100], compressed=True)
+        w.write_block(rows[100:], compressed=True)
+    expected = _expected(rows)
+    assert expected[0]["lsn"] == 0
+    assert tr.xlog_pairs_rows(path) == expected
+    assert walcore_rows(path) == expected
+
+
+def test_written_open_xlog_is_read_by_tarantool(tmp_path):
+    """An xlog without EOF marker (as a crash leaves it): Tarantool reads all of it; walcore calls it open."""
+    path = tmp_path / file_name({1: 10}, "xlog")
+    rows = [(dml_header(REPLACE, lsn, 1), {SPACE_ID: 512, TUPLE: [lsn]}) for lsn in range(11, 21)]
+    w = TarantoolWriter(path, "XLOG", instance=UUID, vclock={1: 10}, prev_vclock={1: 0})
+    w.write_block(rows[:5])
+    w.write_block(rows[5:])
+    w.close(eof=False)
+    assert tr.xlog_pairs_rows(path) == _expected(rows)
+    report = verify_paths([path], jobs=1)
+    assert [f.status for f in report.files] == ["open"] and report.intact
+
+
+def test_nil_replica_id_is_damage_like_for_tarantool(tmp_path):
+    path = tmp_path / file_name({}, "xlog")
+    with TarantoolWriter(path, "XLOG", instance=UUID, vclock={}) as w:
+        w.write_block([({TYPE: REPLACE, REPLICA_ID: None, 3: 1}, {SPACE_ID: 512, TUPLE: [1]}),
+                       (dml_header(REPLACE, 2, 1), {SPACE_ID: 512, TUPLE: [2]})], compressed=False)
+    assert tr.xlog_pairs_rows(path) == []  # Tarantool's reader stops at the invalid header
+    assert scan_file(path).findings != []
+
+
+# --------------------------------------------------------------------------- recovery from what walcore wrote
+
+FEATURES_UUID = "aaaaaaaa-bbbb-4ccc-8ddd-000000000001"
+
+
+def _continue_features(tmp_path: Path) -> tuple[Path, Path, int, set[int]]:
+    """A copy of features/ whose last (empty) xlog is replaced by one holding new rows for `mem`."""
+    work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "features")
+    last = work / "wal" / "00000000000000000437.xlog"
+    meta = parse_meta(last.read_bytes()[:MAX_META_SIZE])
+    assert (meta.vclock, meta.prev_vclock, meta.instance) == ({0: 8, 1: 429}, {0: 3, 1: 358}, FEATURES_UUID)
+    ids = [1_000_000 + i for i in range(30)] + [1_000_000, 1_000_001]  # two REPLACEs of ids already written
+    lsn = 430
+    rows = []
+    for key in ids:
+        rows.append((dml_header(REPLACE, lsn, 1), {SPACE_ID: 512, TUPLE: [key, f"walcore {key}"]}))
+        lsn += 1
+    tx_ids = [2_000_000 + i for i in range(8)]
+    tx = [(dml_header(REPLACE, lsn + i, 1, tsn=lsn, commit=i == len(tx_ids) - 1),
+           {SPACE_ID: 512, TUPLE: [key, "tx" + "z" * 300]}) for i, key in enumerate(tx_ids)]
+    with TarantoolWriter(last, "XLOG", instance=meta.instance, vclock=meta.vclock,
+                         prev_vclock=meta.prev_vclock) as w:
+        w.write_block(rows[:10], compressed=False)
+        w.write_block(rows[10:], compressed=True)
+        w.write_block(tx)  # >= 2048 bytes: zstd
+    return work, last, len(rows) + len(tx), set(ids) | set(tx_ids)
+
+
+@require_shared
+def test_tarantool_recovers_from_an_xlog_written_by_walcore(tmp_path):
+    work, last, n, new_ids = _continue_features(tmp_path)
+    before = run_cli("verify", "--json", work)
+    assert before.returncode == 0, before.stdout + before.stderr
+    f = next(f for f in json.loads(before.stdout)["files"] if f["path"].endswith(last.name))
+    assert (f["status"], f["rows"], f["zstd_blocks"], f["lsn_ranges"]) == ("ok", n, 2, {"1": [430, 429 + n]})
+
+    result = tr.start_recovery(work)
+    assert result.ok, result.log
+    assert result.vclock == {0: 8, 1: 429 + n}
+    assert result.counts == {"mem": 183 + len(new_ids), "vin": 153, "loc": 3}
+
+    # Tarantool went on from our file: its new xlog links to ours
+    newest = xlogs_of(work)[-1]
+    assert newest != last
+    meta = parse_meta(newest.read_bytes()[:MAX_META_SIZE])
+    assert meta.prev_vclock == {0: 8, 1: 429} and meta.vclock == {0: 8, 1: 429 + n}
+    after = run_cli("verify", work)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert "verdict: INTACT" in after.stdout
+
+
+@require_shared
+def test_tarantool_refuses_the_same_xlog_with_one_byte_changed(tmp_path):
+    """Control for the test above: Tarantool does check what we wrote, and so does walcore."""
+    work, last, _, _ = _continue_features(tmp_path)
+    offsets = block_offsets(last)
+    data = bytearray(last.read_bytes())
+    data[offsets[0] + 19 + 5] ^= 0x01  # inside the first block's rows
+    last.write_bytes(bytes(data))
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1
+    f = next(f for f in json.loads(proc.stdout)["files"] if f["path"].endswith(last.name))
+    assert f["status"] == "damaged"
+    assert {"code": "crc_mismatch", "offset": offsets[0]} == {k: f["findings"][0][k] for k in ("code", "offset")}
+    result = tr.start_recovery(work)
+    assert not result.started
+    assert "checksum" in (result.error or "") + result.log
