@@ -199,6 +199,18 @@ def _parse_value(text: str):
         return text
 
 
+def _xlog_read(mode: str, path: Path, timeout: float) -> str:
+    """Run lua/xlog_read.lua in `mode` on one file; return what it wrote."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    with tempfile.TemporaryDirectory(prefix="walvault-xlog-") as tmp:
+        out = Path(tmp) / "out"
+        proc = _run_lua("xlog_read.lua", [mode, str(path), str(out)], timeout=timeout)
+        _check(proc, f"xlog.pairs({path})")
+        return out.read_text(encoding="utf-8", errors="replace")
+
+
 def xlog_pairs_rows(path: Path, *, timeout: float = DEFAULT_TIMEOUT) -> list[dict]:
     """Every row Tarantool's ``xlog.pairs(path)`` yields, in order.
 
@@ -212,19 +224,8 @@ def xlog_pairs_rows(path: Path, *, timeout: float = DEFAULT_TIMEOUT) -> list[dic
     Works for .xlog .snap .vylog .run .index. Note that xlog.pairs silently
     stops at damage: it is a reference for valid files, not a validator.
     """
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    with tempfile.TemporaryDirectory(prefix="walvault-xlog-") as tmp:
-        out = Path(tmp) / "rows.tsv"
-        proc = _run_lua("xlog_read.lua", ["rows", str(path), str(out)], timeout=timeout)
-        _check(proc, f"xlog.pairs({path})")
-        rows = []
-        with out.open("r", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.rstrip("\n").split("\t")
-                rows.append(dict(zip(ROW_KEYS, map(_parse_value, parts))))
-    return rows
+    text = _xlog_read("rows", path, timeout)
+    return [dict(zip(ROW_KEYS, map(_parse_value, line.split("\t")))) for line in text.splitlines()]
 
 
 def xlog_pairs_summary(path: Path, *, timeout: float = DEFAULT_TIMEOUT) -> dict:
@@ -234,14 +235,7 @@ def xlog_pairs_summary(path: Path, *, timeout: float = DEFAULT_TIMEOUT) -> dict:
     min/max over the iterator's lsn (so 0 for files whose rows carry no lsn),
     None for both when the file has no rows; ``types`` maps type name -> count.
     """
-    path = Path(path).resolve()
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    with tempfile.TemporaryDirectory(prefix="walvault-xlog-") as tmp:
-        out = Path(tmp) / "summary.json"
-        proc = _run_lua("xlog_read.lua", ["summary", str(path), str(out)], timeout=timeout)
-        _check(proc, f"xlog.pairs({path})")
-        data = json.loads(out.read_text())
+    data = json.loads(_xlog_read("summary", path, timeout))
     types = data.get("types")
     return {
         "rows": int(data["rows"]),
