@@ -150,7 +150,7 @@ def test_json_has_the_contract_keys():
     proc = run_cli("inspect", "--json", TARANTOOL_FIXTURES)
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
-    assert set(data) == {"files", "chains"}
+    assert set(data) == {"files", "chains", "dirs"} and data["dirs"] == []
     expected = {json.loads(line)["file"]: json.loads(line)
                 for line in (TARANTOOL_FIXTURES / "expected-xlog-pairs-summary.jsonl").read_text().splitlines()}
     seen = {}
@@ -192,7 +192,7 @@ def test_json_findings_carry_code_offset_message(damaged_features):
     assert proc.returncode == 1
     no_traceback(proc)
     data = json.loads(proc.stdout)
-    assert set(data) == {"files", "chains"}
+    assert set(data) == {"files", "chains", "dirs"} and data["dirs"] == []
     damaged = [f for f in data["files"] if f["status"] == "damaged"]
     assert [Path(f["path"]).name for f in damaged] == [xlog.name]
     findings = damaged[0]["findings"]

@@ -1031,7 +1031,7 @@ def _range_cuts(size: int) -> list[int]:
     units = getattr(wverify, "_units", None)
     if units is None:
         return [size * i // 16 for i in range(1, 16)]
-    return [start for start, _ in units(Path("x"), size, 2) if start is not None]
+    return [start for start, _ in units(size, 2) if start is not None]
 
 
 def _damage_big(rng: random.Random, data: bytes, fr: Framing) -> tuple[bytes, list]:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"walvault: cannot check: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
-    if not report.files:
+    if not report.files and not report.dirs:
         # An empty or wrong directory must not pass for an intact one.
         print(f"walvault: cannot check: no WAL files under {', '.join(map(str, args.paths))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         from .text import render
 
         sys.stdout.write(render(report, detailed=args.command == "inspect", base=_common_base(args.paths)))
+    if not report.checkable:
+        return EXIT_CANNOT_CHECK
     return EXIT_OK if report.intact else EXIT_FINDINGS
 
 

@@ -30,12 +30,19 @@ def render(report, *, detailed: bool, base: Path | None) -> str:
             continue
         parts = [f"{data['status'].upper():<11}", f"{data['kind'] or '?':<5}", _rel(data["path"], base)]
         if detailed and data["rows"] is not None:
-            zstd = f", {data['zstd_blocks']} zstd" if data["zstd_blocks"] else ""
-            parts.append(f"  {data['size']:,} B, {data['blocks']} blocks{zstd}, {data['rows']} rows")
-            if f.vclock is not None:
-                parts.append(f", vclock {format_vclock(f.vclock)}")
-            if data["lsn_ranges"] and f.kind == "xlog":
+            zstd = f", {data['zstd_blocks']} zstd" if data.get("zstd_blocks") else ""
+            if data["family"] == "tarantool":
+                parts.append(f"  {data['size']:,} B, {data['blocks']} blocks{zstd}, {data['rows']} rows")
+            else:
+                blocks = f", {data['blocks']} snippets" if data["blocks"] is not None else ""
+                rows = "" if data["rows"] is None else f", {data['rows']} {'records' if 'epoch' in data['kind'] else 'entries'}"
+                parts.append(f"  {data['size']:,} B{blocks}{rows}")
+            if data["vclock"] is not None:
+                parts.append(f", vclock {format_vclock({int(k): v for k, v in data['vclock'].items()})}")
+            if data["lsn_ranges"] and data["kind"] == "xlog":
                 parts.append(f", lsn {_lsn_text(data['lsn_ranges'])}")
+            if data.get("epoch_range"):
+                parts.append(f", epochs {data['epoch_range'][0]}..{data['epoch_range'][1]}")
         lines.append(" ".join(parts[:3]) + "".join(parts[3:]))
         for finding in data["findings"]:
             where = f" at byte {finding['offset']}" if finding["offset"] is not None else ""
@@ -51,13 +58,33 @@ def render(report, *, detailed: bool, base: Path | None) -> str:
                 replay = Path(snap["replay_from"]).name if snap["replay_from"] else "nothing to replay"
                 lines.append(f"    snapshot {Path(snap['path']).name}: covers {len(snap['covers'])} xlogs, "
                              f"replay from {replay}")
+    for d in report.dirs:
+        data = d.to_json()
+        if data["persistent_format_version"] is None:
+            lines.append(f"limestone {_rel(data['path'], base)}: {data['status'].upper()}")
+        else:
+            lines.append(f"limestone {_rel(data['path'], base)}: {data['status'].upper()}"
+                         f"{' (LIVE: in use by a running limestone)' if data['live'] else ''}, format "
+                         f"{data['persistent_format_version']}, durable epoch {data['durable_epoch']}, max appeared "
+                         f"epoch {data['max_appeared_epoch']}, {data['count_durable_wal_entries']} durable put+remove "
+                         f"entries")
+        for finding in data["findings"]:
+            where = f" at byte {finding['offset']}" if finding["offset"] is not None else ""
+            file = f" ({_rel(finding['file'], base)})" if finding.get("file") else ""
+            lines.append(f"    {finding['code']}{file}{where}: {finding['message']}")
     statuses = Counter(f.status for f in report.files)
     summary = ", ".join(f"{statuses[s]} {s.replace('_', ' ')}" for s in ("ok", "open", "in_progress", "damaged")
                         if statuses[s])
     chains = Counter(c.status for c in report.chains)
+    dirs = Counter(d.status for d in report.dirs)
     lines.append(f"{len(report.files)} files ({summary or 'none'}); {len(report.chains)} chains"
-                 + (f" ({', '.join(f'{n} {s}' for s, n in sorted(chains.items()))})" if chains else ""))
+                 + (f" ({', '.join(f'{n} {s}' for s, n in sorted(chains.items()))})" if chains else "")
+                 + (f"; {len(report.dirs)} limestone dirs ({', '.join(f'{n} {s}' for s, n in sorted(dirs.items()))})"
+                    if dirs else ""))
     if report.ignored:
-        lines.append(f"{len(report.ignored)} other files ignored (not Tarantool files)")
-    lines.append("verdict: INTACT" if report.intact else "verdict: FINDINGS (exit 1)")
+        lines.append(f"{len(report.ignored)} other files ignored (not WAL files)")
+    if not report.checkable:
+        lines.append("verdict: CANNOT CHECK (exit 2)")
+    else:
+        lines.append("verdict: INTACT" if report.intact else "verdict: FINDINGS (exit 1)")
     return "\n".join(lines) + "\n"

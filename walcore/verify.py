@@ -1,7 +1,10 @@
-"""The verify command: check every block, every row and every chain link under the given paths.
+"""The verify command: check every block, row, entry and chain link under the given paths.
 
-Files are cut into work units (whole files, or byte ranges of big ones) spread over worker
-processes; the units of one file merge back into exactly what one sequential scan would give.
+Both families are found by walking the paths: Tarantool files anywhere, and limestone log
+directories (a directory with a manifest or pwal files; a limestone file given alone stands for
+its directory). The work is cut into units — Tarantool files or byte ranges of big ones, limestone
+pwal files — spread over worker processes; the ranges of one file merge back into exactly what
+one sequential scan would give.
 """
 
 from __future__ import annotations
@@ -13,8 +16,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limestone import check as limestone_check
+from .limestone.check import LimestoneDir, LimestoneFile
+from .limestone.layout import is_limestone_dir
+from .limestone.layout import kind_of as limestone_kind
+from .limestone.scan import scan_pwal
 from .tarantool.check import Chain, TarantoolFile, check_chains, file_verdict, in_progress_file
-from .tarantool.layout import Layout, discover, kind_of
+from .tarantool.layout import discover, kind_of
 from .tarantool.xlog import FileScan, merge_spans, scan_file
 
 # A file larger than this is split so that both cores work on it.
@@ -23,19 +31,26 @@ SPLIT_SIZE = 32 << 20
 
 @dataclass
 class Report:
-    files: list[TarantoolFile]
+    files: list[TarantoolFile | LimestoneFile]
     chains: list[Chain]
+    dirs: list[LimestoneDir] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
     @property
+    def checkable(self) -> bool:
+        return all(d.status != "cannot_check" for d in self.dirs)
+
+    @property
     def intact(self) -> bool:
-        return all(f.status != "damaged" for f in self.files) and all(c.status == "ok" for c in self.chains)
+        return (all(f.status != "damaged" for f in self.files) and all(c.status == "ok" for c in self.chains)
+                and all(d.status == "ok" and not d.findings for d in self.dirs))
 
     def to_json(self) -> dict:
-        return {"files": [f.to_json() for f in self.files], "chains": [c.to_json() for c in self.chains]}
+        return {"files": [f.to_json() for f in self.files], "chains": [c.to_json() for c in self.chains],
+                "dirs": [d.to_json() for d in self.dirs]}
 
 
-def _units(path: Path, size: int, jobs: int) -> list[tuple[int | None, int | None]]:
+def _units(size: int, jobs: int) -> list[tuple[int | None, int | None]]:
     if jobs < 2 or size <= SPLIT_SIZE:
         return [(None, None)]
     n = max(2, min(size // (SPLIT_SIZE // 2), jobs * 8))
@@ -43,7 +58,10 @@ def _units(path: Path, size: int, jobs: int) -> list[tuple[int | None, int | Non
     return [(None if i == 0 else cuts[i], None if i == n - 1 else cuts[i + 1]) for i in range(n)]
 
 
-def _scan_unit(path: str, start: int | None, stop: int | None) -> FileScan:
+def _run_unit(unit: tuple):
+    if unit[0] == "limestone":
+        return scan_pwal(unit[1], unit[2])
+    _, path, start, stop = unit
     return scan_file(path, start=start, stop=stop)
 
 
@@ -84,9 +102,32 @@ class Progress:
                   file=sys.stderr, flush=True)
 
 
+def _find(paths: list[Path]):
+    """Tarantool layout and limestone directories under the paths."""
+    roots: list[Path] = []
+
+    def claim(d: Path) -> bool:
+        if is_limestone_dir(d):
+            roots.append(d)
+            return True
+        return False
+
+    tarantool_paths = []
+    for path in paths:
+        if path.is_dir() and claim(path):
+            continue
+        if path.is_file() and kind_of(path) is None and limestone_kind(path.name) and is_limestone_dir(path.parent):
+            roots.append(path.parent)
+            continue
+        tarantool_paths.append(path)
+    layout = discover(tarantool_paths, claim)
+    return layout, list(dict.fromkeys(roots))
+
+
 def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:
     """Verify files and directories. Raises FileNotFoundError/PermissionError when a path cannot be read."""
-    layout: Layout = discover(paths)
+    layout, roots = _find(paths)
+    plans = [limestone_check.prepare(root) for root in roots]
     jobs = jobs or os.cpu_count() or 1
     sizes = {str(p): p.stat().st_size for p in layout.files}
     work = []
@@ -94,27 +135,46 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
         kind = kind_of(p)
         if kind and kind[1]:
             continue
-        for start, stop in _units(p, sizes[str(p)], jobs):
-            work.append((str(p), start, stop))
-    tracker = Progress(sum(sizes.values()), progress)
+        for start, stop in _units(sizes[str(p)], jobs):
+            work.append(("tarantool", str(p), start, stop))
+    for plan in plans:
+        for p in plan.pwal_paths:
+            sizes[str(p)] = p.stat().st_size
+            work.append(("limestone", str(p), plan.report.durable_epoch))
+
+    def unit_bytes(unit) -> int:
+        if unit[0] == "tarantool":
+            return (unit[3] or sizes[unit[1]]) - (unit[2] or 0)
+        return sizes[unit[1]]
+
+    tracker = Progress(sum(unit_bytes(u) for u in work), progress)
     results: dict[str, list] = {}
     if jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_scan_unit, *unit): unit for unit in sorted(work, key=lambda u: -sizes[u[0]])}
+            futures = {pool.submit(_run_unit, unit): unit for unit in sorted(work, key=lambda u: -unit_bytes(u))}
             for future in as_completed(futures):
-                path, start, stop = futures[future]
-                results.setdefault(path, []).append((start, stop, future.result()))
-                tracker.advance(((stop or sizes[path]) - (start or 0)))
+                unit = futures[future]
+                results.setdefault(unit[1], []).append((unit, future.result()))
+                tracker.advance(unit_bytes(unit))
     else:
-        for path, start, stop in work:
-            results.setdefault(path, []).append((start, stop, _scan_unit(path, start, stop)))
-            tracker.advance(sizes[path])
+        for unit in work:
+            results.setdefault(unit[1], []).append((unit, _run_unit(unit)))
+            tracker.advance(unit_bytes(unit))
     reports: dict[str, TarantoolFile] = {}
     for p in layout.files:
         key = str(p)
         if key in results:
-            reports[key] = file_verdict(_join(key, results[key]))
+            reports[key] = file_verdict(_join(key, [(u[2], u[3], r) for u, r in results[key]]))
         else:
             reports[key] = in_progress_file(p, sizes[key])
     chains = [c for d in layout.data_dirs for c in check_chains(d, reports)]
-    return Report([reports[str(p)] for p in layout.files], chains, [str(p) for p in layout.ignored])
+    files: list = [reports[str(p)] for p in layout.files]
+    dirs = []
+    ignored = [str(p) for p in layout.ignored]
+    for plan in plans:
+        scans = {str(p): results[str(p)][0][1] for p in plan.pwal_paths}
+        report, ls_files = limestone_check.finish(plan, scans)
+        dirs.append(report)
+        files += ls_files
+        ignored += [str(p) for p in plan.ignored]
+    return Report(files, chains, dirs, ignored)

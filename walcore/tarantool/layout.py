@@ -43,14 +43,17 @@ class Layout:
     ignored: list[Path]  # other files met while walking directories
 
 
-def discover(paths: list[Path]) -> Layout:
-    """Walk the given files and directories. Raises FileNotFoundError for a path that does not exist."""
+def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
+    """Walk the given files and directories, leaving out directories `claimed` by another family.
+
+    Raises FileNotFoundError for a path that does not exist.
+    """
     files: list[Path] = []
     ignored: list[Path] = []
     for path in paths:
         if path.is_dir():
             for root, dirs, names in os.walk(path, onerror=_raise):
-                dirs.sort()
+                dirs[:] = sorted(d for d in dirs if not claimed(Path(root) / d))
                 for name in sorted(names):
                     p = Path(root) / name
                     (files if kind_of(p) else ignored).append(p)

@@ -1,0 +1,73 @@
+"""What the files of a limestone log directory are (limestone-files.md, 'Directory')."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+from pathlib import Path
+
+from .catalog import CATALOG_BACKUP, CATALOG_NAME
+from .epoch import EPOCH_NAME, ROTATED_EPOCH
+from .manifest import MANIFEST_NAME
+
+ACTIVE_PWAL = re.compile(r"pwal_\d{4}")
+BLOB_NAME = re.compile(r"[0-9a-f]{16}\.blob")
+# Work and derived parts limestone rebuilds itself: never backed up, not checked.
+DERIVED = ("data", "compaction_temp", "ctrl")
+
+
+def is_limestone_dir(path: Path) -> bool:
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return MANIFEST_NAME in names or any(n.startswith("pwal_") for n in names)
+
+
+def kind_of(name: str) -> str | None:
+    """The kind of a top-level file of a log directory, or None for one limestone does not write."""
+    if name in (MANIFEST_NAME, MANIFEST_NAME + ".back"):
+        return "manifest"
+    if name == EPOCH_NAME:
+        return "epoch"
+    if ROTATED_EPOCH.fullmatch(name):
+        return "epoch_rotated"
+    if name.startswith("pwal_"):
+        # limestone reads every pwal_* file; a name of 9 characters is an active channel.
+        if ".compacted" in name:
+            return "compacted"
+        return "pwal" if ACTIVE_PWAL.fullmatch(name) else "pwal_rotated"
+    if name in (CATALOG_NAME, CATALOG_BACKUP):
+        return "catalog"
+    if BLOB_NAME.fullmatch(name):
+        return "blob"  # a flat backup copy puts blob files at the top
+    return None
+
+
+def blob_path(root: Path, blob_id: int) -> Path:
+    return root / "blob" / f"dir_{blob_id % 100:02d}" / f"{blob_id:016x}.blob"
+
+
+def is_live(root: Path) -> bool:
+    """Whether a running limestone holds its exclusive lock on the manifest.
+
+    A shared lock is tried and at once released: it can fail only against an exclusive holder, and
+    it writes nothing.
+    """
+    try:
+        fd = os.open(root / MANIFEST_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

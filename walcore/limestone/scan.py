@@ -1,0 +1,159 @@
+"""One pwal file judged as limestone judges it (dblog_scan.cpp), plus what limestone does not say.
+
+The walk follows limestone's scan state machine exactly, so that verdicts agree with
+`tglogutil inspect` and repair plans with `tglogutil repair [--cut]`; on top of it every problem
+becomes a finding with its byte offset, and entries are counted per type.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..findings import FindingList
+from .pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE, DURABLE_EPOCH, ENTRY_NAMES, PUT, PUT_BLOB, REMOVE,
+                   REMOVE_STORAGE, SNIPPET_END, SNIPPET_HEADER, Broken, iter_entries)
+
+# limestone's parse error codes, in its order of severity (the worst one per file wins).
+OK, REPAIRED, TOBE_CUT, BROKEN_AFTER_MARKED, NONDURABLE, BROKEN_AFTER, CORRUPTED, UNEXPECTED = (
+    0x00, 0x01, 0x08, 0x11, 0x40, 0x41, 0x42, 0x81)
+STATUS_OF_CODE = {OK: "ok", REPAIRED: "ok", BROKEN_AFTER_MARKED: "repairable", NONDURABLE: "repairable",
+                  BROKEN_AFTER: "repairable", CORRUPTED: "unrepairable", UNEXPECTED: "unrepairable"}
+DATA_TYPES = frozenset({PUT, REMOVE, CLEAR_STORAGE, ADD_STORAGE, REMOVE_STORAGE, PUT_BLOB})
+DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR_STORAGE: "clear_storage",
+                       ADD_STORAGE: "add_storage", REMOVE_STORAGE: "remove_storage"}
+_NO_EPOCH = (1 << 64) - 1
+
+
+@dataclass
+class PwalScan:
+    path: str
+    size: int
+    code: int = OK  # as `tglogutil inspect` sees the file
+    max_epoch: int = 0  # highest snippet header epoch, canceled ones included
+    min_epoch: int | None = None
+    durable: dict[int, int] = field(default_factory=dict)  # entry type -> count in durable snippets
+    entries: int = 0  # every entry read, headers included
+    snippets: dict[str, int] = field(default_factory=lambda: {"durable": 0, "nondurable": 0, "canceled": 0})
+    blob_refs: dict[int, int] = field(default_factory=dict)  # blob id -> offset of a durable put referring to it
+    findings: FindingList = field(default_factory=FindingList)
+    # What `tglogutil repair` would write: headers to cancel (2 -> 6), and the broken tail.
+    marks: list[int] = field(default_factory=list)
+    tail_mark: int | None = None  # repair without --cut writes 6 here
+    cut_at: int | None = None  # repair --cut truncates here
+    repair_code: int = OK  # the file's code under repair (mark mode)
+    canceled_tail: int | None = None  # damage inside a canceled snippet: ignored by limestone
+
+    @property
+    def epoch_range(self) -> list[int] | None:
+        return None if self.min_epoch is None else [self.min_epoch, self.max_epoch]
+
+
+def scan_pwal(path, durable_epoch: int) -> PwalScan:
+    """Walk one pwal file; never raises on bad data (only OSError).
+
+    One deliberate difference from tglogutil: where it lets a later repairable tail overwrite an
+    earlier unrepairable code (lowering the verdict), the worse code is kept here.
+    """
+    scan = PwalScan(str(path), os.path.getsize(path))
+    ld = durable_epoch
+    valid, first, marked_before = True, True, False
+    cur, snip = _NO_EPOCH, 0
+    codes = [OK, OK]  # inspect, repair (mark mode)
+    findings = scan.findings
+
+    def worse(inspect: int, repair: int) -> None:
+        codes[0] = max(codes[0], inspect)
+        codes[1] = max(codes[1], repair)
+
+    def broken_at_header(x: int, why: str) -> None:
+        # A tail that starts where a snippet header must be (tglogutil HDR): repair marks it canceled.
+        worse(BROKEN_AFTER, BROKEN_AFTER_MARKED)
+        findings.add("broken_tail", x, f"{why} (repairable: repair marks this byte as a canceled snippet header, "
+                     "repair --cut truncates the file here)")
+        scan.tail_mark = scan.cut_at = x
+
+    def broken_in_snippet(pos: int, why: str) -> None:
+        # A tail broken inside a snippet that is not durable (tglogutil TRUNC).
+        scan.cut_at = snip
+        if valid:
+            worse(BROKEN_AFTER, BROKEN_AFTER_MARKED)
+            scan.tail_mark = snip
+        elif marked_before:
+            worse(BROKEN_AFTER_MARKED, BROKEN_AFTER_MARKED)
+            scan.canceled_tail = pos  # limestone ignores what follows a canceled header
+            return
+        else:
+            worse(BROKEN_AFTER, BROKEN_AFTER_MARKED)
+        findings.add("broken_tail", pos, f"{why}, in the snippet at {snip} (repairable: repair cancels the "
+                     "snippet, repair --cut truncates the file there)")
+
+    for e in iter_entries(path):
+        if type(e) is Broken:
+            pos, kind = e.offset, e.type
+            short = e.code == "short_entry"
+            if short and kind == CANCELED_HEADER:
+                pass  # a partial canceled header: limestone stops without a word
+            elif short and kind == SNIPPET_HEADER:
+                marked_before = False
+                if not first and cur <= ld:
+                    worse(CORRUPTED, CORRUPTED)
+                    findings.add("corrupted_durable_snippet", pos, f"{e.message}, right after durable snippet "
+                                 f"{snip} of epoch {cur} (unrepairable)")
+                else:
+                    snip = pos
+                    broken_at_header(pos, e.message)
+            elif short and (first or kind == DURABLE_EPOCH):
+                worse(UNEXPECTED, UNEXPECTED)
+                findings.add("unexpected_entry", pos, f"{e.message}, where a snippet header must come")
+            elif first:  # an unknown byte (zero fill) at the start of the file or after an end marker
+                broken_at_header(pos, f"{e.message}, where a snippet header must come")
+            elif valid and cur <= ld:
+                worse(CORRUPTED, CORRUPTED)
+                findings.add("corrupted_durable_snippet", pos, f"{e.message}, inside durable snippet {snip} of "
+                             f"epoch {cur} (unrepairable)")
+            else:
+                broken_in_snippet(pos, e.message)
+            break
+        kind = e.type
+        scan.entries += 1
+        if kind in DATA_TYPES:
+            if first:
+                worse(UNEXPECTED, UNEXPECTED)
+                findings.add("unexpected_entry", e.offset, f"{ENTRY_NAMES[kind]} entry where a snippet header "
+                             "must come (unrepairable)")
+            elif valid:
+                scan.durable[kind] = scan.durable.get(kind, 0) + 1
+                if kind == PUT_BLOB:
+                    for blob in e.blob_ids:
+                        scan.blob_refs.setdefault(blob, e.offset)
+        elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
+            snip = e.offset
+            scan.max_epoch = max(scan.max_epoch, e.epoch)
+            scan.min_epoch = e.epoch if scan.min_epoch is None else min(scan.min_epoch, e.epoch)
+            if kind == CANCELED_HEADER:
+                marked_before, valid = True, False
+                scan.snippets["canceled"] += 1
+            elif e.epoch <= ld:
+                cur, marked_before, valid = e.epoch, False, True
+                scan.snippets["durable"] += 1
+            else:
+                cur, marked_before, valid = e.epoch, False, False
+                scan.snippets["nondurable"] += 1
+                worse(NONDURABLE, REPAIRED)
+                scan.marks.append(e.offset)
+                findings.add("nondurable_snippet", e.offset, f"snippet of epoch {e.epoch} is past the durable epoch "
+                             f"{ld}: never committed (repairable: repair cancels it)")
+        elif kind == SNIPPET_END:
+            if first:
+                worse(UNEXPECTED, UNEXPECTED)
+                findings.add("unexpected_entry", e.offset, "snippet end marker where a snippet header must come")
+                break
+            valid, first = False, True
+            continue
+        else:  # a durable-epoch record belongs in the epoch file, not here
+            worse(UNEXPECTED, UNEXPECTED)
+            findings.add("unexpected_entry", e.offset, f"{ENTRY_NAMES[kind]} entry in a pwal file")
+        first = False
+    scan.code, scan.repair_code = codes
+    return scan
