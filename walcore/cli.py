@@ -1,7 +1,8 @@
 """walvault: the command line.
 
-Exit codes: 0 everything checked is intact; 1 there are findings; 2 nothing could be checked
-(a path is missing or unreadable, holds no WAL files, or the command line is wrong).
+Exit codes, for every command: 0 done and intact; 1 findings (or, for repair and rotate, refused
+because of what was found); 2 nothing could be checked or done (a path is missing or unreadable,
+holds no WAL files, is in use by a running limestone, or the command line is wrong).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="walvault", description="Check and keep the write-ahead logs of Tarantool and limestone.",
-                     epilog="Exit codes: 0 intact, 1 findings, 2 cannot check.")
+                     epilog="Exit codes: 0 intact/done, 1 findings, 2 cannot check.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, help_text in (("inspect", "list what is there: every file, its vclock, rows and LSN ranges"),
-                            ("verify", "check that every block, row and chain link is intact")):
+    for name, help_text in (("inspect", "list what is there: every file, its vclock or epochs, rows, ranges"),
+                            ("verify", "check that every block, row, entry and chain link is intact")):
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
         cmd.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -34,29 +35,59 @@ def _parser() -> argparse.ArgumentParser:
                          help="worker processes (default: one per core)")
         cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                          help="progress lines on stderr (default: when stderr is a terminal)")
+    cmd = sub.add_parser("rotate", help="detach a limestone directory's active pwal and epoch files",
+                         description="Rename active pwal_NNNN files to pwal_NNNN.<ms14>.<n> and epoch to "
+                         "epoch.<ms14>.<E>, only in a directory that verifies ok and no limestone holds.")
+    cmd.add_argument("dir", type=Path, metavar="DIR")
+    cmd.add_argument("--min-bytes", type=int, default=1, metavar="N",
+                     help="rotate only active pwal files of at least N bytes (default 1: every non-empty one)")
+    cmd.add_argument("--json", action="store_true")
+    cmd = sub.add_parser("repair", help="repair a crashed limestone directory (prints the plan unless --apply)",
+                         description="Show, or with --apply carry out, what tglogutil repair does: detach active "
+                         "files, cancel nondurable snippets, mark (or with --cut truncate, after saving) broken "
+                         "tails.")
+    cmd.add_argument("dir", type=Path, metavar="DIR")
+    cmd.add_argument("--apply", action="store_true", help="carry out the plan")
+    cmd.add_argument("--cut", action="store_true",
+                     help="with --apply: truncate broken tails (the cut bytes are saved to DIR.walvault-cut/)")
+    cmd.add_argument("--json", action="store_true")
+    cmd = sub.add_parser("state", help="print the durable state of a limestone directory (latest value per key)")
+    cmd.add_argument("dir", type=Path, metavar="DIR")
+    cmd.add_argument("--format", choices=("tsv",), default="tsv",
+                     help="tsv: storage_id<TAB>key_hex<TAB>value_hex per live key, sorted")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("inspect", "verify"):
+            return _verify(args)
+        if args.command == "rotate":
+            return _rotate(args)
+        if args.command == "repair":
+            return _repair(args)
+        return _state(args)
+    except OSError as e:
+        print(f"walvault: cannot check: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+
+
+def _verify(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         print("walvault: --jobs must be at least 1", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     from .verify import verify_paths
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    try:
-        report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
-    except OSError as e:
-        print(f"walvault: cannot check: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
+    report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
     if not report.files and not report.dirs:
         # An empty or wrong directory must not pass for an intact one.
         print(f"walvault: cannot check: no WAL files under {', '.join(map(str, args.paths))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if args.json:
-        json.dump(report.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        _print_json(report.to_json())
     else:
         from .text import render
 
@@ -64,6 +95,105 @@ def main(argv: list[str] | None = None) -> int:
     if not report.checkable:
         return EXIT_CANNOT_CHECK
     return EXIT_OK if report.intact else EXIT_FINDINGS
+
+
+def _limestone_dir(path: Path) -> bool:
+    from .limestone.layout import is_limestone_dir
+
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory")
+    if not is_limestone_dir(path):
+        print(f"walvault: cannot check: {path} is not a limestone log directory", file=sys.stderr)
+        return False
+    return True
+
+
+def _rotate(args) -> int:
+    from .limestone.layout import LiveError
+    from .rotate import RotateRefused, rotate
+
+    if args.min_bytes < 0:
+        print("walvault: --min-bytes must not be negative", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    if not _limestone_dir(args.dir):
+        return EXIT_CANNOT_CHECK
+    try:
+        result = rotate(args.dir, min_bytes=args.min_bytes)
+    except LiveError as e:
+        print(f"walvault: not rotated: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    except RotateRefused as e:
+        print(f"walvault: {e}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        for old, new in result.renamed:
+            print(f"rotated {old} -> {new}")
+        for name, why in result.skipped:
+            print(f"kept    {name}: {why}")
+        if not result.renamed:
+            print("nothing rotated")
+    return EXIT_OK
+
+
+def _repair(args) -> int:
+    from .limestone.layout import LiveError
+    from .repair import RepairRefused, apply_repair, plan_repair
+
+    if args.cut and not args.apply:
+        print("walvault: --cut goes with --apply (without --apply nothing is changed anyway)", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    if not _limestone_dir(args.dir):
+        return EXIT_CANNOT_CHECK
+    try:
+        plan = plan_repair(args.dir, cut=args.cut)
+        if args.apply and plan.needed:
+            plan = apply_repair(plan)
+    except LiveError as e:
+        print(f"walvault: not repaired: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    except RepairRefused as e:
+        print(f"walvault: {e}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if args.json:
+        _print_json(plan.to_json())
+    else:
+        print(f"{plan.root}: {plan.status}")
+        for f in plan.files:
+            for action in f.actions(plan.cut):
+                print(f"  {f.name}: {action}")
+            if f.detach_to:
+                print(f"  {f.name}: detached as {f.detach_to}")
+        for saved in plan.saved:
+            print(f"  cut bytes saved in {saved}")
+        if not plan.needed:
+            print("nothing to repair")
+        elif plan.applied:
+            print("repaired")
+        else:
+            print("plan only: nothing was changed (run with --apply to carry it out)")
+    return EXIT_OK if plan.applied or not plan.needed else EXIT_FINDINGS
+
+
+def _state(args) -> int:
+    from .limestone.state import format_tsv
+    from .state import StateRefused, directory_state
+
+    if not _limestone_dir(args.dir):
+        return EXIT_CANNOT_CHECK
+    try:
+        rows = directory_state(args.dir)
+    except StateRefused as e:
+        print(f"walvault: no state: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK if "cannot_check" in str(e) else EXIT_FINDINGS
+    sys.stdout.write(format_tsv(rows))
+    return EXIT_OK
+
+
+def _print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=1)
+    sys.stdout.write("\n")
 
 
 def _common_base(paths: list[Path]) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -69,5 +70,41 @@ def is_live(root: Path) -> bool:
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
+    finally:
+        os.close(fd)
+
+
+class LiveError(RuntimeError):
+    """A running limestone holds the directory."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(root: Path):
+    """Hold limestone's own lock (flock LOCK_EX on the manifest) so that no limestone starts meanwhile."""
+    fd = os.open(root / MANIFEST_NAME, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise LiveError(f"{root} is in use by a running limestone (its manifest is locked)") from None
+            raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def rotated_name(root: Path, name: str, now_ms: int) -> str:
+    """`<name>.<ms14>.<n>` with the first n whose name is free, as limestone names detached files."""
+    n = 0
+    while (root / f"{name}.{now_ms:014d}.{n}").exists():
+        n += 1
+    return f"{name}.{now_ms:014d}.{n}"
+
+
+def fsync_dir(root: Path) -> None:
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)

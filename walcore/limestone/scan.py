@@ -49,8 +49,11 @@ class PwalScan:
         return None if self.min_epoch is None else [self.min_epoch, self.max_epoch]
 
 
-def scan_pwal(path, durable_epoch: int) -> PwalScan:
+def scan_pwal(path, durable_epoch: int, on_durable=None) -> PwalScan:
     """Walk one pwal file; never raises on bad data (only OSError).
+
+    `on_durable`, if given, is called with every data Entry (key and value included) of the durable
+    snippets, in file order: the entries limestone itself would apply.
 
     One deliberate difference from tglogutil: where it lets a later repairable tail overwrite an
     earlier unrepairable code (lowering the verdict), the worse code is kept here.
@@ -88,7 +91,7 @@ def scan_pwal(path, durable_epoch: int) -> PwalScan:
         findings.add("broken_tail", pos, f"{why}, in the snippet at {snip} (repairable: repair cancels the "
                      "snippet, repair --cut truncates the file there)")
 
-    for e in iter_entries(path):
+    for e in iter_entries(path, with_data=on_durable is not None):
         if type(e) is Broken:
             pos, kind = e.offset, e.type
             short = e.code == "short_entry"
@@ -124,6 +127,8 @@ def scan_pwal(path, durable_epoch: int) -> PwalScan:
                              "must come (unrepairable)")
             elif valid:
                 scan.durable[kind] = scan.durable.get(kind, 0) + 1
+                if on_durable is not None:
+                    on_durable(e)
                 if kind == PUT_BLOB:
                     for blob in e.blob_ids:
                         scan.blob_refs.setdefault(blob, e.offset)

@@ -1,0 +1,153 @@
+"""The repair command: make a crashed limestone directory startable again, as `tglogutil repair` does.
+
+By default it only prints the plan. With `--apply`, under limestone's own lock and only when
+nothing unrepairable was found, it:
+1. detaches every non-empty active pwal file (`pwal_NNNN` -> `pwal_NNNN.<ms14>.<n>`), so that nothing
+   is ever appended after a broken tail;
+2. cancels every nondurable snippet: its header byte 2 becomes 6, in place;
+3. marks a broken tail as the real tool does — the header of a broken snippet, or the first byte of
+   a tail that starts where a header must be (zero fill), becomes 6 — or, with `--cut`, truncates
+   the file there, after the bytes to be cut were saved next to the directory
+   (`<dir>.walvault-cut/<file>.<offset>`), so that nothing is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .limestone.check import finish, prepare
+from .limestone.layout import exclusive_lock, fsync_dir, kind_of, rotated_name
+from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
+from .limestone.scan import scan_pwal
+
+
+class RepairRefused(RuntimeError):
+    """The directory has damage repair must not touch, or cannot be checked."""
+
+
+@dataclass
+class FilePlan:
+    name: str
+    size: int
+    cancel: list[int] = field(default_factory=list)  # nondurable snippet headers: 2 -> 6
+    tail_mark: int | None = None  # broken tail: this byte -> 6
+    cut_at: int | None = None  # with --cut: truncate here
+    detach_to: str | None = None
+
+    def actions(self, cut: bool) -> list[str]:
+        out = [f"cancel nondurable snippet at {o} (byte 2 -> 6)" for o in self.cancel]
+        if cut and self.cut_at is not None:
+            out.append(f"truncate at {self.cut_at}, cutting {self.size - self.cut_at} bytes (saved first)")
+        elif self.tail_mark is not None:
+            out.append(f"mark the broken tail at {self.tail_mark} as a canceled snippet (byte -> 6)")
+        return out
+
+
+@dataclass
+class RepairPlan:
+    root: Path
+    status: str  # the directory's verdict before repair
+    files: list[FilePlan]
+    cut: bool
+    applied: bool = False
+    saved: list[str] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        return any(f.actions(self.cut) for f in self.files)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.root), "status": self.status, "cut": self.cut, "applied": self.applied,
+                "saved": self.saved,
+                "files": [{"file": f.name, "detach_to": f.detach_to, "actions": f.actions(self.cut)}
+                          for f in self.files if f.actions(self.cut) or f.detach_to]}
+
+
+def plan_repair(root: Path, *, cut: bool = False) -> RepairPlan:
+    """What repair would do; writes nothing. Raises RepairRefused when it must not be done."""
+    root = Path(root)
+    plan = prepare(root)
+    scans = {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths}
+    report, _ = finish(plan, scans)
+    if report.status == "cannot_check":
+        raise RepairRefused(f"{root}: cannot check: " + "; ".join(f.message for f in report.findings))
+    if report.status == "unrepairable":
+        bad = [f"{Path(s.path).name} at {f.offset}: {f.message}" for s in scans.values() for f in s.findings
+               if f.code in ("corrupted_durable_snippet", "unexpected_entry")]
+        raise RepairRefused(f"{root}: unrepairable, nothing changed: " + "; ".join(bad))
+    files = []
+    for path in plan.pwal_paths:
+        s = scans[str(path)]
+        files.append(FilePlan(path.name, s.size, list(s.marks), s.tail_mark, s.cut_at if cut else None))
+    return RepairPlan(root, report.status, files, cut)
+
+
+def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
+    """Carry out a plan (see the module doc). Raises LiveError when limestone holds the directory."""
+    root = rp.root
+    with exclusive_lock(root):
+        fresh = plan_repair(root, cut=rp.cut)  # the directory may have changed since the plan was shown
+        if [f.actions(rp.cut) for f in fresh.files] != [f.actions(rp.cut) for f in rp.files]:
+            raise RepairRefused(f"{root} changed since the plan was made; run repair again")
+        if not fresh.needed:
+            return fresh
+        now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        for f in fresh.files:
+            if kind_of(f.name) == "pwal" and f.size > 0:
+                f.detach_to = rotated_name(root, f.name, now_ms)
+                os.rename(root / f.name, root / f.detach_to)
+                fsync_dir(root)
+        for f in fresh.files:
+            _repair_file(root / (f.detach_to or f.name), f, fresh)
+        fsync_dir(root)
+        fresh.applied = True
+        return fresh
+
+
+def _repair_file(path: Path, f: FilePlan, rp: RepairPlan) -> None:
+    if not f.actions(rp.cut):
+        return
+    with open(path, "r+b") as fh:
+        for offset in f.cancel:
+            _overwrite(fh, offset, expected=(SNIPPET_HEADER,))
+        if rp.cut and f.cut_at is not None:
+            rp.saved.append(str(_save_tail(rp.root, path, f.cut_at)))
+            fh.truncate(f.cut_at)
+        elif f.tail_mark is not None:
+            _overwrite(fh, f.tail_mark, expected=None)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _overwrite(fh, offset: int, expected) -> None:
+    fh.seek(offset)
+    old = fh.read(1)
+    if expected is not None and (not old or old[0] not in expected):
+        raise RepairRefused(f"{fh.name}: byte {offset} is {old!r}, not a snippet header; nothing more changed")
+    fh.seek(offset)
+    fh.write(bytes([CANCELED_HEADER]))
+
+
+def _save_tail(root: Path, path: Path, offset: int) -> Path:
+    """Copy the bytes from `offset` to the end into `<dir>.walvault-cut/`, durably, before any cut."""
+    keep = root.parent / f"{root.name}.walvault-cut"
+    keep.mkdir(exist_ok=True)
+    target = keep / f"{path.name}.{offset}"
+    n = 1
+    while target.exists():  # an earlier cut at the same place: keep both
+        target = keep / f"{path.name}.{offset}.{n}"
+        n += 1
+    tmp = keep / f".{target.name}.tmp"
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        src.seek(offset)
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.rename(tmp, target)
+    fsync_dir(keep)
+    fsync_dir(keep.parent)
+    return target

@@ -1,0 +1,82 @@
+"""The rotate command: detach a limestone directory's active pwal files and its epoch file.
+
+Active `pwal_NNNN` files become `pwal_NNNN.<ms14>.<n>` and `epoch` becomes
+`epoch.<ms14>.<E>` (the names limestone gives them when it rotates for a backup), so that they are
+immutable and can be archived; limestone opens new active files when it next starts. Only a
+directory that verifies ok and that no limestone holds is rotated, under limestone's own lock; no
+existing file is ever overwritten, and every rename is followed by an fsync of the directory.
+
+The epoch E in `epoch.<ms14>.<E>`: limestone writes its current (switched) epoch. A directory
+rotated offline has no current epoch; walvault writes the highest epoch that appears in any
+snippet header (canceled ones included): it bounds every record of the rotated file, and it is the
+epoch limestone records as durable when it next starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .limestone.check import finish, prepare
+from .limestone.epoch import EPOCH_NAME
+from .limestone.layout import exclusive_lock, fsync_dir, kind_of, rotated_name
+from .limestone.scan import scan_pwal
+
+
+class RotateRefused(RuntimeError):
+    """The directory is not in a state to rotate (it needs repair, or cannot be checked)."""
+
+
+@dataclass
+class Rotation:
+    root: str
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
+
+    def to_json(self) -> dict:
+        return {"path": self.root, "renamed": [{"from": a, "to": b} for a, b in self.renamed],
+                "skipped": [{"file": a, "why": b} for a, b in self.skipped]}
+
+
+def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rotation:
+    """Rotate the active files of at least `min_bytes`. Raises LiveError, RotateRefused or OSError."""
+    root = Path(root)
+    plan = prepare(root)
+    report, _ = finish(plan, {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths})
+    if report.status != "ok":
+        reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
+        raise RotateRefused(f"{root}: not rotated: {reasons} (run walvault verify; repair first if it says so)")
+    result = Rotation(str(root))
+    with exclusive_lock(root):
+        now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        for path in plan.pwal_paths:
+            if kind_of(path.name) != "pwal":
+                continue
+            size = path.stat().st_size
+            if size < max(min_bytes, 1):
+                result.skipped.append((path.name, f"{size} bytes, under --min-bytes {max(min_bytes, 1)}"))
+                continue
+            _rename(root, path.name, rotated_name(root, path.name, now_ms), result)
+        epoch = root / EPOCH_NAME
+        if result.renamed and epoch.exists():
+            target = f"{EPOCH_NAME}.{now_ms:014d}.{report.max_appeared_epoch}"
+            if (root / target).exists():
+                raise RotateRefused(f"{root / target} exists already; not overwritten")
+            _rename(root, EPOCH_NAME, target, result)
+            # limestone starts a new, empty epoch file at rotation; the durable epoch now comes from the
+            # rotated one until the next record is written.
+            fd = os.open(epoch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.fsync(fd)
+            os.close(fd)
+            fsync_dir(root)
+    return result
+
+
+def _rename(root: Path, old: str, new: str, result: Rotation) -> None:
+    if (root / new).exists():  # the lock keeps limestone out; this keeps us from overwriting anything
+        raise RotateRefused(f"{root / new} exists already; not overwritten")
+    os.rename(root / old, root / new)
+    fsync_dir(root)
+    result.renamed.append((old, new))

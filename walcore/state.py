@@ -1,0 +1,29 @@
+"""The state command: the latest durable value of every key of a limestone directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .limestone.check import finish, prepare
+from .limestone.state import build_state, covered_by_compaction
+
+
+class StateRefused(RuntimeError):
+    pass
+
+
+def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
+    """Rows (storage_id, key, value) as of the durable epoch; works on a crashed directory unrepaired.
+
+    Raises StateRefused when the log cannot be trusted to give the whole state (unrepairable, or not
+    checkable).
+    """
+    root = Path(root)
+    plan = prepare(root)
+    rows, scans = build_state(plan.pwal_paths, plan.report.durable_epoch, covered_by_compaction(root))
+    report, _ = finish(plan, scans)
+    if report.status in ("cannot_check", "unrepairable"):
+        why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
+            f.message for f in report.findings)
+        raise StateRefused(f"{root}: {report.status}: {why}")
+    return rows
