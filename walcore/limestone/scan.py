@@ -8,6 +8,7 @@ becomes a finding with its byte offset, and entries are counted per type.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
 
 from ..findings import FindingList
@@ -23,6 +24,8 @@ DATA_TYPES = frozenset({PUT, REMOVE, CLEAR_STORAGE, ADD_STORAGE, REMOVE_STORAGE,
 DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR_STORAGE: "clear_storage",
                        ADD_STORAGE: "add_storage", REMOVE_STORAGE: "remove_storage"}
 _NO_EPOCH = (1 << 64) - 1
+_CHUNK = 1 << 20
+_FIELDS = struct.Struct("<II")
 
 
 @dataclass
@@ -53,7 +56,132 @@ def scan_pwal(path, durable_epoch: int, on_durable=None) -> PwalScan:
     """Walk one pwal file; never raises on bad data (only OSError).
 
     `on_durable`, if given, is called with every data Entry (key and value included) of the durable
-    snippets, in file order: the entries limestone itself would apply.
+    snippets, in file order: the entries limestone itself would apply. Without it, a fast walk
+    handles well-formed files and gives way to the exact one at the first thing out of the ordinary.
+    """
+    if on_durable is None:
+        fast = _scan_fast(path, durable_epoch)
+        if fast is not None:
+            return fast
+    return _scan_exact(path, durable_epoch, on_durable)
+
+
+def _nondurable(scan: PwalScan, offset: int, epoch: int, durable_epoch: int) -> None:
+    scan.snippets["nondurable"] += 1
+    scan.marks.append(offset)
+    scan.findings.add("nondurable_snippet", offset, f"snippet of epoch {epoch} is past the durable epoch "
+                      f"{durable_epoch}: never committed (repairable: repair cancels it)")
+
+
+def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
+    """The walk of a well-formed file, without building an entry object: headers parsed from a large
+    buffer, values skipped. None at anything the exact walk must judge (a short or unknown entry, an
+    entry where a header must come, a durable-epoch record)."""
+    ld = durable_epoch
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        scan = PwalScan(str(path), size)
+        counts = [0] * 11
+        blob_refs = scan.blob_refs
+        valid, first = True, True
+        lo = hi = None
+        entries = durable = canceled = 0
+        buf = f.read(_CHUNK)
+        base = i = 0
+        unpack_from = _FIELDS.unpack_from
+        while True:
+            if len(buf) - i < 25 and base + len(buf) < size:  # keep a whole fixed part in the buffer
+                f.seek(base + i)
+                base += i
+                buf, i = f.read(_CHUNK), 0
+            pos = base + i
+            if pos >= size:
+                break
+            kind = buf[i]
+            if kind == PUT or kind == PUT_BLOB:
+                if len(buf) - i < 17:
+                    return None
+                key_len, value_len = unpack_from(buf, i + 1)
+                n = 33 + key_len + value_len
+                if kind == PUT_BLOB:
+                    tail = os.pread(f.fileno(), 4, pos + n)
+                    if len(tail) < 4:
+                        return None
+                    count = int.from_bytes(tail, "little")
+                    if valid and not first and pos + n + 4 + 8 * count <= size:
+                        ids = os.pread(f.fileno(), 8 * count, pos + n + 4)
+                        for j in range(count):
+                            blob_refs.setdefault(int.from_bytes(ids[8 * j:8 * j + 8], "little"), pos)
+                    n += 4 + 8 * count
+            elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
+                if len(buf) - i < 9:
+                    return None
+                n = 9
+                epoch = int.from_bytes(buf[i + 1:i + 9], "little")
+                if lo is None:
+                    lo = hi = epoch
+                elif epoch > hi:
+                    hi = epoch
+                elif epoch < lo:
+                    lo = epoch
+                if kind == CANCELED_HEADER:
+                    valid = False
+                    canceled += 1
+                elif epoch <= ld:
+                    valid = True
+                    durable += 1
+                else:
+                    valid = False
+                    _nondurable(scan, pos, epoch, ld)
+                first = False
+                i += n
+                entries += 1
+                continue
+            elif kind == REMOVE:
+                if len(buf) - i < 5:
+                    return None
+                n = 29 + int.from_bytes(buf[i + 1:i + 5], "little")
+            elif kind == SNIPPET_END:
+                if first:
+                    return None
+                n = 10
+                valid, first = False, True
+                if pos + n > size:
+                    return None
+                i += n
+                entries += 1
+                continue
+            elif CLEAR_STORAGE <= kind <= REMOVE_STORAGE:
+                n = 25
+            else:
+                return None
+            # a data entry
+            if first or pos + n > size:
+                return None
+            if valid:
+                counts[kind] += 1
+            entries += 1
+            i += n
+            if i > len(buf):  # a value longer than the buffer: skip it without reading
+                base += i
+                i = 0
+                buf = b""
+                if base < size:
+                    f.seek(base)
+                    buf = f.read(_CHUNK)
+    scan.entries = entries
+    scan.snippets["durable"] += durable
+    scan.snippets["canceled"] += canceled
+    if lo is not None:
+        scan.min_epoch, scan.max_epoch = lo, hi
+    scan.durable = {t: n for t, n in enumerate(counts) if n}
+    if scan.marks:
+        scan.code, scan.repair_code = NONDURABLE, REPAIRED
+    return scan
+
+
+def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
+    """The walk of anything, entry by entry, following limestone's state machine (see the module doc).
 
     One deliberate difference from tglogutil: where it lets a later repairable tail overwrite an
     earlier unrepairable code (lowering the verdict), the worse code is kept here.
@@ -144,11 +272,8 @@ def scan_pwal(path, durable_epoch: int, on_durable=None) -> PwalScan:
                 scan.snippets["durable"] += 1
             else:
                 cur, marked_before, valid = e.epoch, False, False
-                scan.snippets["nondurable"] += 1
                 worse(NONDURABLE, REPAIRED)
-                scan.marks.append(e.offset)
-                findings.add("nondurable_snippet", e.offset, f"snippet of epoch {e.epoch} is past the durable epoch "
-                             f"{ld}: never committed (repairable: repair cancels it)")
+                _nondurable(scan, e.offset, e.epoch, ld)
         elif kind == SNIPPET_END:
             if first:
                 worse(UNEXPECTED, UNEXPECTED)
