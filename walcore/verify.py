@@ -121,7 +121,7 @@ def _find(paths: list[Path]):
             continue
         tarantool_paths.append(path)
     layout = discover(tarantool_paths, claim)
-    return layout, list(dict.fromkeys(roots))
+    return layout, sorted(set(roots))
 
 
 def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:
