@@ -165,6 +165,8 @@ def _repair(args) -> int:
                 print(f"  {f.name}: {action}")
             if f.detach_to:
                 print(f"  {f.name}: detached as {f.detach_to}")
+        if plan.restore_catalog:
+            print("  compaction_catalog: restore from compaction_catalog.back (the damaged one is saved)")
         for saved in plan.saved:
             print(f"  cut bytes saved in {saved}")
         if not plan.needed:
@@ -186,7 +188,7 @@ def _state(args) -> int:
         rows = directory_state(args.dir)
     except StateRefused as e:
         print(f"walvault: no state: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK if "cannot_check" in str(e) else EXIT_FINDINGS
+        return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
     sys.stdout.write(format_tsv(rows))
     return EXIT_OK
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
 from .limestone.check import finish, prepare
 from .limestone.layout import exclusive_lock, fsync_dir, kind_of, rotated_name
 from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
@@ -52,16 +53,17 @@ class RepairPlan:
     status: str  # the directory's verdict before repair
     files: list[FilePlan]
     cut: bool
+    restore_catalog: bool = False  # compaction_catalog is unreadable and its .back is good
     applied: bool = False
     saved: list[str] = field(default_factory=list)
 
     @property
     def needed(self) -> bool:
-        return any(f.actions(self.cut) for f in self.files)
+        return self.restore_catalog or any(f.actions(self.cut) for f in self.files)
 
     def to_json(self) -> dict:
         return {"path": str(self.root), "status": self.status, "cut": self.cut, "applied": self.applied,
-                "saved": self.saved,
+                "saved": self.saved, "restore_catalog": self.restore_catalog,
                 "files": [{"file": f.name, "detach_to": f.detach_to, "actions": f.actions(self.cut)}
                           for f in self.files if f.actions(self.cut) or f.detach_to]}
 
@@ -82,7 +84,8 @@ def plan_repair(root: Path, *, cut: bool = False) -> RepairPlan:
     for path in plan.pwal_paths:
         s = scans[str(path)]
         files.append(FilePlan(path.name, s.size, list(s.marks), s.tail_mark, s.cut_at if cut else None))
-    return RepairPlan(root, report.status, files, cut)
+    restore = any(f.code == "bad_catalog" for f in report.findings) and report.status == "repairable"
+    return RepairPlan(root, report.status, files, cut, restore)
 
 
 def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
@@ -102,6 +105,8 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
                 fsync_dir(root)
         for f in fresh.files:
             _repair_file(root / (f.detach_to or f.name), f, fresh)
+        if fresh.restore_catalog:
+            _restore_catalog(root, fresh)
         fsync_dir(root)
         fresh.applied = True
         return fresh
@@ -110,16 +115,29 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
 def _repair_file(path: Path, f: FilePlan, rp: RepairPlan) -> None:
     if not f.actions(rp.cut):
         return
+    cut_at = f.cut_at if rp.cut else None
+    if cut_at is not None:  # the bytes to be cut are saved as they are, before anything is written
+        rp.saved.append(str(_save_tail(rp.root, path, cut_at)))
     with open(path, "r+b") as fh:
         for offset in f.cancel:
-            _overwrite(fh, offset, expected=(SNIPPET_HEADER,))
-        if rp.cut and f.cut_at is not None:
-            rp.saved.append(str(_save_tail(rp.root, path, f.cut_at)))
-            fh.truncate(f.cut_at)
+            if cut_at is None or offset < cut_at:
+                _overwrite(fh, offset, expected=(SNIPPET_HEADER,))
+        if cut_at is not None:
+            fh.truncate(cut_at)
         elif f.tail_mark is not None:
             _overwrite(fh, f.tail_mark, expected=None)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _restore_catalog(root: Path, rp: RepairPlan) -> None:
+    """What limestone does at start: the catalog's backup replaces it (the damaged one is kept aside)."""
+    rp.saved.append(str(_save_tail(root, root / CATALOG_NAME, 0)))
+    tmp = root / f".{CATALOG_NAME}.walvault-tmp"
+    tmp.write_bytes((root / CATALOG_BACKUP).read_bytes())
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.rename(tmp, root / CATALOG_NAME)
 
 
 def _overwrite(fh, offset: int, expected) -> None:

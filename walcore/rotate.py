@@ -41,16 +41,20 @@ class Rotation:
 
 
 def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rotation:
-    """Rotate the active files of at least `min_bytes`. Raises LiveError, RotateRefused or OSError."""
+    """Rotate the active files of at least `min_bytes`. Raises LiveError, RotateRefused or OSError.
+
+    Everything is decided under the lock, and every target name is checked free, before the first rename.
+    """
     root = Path(root)
-    plan = prepare(root)
-    report, _ = finish(plan, {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths})
-    if report.status != "ok":
-        reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
-        raise RotateRefused(f"{root}: not rotated: {reasons} (run walvault verify; repair first if it says so)")
-    result = Rotation(str(root))
     with exclusive_lock(root):
+        plan = prepare(root)
+        report, _ = finish(plan, {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths})
+        if report.status != "ok":
+            reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
+            raise RotateRefused(f"{root}: not rotated: {reasons} (run walvault verify; repair first if it says so)")
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        result = Rotation(str(root))
+        renames = []
         for path in plan.pwal_paths:
             if kind_of(path.name) != "pwal":
                 continue
@@ -58,13 +62,18 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
             if size < max(min_bytes, 1):
                 result.skipped.append((path.name, f"{size} bytes, under --min-bytes {max(min_bytes, 1)}"))
                 continue
-            _rename(root, path.name, rotated_name(root, path.name, now_ms), result)
+            renames.append((path.name, rotated_name(root, path.name, now_ms)))
         epoch = root / EPOCH_NAME
-        if result.renamed and epoch.exists():
-            target = f"{EPOCH_NAME}.{now_ms:014d}.{report.max_appeared_epoch}"
-            if (root / target).exists():
-                raise RotateRefused(f"{root / target} exists already; not overwritten")
-            _rename(root, EPOCH_NAME, target, result)
+        if renames and epoch.exists():
+            renames.append((EPOCH_NAME, f"{EPOCH_NAME}.{now_ms:014d}.{report.max_appeared_epoch}"))
+        taken = [new for _, new in renames if (root / new).exists()]
+        if taken:
+            raise RotateRefused(f"{root}: not rotated: {', '.join(taken)} exists already; nothing renamed")
+        for old, new in renames:
+            os.rename(root / old, root / new)
+            fsync_dir(root)
+            result.renamed.append((old, new))
+        if renames and not epoch.exists() and any(old == EPOCH_NAME for old, _ in renames):
             # limestone starts a new, empty epoch file at rotation; the durable epoch now comes from the
             # rotated one until the next record is written.
             fd = os.open(epoch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -72,11 +81,3 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
             os.close(fd)
             fsync_dir(root)
     return result
-
-
-def _rename(root: Path, old: str, new: str, result: Rotation) -> None:
-    if (root / new).exists():  # the lock keeps limestone out; this keeps us from overwriting anything
-        raise RotateRefused(f"{root / new} exists already; not overwritten")
-    os.rename(root / old, root / new)
-    fsync_dir(root)
-    result.renamed.append((old, new))

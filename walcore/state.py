@@ -9,7 +9,9 @@ from .limestone.state import build_state, covered_by_compaction
 
 
 class StateRefused(RuntimeError):
-    pass
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
@@ -25,5 +27,5 @@ def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
     if report.status in ("cannot_check", "unrepairable"):
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
             f.message for f in report.findings)
-        raise StateRefused(f"{root}: {report.status}: {why}")
+        raise StateRefused(report.status, f"{root}: {report.status}: {why}")
     return rows

@@ -15,15 +15,18 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .limestone import check as limestone_check
 from .limestone.check import LimestoneDir, LimestoneFile
 from .limestone.layout import is_limestone_dir
 from .limestone.layout import kind_of as limestone_kind
 from .limestone.scan import scan_pwal
-from .tarantool.check import Chain, TarantoolFile, check_chains, file_verdict, in_progress_file
 from .tarantool.layout import discover, kind_of
-from .tarantool.xlog import FileScan, merge_spans, scan_file
+
+if TYPE_CHECKING:  # the Tarantool reader (crc32c, zstandard) is imported only when there are Tarantool files
+    from .tarantool.check import Chain, TarantoolFile
+    from .tarantool.xlog import FileScan
 
 # A file larger than this is split so that both cores work on it.
 SPLIT_SIZE = 32 << 20
@@ -61,12 +64,16 @@ def _units(size: int, jobs: int) -> list[tuple[int | None, int | None]]:
 def _run_unit(unit: tuple):
     if unit[0] == "limestone":
         return scan_pwal(unit[1], unit[2])
+    from .tarantool.xlog import scan_file
+
     _, path, start, stop = unit
     return scan_file(path, start=start, stop=stop)
 
 
 def _join(path: str, parts: list[tuple[int | None, int | None, FileScan]]) -> FileScan:
     """Merge the scans of one file's ranges; re-scan from where two ranges do not meet."""
+    from .tarantool.xlog import merge_spans, scan_file
+
     parts.sort(key=lambda p: -1 if p[0] is None else p[0])
     whole = parts[0][2]
     xlog = whole.kind == "xlog"
@@ -161,13 +168,15 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
             results.setdefault(unit[1], []).append((unit, _run_unit(unit)))
             tracker.advance(unit_bytes(unit))
     reports: dict[str, TarantoolFile] = {}
+    if layout.files:
+        from .tarantool.check import check_chains, file_verdict, in_progress_file
     for p in layout.files:
         key = str(p)
         if key in results:
             reports[key] = file_verdict(_join(key, [(u[2], u[3], r) for u, r in results[key]]))
         else:
             reports[key] = in_progress_file(p, sizes[key])
-    chains = [c for d in layout.data_dirs for c in check_chains(d, reports)]
+    chains = [c for d in layout.data_dirs for c in check_chains(d, reports)] if layout.files else []
     files: list = [reports[str(p)] for p in layout.files]
     dirs = []
     ignored = [str(p) for p in layout.ignored]

@@ -81,42 +81,41 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         scan = PwalScan(str(path), size)
-        counts = [0] * 11
-        blob_refs = scan.blob_refs
+        counts = [0] * 11  # durable entries per type, puts and removes aside
+        puts = removes = entries = durable = canceled = 0
         valid, first = True, True
         lo = hi = None
-        entries = durable = canceled = 0
         buf = f.read(_CHUNK)
+        blen = len(buf)
         base = i = 0
         unpack_from = _FIELDS.unpack_from
         while True:
-            if len(buf) - i < 25 and base + len(buf) < size:  # keep a whole fixed part in the buffer
-                f.seek(base + i)
-                base += i
-                buf, i = f.read(_CHUNK), 0
-            pos = base + i
-            if pos >= size:
-                break
+            if blen - i < 25:  # keep a whole fixed part in the buffer
+                if base + blen < size:
+                    base += i
+                    f.seek(base)
+                    buf, i = f.read(_CHUNK), 0
+                    blen = len(buf)
+                if i >= blen:
+                    break
             kind = buf[i]
-            if kind == PUT or kind == PUT_BLOB:
-                if len(buf) - i < 17:
+            entries += 1
+            if kind == PUT:
+                if blen - i < 17 or first:
                     return None
                 key_len, value_len = unpack_from(buf, i + 1)
-                n = 33 + key_len + value_len
-                if kind == PUT_BLOB:
-                    tail = os.pread(f.fileno(), 4, pos + n)
-                    if len(tail) < 4:
-                        return None
-                    count = int.from_bytes(tail, "little")
-                    if valid and not first and pos + n + 4 + 8 * count <= size:
-                        ids = os.pread(f.fileno(), 8 * count, pos + n + 4)
-                        for j in range(count):
-                            blob_refs.setdefault(int.from_bytes(ids[8 * j:8 * j + 8], "little"), pos)
-                    n += 4 + 8 * count
-            elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
-                if len(buf) - i < 9:
+                i += 33 + key_len + value_len
+                if valid:
+                    puts += 1
+            elif kind == REMOVE:
+                if blen - i < 5 or first:
                     return None
-                n = 9
+                i += 29 + int.from_bytes(buf[i + 1:i + 5], "little")
+                if valid:
+                    removes += 1
+            elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
+                if blen - i < 9:
+                    return None
                 epoch = int.from_bytes(buf[i + 1:i + 9], "little")
                 if lo is None:
                     lo = hi = epoch
@@ -132,43 +131,50 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                     durable += 1
                 else:
                     valid = False
-                    _nondurable(scan, pos, epoch, ld)
+                    _nondurable(scan, base + i, epoch, ld)
                 first = False
-                i += n
-                entries += 1
+                i += 9
                 continue
-            elif kind == REMOVE:
-                if len(buf) - i < 5:
-                    return None
-                n = 29 + int.from_bytes(buf[i + 1:i + 5], "little")
             elif kind == SNIPPET_END:
-                if first:
+                if first or blen - i < 10:
                     return None
-                n = 10
                 valid, first = False, True
-                if pos + n > size:
-                    return None
-                i += n
-                entries += 1
+                i += 10
                 continue
             elif CLEAR_STORAGE <= kind <= REMOVE_STORAGE:
-                n = 25
+                if first:
+                    return None
+                i += 25
+                if valid:
+                    counts[kind] += 1
+            elif kind == PUT_BLOB:
+                if blen - i < 17 or first:
+                    return None
+                pos = base + i
+                key_len, value_len = unpack_from(buf, i + 1)
+                n = 33 + key_len + value_len
+                tail = os.pread(f.fileno(), 4, pos + n)
+                if len(tail) < 4:
+                    return None
+                count = int.from_bytes(tail, "little")
+                if pos + n + 4 + 8 * count > size:
+                    return None
+                if valid:
+                    counts[kind] += 1
+                    ids = os.pread(f.fileno(), 8 * count, pos + n + 4)
+                    for j in range(0, 8 * count, 8):
+                        scan.blob_refs.setdefault(int.from_bytes(ids[j:j + 8], "little"), pos)
+                i += n + 4 + 8 * count
             else:
                 return None
-            # a data entry
-            if first or pos + n > size:
-                return None
-            if valid:
-                counts[kind] += 1
-            entries += 1
-            i += n
-            if i > len(buf):  # a value longer than the buffer: skip it without reading
+            if i > blen:  # past the buffer: a value longer than what is left of it; skip it unread
+                if base + i > size:
+                    return None
                 base += i
-                i = 0
-                buf = b""
-                if base < size:
-                    f.seek(base)
-                    buf = f.read(_CHUNK)
+                f.seek(base)
+                buf, i = f.read(_CHUNK), 0
+                blen = len(buf)
+    counts[PUT], counts[REMOVE] = puts, removes
     scan.entries = entries
     scan.snippets["durable"] += durable
     scan.snippets["canceled"] += canceled
