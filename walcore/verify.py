@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,6 +156,8 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
     tracker = Progress(sum(unit_bytes(u) for u in work), progress)
     results: dict[str, list] = {}
     if jobs > 1 and len(work) > 1:
+        from concurrent.futures import ProcessPoolExecutor, as_completed  # costs 20 ms: only when used
+
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_run_unit, unit): unit for unit in sorted(work, key=lambda u: -unit_bytes(u))}
             for future in as_completed(futures):
