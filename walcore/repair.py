@@ -59,7 +59,9 @@ class RepairPlan:
 
     @property
     def needed(self) -> bool:
-        return self.restore_catalog or any(f.actions(self.cut) for f in self.files)
+        # A repairable directory may need no byte changed: a broken tail after a canceled header in an
+        # active file is mended by detaching the file alone (limestone never reads past it then).
+        return self.status == "repairable" or self.restore_catalog or any(f.actions(self.cut) for f in self.files)
 
     def to_json(self) -> dict:
         return {"path": str(self.root), "status": self.status, "cut": self.cut, "applied": self.applied,

@@ -13,7 +13,6 @@ from .catalog import CATALOG_BACKUP, CATALOG_NAME
 from .epoch import EPOCH_NAME, ROTATED_EPOCH
 from .manifest import MANIFEST_NAME
 
-ACTIVE_PWAL = re.compile(r"pwal_\d{4}")
 BLOB_NAME = re.compile(r"[0-9a-f]{16}\.blob")
 # Work and derived parts limestone rebuilds itself: never backed up, not checked.
 DERIVED = ("data", "compaction_temp", "ctrl")
@@ -36,10 +35,10 @@ def kind_of(name: str) -> str | None:
     if ROTATED_EPOCH.fullmatch(name):
         return "epoch_rotated"
     if name.startswith("pwal_"):
-        # limestone reads every pwal_* file; a name of 9 characters is an active channel.
+        # limestone reads every pwal_* file; a name of 9 characters or fewer is an active channel.
         if ".compacted" in name:
             return "compacted"
-        return "pwal" if ACTIVE_PWAL.fullmatch(name) else "pwal_rotated"
+        return "pwal" if len(name) <= 9 else "pwal_rotated"
     if name in (CATALOG_NAME, CATALOG_BACKUP):
         return "catalog"
     if BLOB_NAME.fullmatch(name):

@@ -2,7 +2,10 @@
 
 The walk follows limestone's scan state machine exactly, so that verdicts agree with
 `tglogutil inspect` and repair plans with `tglogutil repair [--cut]`; on top of it every problem
-becomes a finding with its byte offset, and entries are counted per type.
+becomes a finding with its byte offset, and entries are counted per type. Two deliberate
+differences, both stricter: the worse of two codes in a file is kept (tglogutil lets a later
+repairable tail overwrite an earlier unrepairable one), and a byte 0x2a (the newest limestone's
+marker_chunk, which tglogutil's scanner stops at without a word) is an unknown entry.
 """
 
 from __future__ import annotations
