@@ -27,7 +27,7 @@ DATA_TYPES = frozenset({PUT, REMOVE, CLEAR_STORAGE, ADD_STORAGE, REMOVE_STORAGE,
 DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR_STORAGE: "clear_storage",
                        ADD_STORAGE: "add_storage", REMOVE_STORAGE: "remove_storage"}
 _NO_EPOCH = (1 << 64) - 1
-_CHUNK = 1 << 20
+_CHUNK = 256 << 10
 _FIELDS = struct.Struct("<II")
 
 
