@@ -753,15 +753,19 @@ def test_repair_detaches_a_broken_tail_after_a_canceled_header(tmp_path: Path):
     """After a crash, limestone's own failed start (or an older repair) leaves the crashed snippet's
     header canceled (2 -> 6) and its truncated entry in the active file. tglogutil inspect: that is
     broken_after_marked, auto-repairable; tglogutil repair detaches the file, and in a detached file
-    the tail after a canceled header is ignored (spec 1.3, 2). walvault verify agrees it is
-    repairable, but `repair` says there is nothing to do and leaves it repairable."""
+    the tail after a canceled header is ignored (spec 1.3, 2). walvault says why it is repairable
+    (a finding at the cut entry), and repair detaches the file, which is all it needs."""
     root = tmp_path / "log"
     d = LogDir(root, version=7, channels=1)
     d.session(0, 1, [writer.put(1, b"k", b"v", (1, 1))])
     d.make_durable(1)
+    durable_size = (root / "pwal_0000").stat().st_size
     d.raw(0, writer.snippet_header(2, canceled=True) + writer.put(1, b"k", b"w" * 50, (2, 1))[:20])
     d.close()
     assert dir_report(root)["status"] == REPAIRABLE
+    report = verify_paths([root], jobs=1).to_json()
+    (active,) = [f for f in report["files"] if f["kind"] == "pwal"]
+    assert [(x["code"], x["offset"]) for x in active["findings"]] == [("broken_tail", durable_size + 9)]
     rp = plan_repair(root)
     assert rp.needed
     apply_repair(rp)

@@ -206,6 +206,9 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
         if file_code == BROKEN_AFTER_MARKED and kind != "pwal":
             # damage after a canceled header of a detached file: limestone never reads it
             file_code = OK
+        elif scan.canceled_tail is not None and kind == "pwal":
+            scan.findings.add("broken_tail", scan.canceled_tail, "a broken tail after a canceled snippet header, "
+                              "in an active file limestone would append to (repairable: repair detaches the file)")
         code = max(code, file_code)
         max_epoch = max(max_epoch, scan.max_epoch)
         for t, n in scan.durable.items():

@@ -190,11 +190,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
 
 
 def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
-    """The walk of anything, entry by entry, following limestone's state machine (see the module doc).
-
-    One deliberate difference from tglogutil: where it lets a later repairable tail overwrite an
-    earlier unrepairable code (lowering the verdict), the worse code is kept here.
-    """
+    """The walk of anything, entry by entry, following limestone's state machine (see the module doc)."""
     scan = PwalScan(str(path), os.path.getsize(path))
     ld = durable_epoch
     valid, first, marked_before = True, True, False
