@@ -1,6 +1,6 @@
 """Benchmark `walvault verify` on a limestone log directory against a bare Python header walk.
 
-    .venv/bin/python bench/verify_limestone.py [--size-mb 220] [--channels 8] [--dir DIR] [--keep] [--profile]
+    .venv/bin/python bench/verify_limestone.py [--size-mb 3000] [--channels 8] [--dir DIR] [--keep] [--profile]
 
 Generates (or reuses) >= size-mb MB (10**6 bytes) of pwal files (persistent format 7) with
 walcore.limestone.writer.LogDir, warms the page cache, then times side by side:
@@ -446,7 +446,7 @@ def profile_scan(path: Path, durable_epoch: int, top: int = 15) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size-mb", type=int, default=220, help="pwal data to generate, in 10**6 bytes (default 220)")
+    ap.add_argument("--size-mb", type=int, default=3000, help="pwal data to generate, in 10**6 bytes (default 3000: enough for the fixed costs of process start to fade)")
     ap.add_argument("--channels", type=int, default=8, help="log channels = pwal files (default 8)")
     ap.add_argument("--dir", type=Path, default=REPO / "bench" / "out" / "limestone",
                     help="where the data lives (default bench/out/limestone)")
