@@ -21,15 +21,6 @@ class Manifest:
     persistent_format_version: int
     instance_uuid: str | None
 
-    @property
-    def has_end_markers(self) -> bool:
-        """From version 6 every session ends with a snippet end marker (type 3)."""
-        return self.persistent_format_version >= 6
-
-    @property
-    def has_blobs(self) -> bool:
-        return self.persistent_format_version >= 3
-
 
 def parse_manifest(data: bytes | None) -> Manifest:
     """Parse the manifest's bytes; None (no file) is version 0, which current limestone rejects."""
