@@ -23,13 +23,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import platform
 import pstats
 import random
-import resource
-import shutil
 import statistics
 import struct
 import subprocess
@@ -46,15 +43,13 @@ from walcore.limestone.pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE,
 from walcore.limestone.scan import OK, scan_pwal
 from walcore.limestone.writer import LogDir, put, remove, storage_op
 
-REPO = Path(__file__).resolve().parents[1]
-OUT_JSON = REPO / "bench" / "out" / "verify_limestone.json"
-WALVAULT = REPO / ".venv" / "bin" / "walvault"
-RUNS = 3
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
+import common  # noqa: E402
+from common import MB, RUNS, WALVAULT  # noqa: E402
+
+OUT_JSON = common.REPO / "bench" / "out" / "verify_limestone.json"
 SEED = 1
 VERSION = 7  # persistent format version: sessions end with a type-3 marker
-CHUNK = 4 << 20
-MB = 10**6
-STAMP = "stamp.json"
 MIX = "oltp-1"  # bump when the mix below changes, so that stale data is regenerated
 
 # --------------------------------------------------------------------------- the entry mix
@@ -163,36 +158,23 @@ def generate(log: Path, target_bytes: int, channels: int, seed: int) -> dict:
 
 def prepare_data(root: Path, size_mb: int, channels: int) -> tuple[list[Path], dict]:
     """The limestone directory root/log and its pwal files, reused when the stamp says they match."""
-    log = root / "log"  # the stamp lives outside the verified dir so verify never sees it
-    stamp_path = root / STAMP
+    log = root / "log"
     want = {"size_mb": size_mb, "seed": SEED, "channels": channels, "version": VERSION, "mix": MIX}
-    if stamp_path.exists():
-        stamp = json.loads(stamp_path.read_text())
-        files = [log / name for name in stamp.get("files", {})]
-        if (stamp.get("params") == want and files
-                and all(p.is_file() and p.stat().st_size == stamp["files"][p.name] for p in files)):
-            print(f"reusing {len(files)} files in {log}")
-            return sorted(p for p in files if p.name.startswith("pwal_")), stamp["stats"]
+    if stamp := common.reusable_stamp(root, log, want):
+        return sorted(log / name for name in stamp["files"] if name.startswith("pwal_")), stamp["stats"]
     clear_data(root)
     t0 = time.perf_counter()
     stats = generate(log, size_mb * MB, channels, SEED)
     files = sorted(log.iterdir())
     print(f"generated {len(files)} files in {log} in {time.perf_counter() - t0:.1f} s")
-    stamp_path.write_text(json.dumps({"params": want, "stats": stats,
-                                      "files": {p.name: p.stat().st_size for p in files}}, indent=1))
+    common.write_stamp(root, want, files, stats=stats)
     return [p for p in files if p.name.startswith("pwal_")], stats
 
 
 def clear_data(root: Path) -> None:
-    """Remove only what prepare_data writes (never rmtree a user-given --dir)."""
-    (root / STAMP).unlink(missing_ok=True)
-    log = root / "log"
-    if log.is_dir():
-        for p in log.iterdir():
-            if p.name in (MANIFEST_NAME, EPOCH_NAME) or p.name.startswith("pwal_"):
-                p.unlink()
-        if not any(log.iterdir()):
-            log.rmdir()
+    """Remove only what prepare_data writes."""
+    common.clear_data(root, root / "log",
+                      lambda p: p.name in (MANIFEST_NAME, EPOCH_NAME) or p.name.startswith("pwal_"))
 
 
 # --------------------------------------------------------------------------- in-process readers
@@ -200,12 +182,9 @@ def clear_data(root: Path) -> None:
 
 def read_all(paths: list[Path]) -> dict:
     """(a) The limit: read every byte in 4 MiB chunks into one buffer."""
-    buf = bytearray(CHUNK)
     total = 0
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                total += n
+    for chunk in common.chunks(paths):
+        total += len(chunk)
     return {"entries": None, "bytes": total}
 
 
@@ -258,11 +237,7 @@ def scan_all(paths: list[Path], durable_epoch: int) -> dict:
 
 
 def time_inprocess(fn, paths: list[Path], *args) -> dict:
-    runs, result = [], {}
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        result = fn(paths, *args)
-        runs.append(time.perf_counter() - t0)
+    runs, result = common.time_runs(fn, paths, *args)
     return {"runs": runs, **result}
 
 
@@ -330,66 +305,41 @@ class TreeRss(threading.Thread):
             pids = _descendants(self.pid) + ([self.pid] if self.include_root else [])
             self.peak = max(self.peak, sum(_rss_kib(p) for p in pids))
 
+    def finish(self) -> int | None:
+        """Stops sampling: the peak in KiB (None when no sample saw a process)."""
+        self.stop.set()
+        self.join()
+        return self.peak or None
+
+
+def sample_tree_rss(pid: int) -> TreeRss | None:
+    """A started TreeRss on pid's tree (not pid itself when it is /usr/bin/time); None without /proc."""
+    if not Path("/proc/self/task").is_dir():
+        return None
+    sampler = TreeRss(pid, include_root=not common.GNU_TIME.exists())
+    sampler.start()
+    return sampler
+
+
+def verify_entries(report: dict | None) -> dict:
+    """The pwal entries and the per-directory summary of a `walvault verify --json` report."""
+    if report is None:
+        return {"entries": None, "dirs": None}
+    return {"entries": sum(f["rows"] for f in report["files"] if f["kind"].startswith("pwal")),
+            "dirs": [{k: d[k] for k in ("status", "durable_epoch", "count_durable_wal_entries",
+                                        "durable_entries", "snippets")} for d in report["dirs"]]}
+
 
 def time_verify(data_dir: Path, jobs: int | None, pin: bool) -> dict:
-    """(c)/(d) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS."""
-    gnu_time = Path("/usr/bin/time")
-    taskset = shutil.which("taskset") if pin else None
-    runs, rss, tree, entries, rcs, dirs = [], [], [], None, [], None
-    have_proc = Path("/proc/self/task").is_dir()
-    with tempfile.TemporaryDirectory(prefix="walvault-bench-") as tmp:
-        rss_file = Path(tmp) / "rss"
-        out_file = Path(tmp) / "out.json"
-        # RUNS timed runs, then one more that samples the tree's RSS: the sampler polls /proc and would
-        # take CPU from the workers of a timed run on a 2-core machine.
-        for k in range(RUNS + 1):
-            sampled = k == RUNS
-            cmd = [str(WALVAULT), "verify", "--json", "--no-progress", str(data_dir)]
-            if jobs is not None:
-                cmd[2:2] = ["--jobs", str(jobs)]
-            if gnu_time.exists():
-                cmd = [str(gnu_time), "-f", "%M", "-o", str(rss_file), *cmd]
-            if taskset:
-                cmd = [taskset, "-c", "0", *cmd]
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            with open(out_file, "wb") as out, tempfile.TemporaryFile() as err:
-                t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-                sampler = TreeRss(proc.pid, include_root=not gnu_time.exists()) if have_proc and sampled else None
-                if sampler:
-                    sampler.start()
-                proc.wait()
-                if not sampled:
-                    runs.append(time.perf_counter() - t0)
-                if sampler:
-                    sampler.stop.set()
-                    sampler.join()
-                    tree.append(sampler.peak or None)
-                err.seek(0)
-                stderr = err.read().decode(errors="replace")
-            after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            rcs.append(proc.returncode)
-            if gnu_time.exists():
-                rss.append(int(rss_file.read_text().split()[-1]))
-            else:
-                # the children's maximum so far: only meaningful when this call raised it
-                rss.append(after if after > before else None)
-            if entries is None:
-                try:
-                    report = json.loads(out_file.read_text())
-                    entries = sum(f["rows"] for f in report["files"] if f["kind"].startswith("pwal"))
-                    dirs = [{k: d[k] for k in ("status", "durable_epoch", "count_durable_wal_entries",
-                                               "durable_entries", "snippets")} for d in report["dirs"]]
-                except (ValueError, KeyError, TypeError):
-                    print(f"!! walvault verify printed no JSON (rc {proc.returncode}): {stderr[-2000:]}")
-    if any(rcs):
-        print(f"!! walvault verify exit codes {rcs} (0 = intact)")
-    known = [r for r in rss if r is not None]
-    known_tree = [r for r in tree if r is not None]
-    return {"runs": runs, "entries": entries, "exit_codes": rcs, "pinned": bool(taskset), "jobs": jobs,
-            "dirs": dirs, "peak_rss_kib": max(known) if known else None, "rss_runs_kib": rss,
-            "rss_source": "/usr/bin/time %M" if gnu_time.exists() else "getrusage(RUSAGE_CHILDREN)",
-            "tree_rss_kib": max(known_tree) if known_tree else None, "tree_rss_runs_kib": tree}
+    """(c)/(d) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS.
+
+    RUNS timed runs, then one more that samples the tree's RSS: the sampler polls /proc and would
+    take CPU from the workers of a timed run on a 2-core machine.
+    """
+    r = common.time_verify(data_dir, jobs, pin, verify_entries, sampler=sample_tree_rss)
+    tree = r.pop("sampled")
+    known_tree = [t for t in tree if t is not None]
+    return {**r, "jobs": jobs, "tree_rss_kib": max(known_tree) if known_tree else None, "tree_rss_runs_kib": tree}
 
 
 def time_start(tmp_root: Path) -> dict:
@@ -399,39 +349,12 @@ def time_start(tmp_root: Path) -> dict:
     d.session(0, 1, [put(TABLES[0], b"k", b"v", (1, 1))])
     d.make_durable(1)
     d.close()
-    cmd = [str(WALVAULT), "verify", "--jobs", "1", "--no-progress", str(log)]
-    if taskset := shutil.which("taskset"):
-        cmd = [taskset, "-c", "0", *cmd]  # as (c)
-    runs = []
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, capture_output=True)
-        runs.append(time.perf_counter() - t0)
+    cmd = [*common.taskset_core0(), str(WALVAULT), "verify", "--jobs", "1", "--no-progress", str(log)]  # as (c)
+    runs, _ = common.time_runs(subprocess.run, cmd, capture_output=True)
     return {"runs": runs, "best_s": min(runs), "median_s": statistics.median(runs)}
 
 
 # --------------------------------------------------------------------------- report
-
-
-def summarize(name: str, r: dict, nbytes: int) -> dict:
-    best, median = min(r["runs"]), statistics.median(r["runs"])
-    entries = r["entries"]  # None for the read limit, which sees no entries
-    return {"reader": name, **r, "best_s": best, "median_s": median,
-            "mb_s": nbytes / MB / best, "median_mb_s": nbytes / MB / median,
-            "entries_s": entries / best if entries else None}
-
-
-def print_table(results: list[dict], bare_s: float) -> None:
-    head = (f"{'reader':<38} {'best s':>7} {'median s':>8} {'MB/s':>7} {'entries/s':>10} {'x bare':>6} "
-            f"{'peak RSS':>9} {'tree RSS':>9}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        entries_s = f"{r['entries_s'] / 1e3:,.0f} k" if r["entries_s"] else "-"
-        rss = f"{r['peak_rss_kib'] / 1024:.0f} MiB" if r.get("peak_rss_kib") else "-"
-        tree = f"{r['tree_rss_kib'] / 1024:.0f} MiB" if r.get("tree_rss_kib") else "-"
-        print(f"{r['reader']:<38} {r['best_s']:>7.2f} {r['median_s']:>8.2f} {r['mb_s']:>7.0f} "
-              f"{entries_s:>10} {bare_s / r['best_s']:>6.2f} {rss:>9} {tree:>9}")
 
 
 def profile_scan(path: Path, durable_epoch: int, top: int = 15) -> str:
@@ -448,9 +371,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=3000, help="pwal data to generate, in 10**6 bytes (default 3000: enough for the fixed costs of process start to fade)")
     ap.add_argument("--channels", type=int, default=8, help="log channels = pwal files (default 8)")
-    ap.add_argument("--dir", type=Path, default=REPO / "bench" / "out" / "limestone",
-                    help="where the data lives (default bench/out/limestone)")
-    ap.add_argument("--keep", action="store_true", help="keep the data afterwards so the next run reuses it")
+    common.add_data_args(ap, "limestone")
     ap.add_argument("--profile", action="store_true", help="also cProfile scan_pwal on the largest pwal file")
     args = ap.parse_args()
 
@@ -466,7 +387,7 @@ def main() -> int:
           f"(average {nbytes / gen['entries']:,.0f} B/entry; {gen['put']:,} puts, {gen['remove']:,} removes, "
           f"{gen['storage_ops']:,} storage ops, {gen['sessions']:,} sessions in {gen['epochs']:,} epochs; "
           f"average put value {gen['value_bytes'] / max(gen['put'], 1):,.0f} B)")
-    print(f"{os.cpu_count()} cores; load average {' '.join(f'{x:.2f}' for x in load_before)}")
+    print(common.cores_and_load(load_before))
 
     read_all(paths)  # warm the page cache: every reader below reads from memory
 
@@ -496,11 +417,12 @@ def main() -> int:
                 print(f"!! verify says {d['status']}, {d['count_durable_wal_entries']:,} durable puts+removes "
                       f"(written: ok, {gen['put'] + gen['remove']:,})")
 
-    results = [summarize(name, r, nbytes) for name, r in measured.items()]
+    results = [common.summarize(name, r, nbytes, "entries") for name, r in measured.items()]
     load_after = os.getloadavg()
     bare_s = min(bare["runs"])
     print()
-    print_table(results, bare_s)
+    common.print_table(results, 38, "entries", "x bare", bare_s,
+                       {"peak RSS": "peak_rss_kib", "tree RSS": "tree_rss_kib"})
     print(f"\nMB = 10**6 bytes of pwal files; best of {RUNS} runs; 'x bare' = speed relative to the bare Python "
           f"header walk (> 1 is faster); verify times are wall times including process start "
           f"(a tiny directory takes {start['best_s']:.2f} s); peak RSS = largest single process (/usr/bin/time), "
@@ -512,7 +434,7 @@ def main() -> int:
           f"verify default jobs = {bare_s / rn:.2f}x bare (target >= 1.6); "
           f"peak RSS {rss_max / 1024:.0f} MiB (target < 200 MB)")
     elapsed = time.perf_counter() - t_start
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); whole run {elapsed:.0f} s")
+    print(common.load_line(load_before, load_after, elapsed))
 
     profile = None
     if args.profile:
@@ -521,8 +443,7 @@ def main() -> int:
         profile = profile_scan(largest, durable_epoch)
         print(profile)
 
-    OUT_JSON.parent.mkdir(parents=True, exist_ok=True)
-    OUT_JSON.write_text(json.dumps({
+    common.write_json(OUT_JSON, {
         "data_dir": str(log), "pwal_files": len(paths), "bytes": nbytes, "generated": gen,
         "channels": args.channels, "persistent_format_version": VERSION, "mix": MIX,
         "avg_entry_bytes": nbytes / gen["entries"], "runs_per_reader": RUNS, "cores": os.cpu_count(),
@@ -530,8 +451,7 @@ def main() -> int:
         "python": platform.python_version(), "process_start": start, "elapsed_s": elapsed,
         "ratio_to_bare": {r["reader"]: bare_s / r["best_s"] for r in results}, "results": results,
         "profile": profile,
-    }, indent=1) + "\n")
-    print(f"wrote {OUT_JSON}")
+    })
 
     if not args.keep:
         clear_data(root)
