@@ -1,6 +1,6 @@
 """An independent model of limestone log directories, for the randomized tests.
 
-Written from /tmp/limestone-spec.md (tglogutil's scan, repair and recovery rules, reverse-engineered
+Written from tests/limestone_spec.md (tglogutil's scan, repair and recovery rules, reverse-engineered
 from limestone's source) and shared/docs/limestone-files.md -- not from walcore, and without calling
 it. Two halves:
 

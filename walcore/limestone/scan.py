@@ -1,6 +1,6 @@
 """One pwal file judged as limestone judges it (dblog_scan.cpp), plus what limestone does not say.
 
-The walk follows limestone's scan state machine exactly, so that verdicts agree with
+The walk follows limestone's scan state machine (tests/limestone_spec.md) exactly, so that verdicts agree with
 `tglogutil inspect` and repair plans with `tglogutil repair [--cut]`; on top of it every problem
 becomes a finding with its byte offset, and entries are counted per type. Two deliberate
 differences, both stricter: the worse of two codes in a file is kept (tglogutil lets a later
