@@ -185,8 +185,11 @@ def _channel(items: list, d: int, durable_op, out: dict, detached: bool) -> str:
     first = True  # at the file start, or right after an end marker: only a header may come
     last_02 = None  # epoch of the last 02 header ("cur")
     snippet = None  # 'durable' | 'nondurable' | 'canceled': the snippet being read (None after an end marker)
+    ends_seen = False  # walvault: after an end marker, a durable snippet must end with one too
     for item in items:
         if isinstance(item, Session):
+            if ends_seen and snippet == "durable":
+                status = worst(status, UNREPAIRABLE)
             out["max"] = max(out["max"], item.epoch)
             if item.canceled:
                 snippet = "canceled"
@@ -206,7 +209,7 @@ def _channel(items: list, d: int, durable_op, out: dict, detached: bool) -> str:
             if item.cut is not None:
                 return worst(status, _tail(snippet == "durable", snippet == "canceled", out, detached))
             if item.ended:
-                first, snippet = True, None
+                first, snippet, ends_seen = True, None, True
         elif isinstance(item, PartialHeader):
             after_durable = not first and last_02 is not None and last_02 <= d
             return worst(status, _tail(after_durable, False, out, detached))
@@ -222,6 +225,8 @@ def _channel(items: list, d: int, durable_op, out: dict, detached: bool) -> str:
             first = False
         else:
             raise TypeError(item)
+    if ends_seen and snippet == "durable":
+        status = worst(status, UNREPAIRABLE)
     return status
 
 
@@ -348,8 +353,10 @@ class SpecFile:
 def spec_scan(data: bytes, ld: int, *, detached: bool, keep_worse: bool) -> SpecFile:
     """tglogutil inspect on one pwal file (spec 1.2), plus the detached-file downgrade (1.3).
 
-    keep_worse=True applies walvault's one documented deviation: a later repairable code never
-    overwrites an earlier unrepairable one (tglogutil's `pe=X` assignments can lower it)."""
+    keep_worse=True applies walvault's documented deviations: a later repairable code never
+    overwrites an earlier unrepairable one (tglogutil's `pe=X` assignments can lower it); and once the
+    file has shown an end marker, a durable snippet that ends (at the next header, or at the end of
+    the file) without one is unrepairable."""
     toks, bad = parse_pwal(data)
     pe = C_OK
 
@@ -365,8 +372,15 @@ def spec_scan(data: bytes, ld: int, *, detached: bool, keep_worse: bool) -> Spec
     applied: list[Tok] = []
     chunk = False
     stopped = False
+    ends_seen, durable_open = False, False
     for e in toks:
         t = e.type
+        if t in (T_HEADER, T_CANCELED):
+            if keep_worse and ends_seen and durable_open:
+                raise_to(C_CORRUPTED)
+            durable_open = t == T_HEADER and e.epoch <= ld
+        elif t == T_END:
+            ends_seen, durable_open = True, False
         if t in DATA:
             if first:
                 assign(C_UNEXPECTED)
@@ -406,6 +420,8 @@ def spec_scan(data: bytes, ld: int, *, detached: bool, keep_worse: bool) -> Spec
         else:
             assign(C_BROKEN_AFTER)
 
+    if bad is None and not stopped and keep_worse and ends_seen and durable_open:
+        raise_to(C_CORRUPTED)
     if bad is not None and not stopped:
         t = bad.type
         if bad.kind == "short":

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 import limestone_model as model
+from limestone_bytes import walk
 from conftest import SHARED, copy_tree, run_cli
 from limestone_model import (ADD, CLEAR, EPOCH_RECORD, OK, PUT, PUT_BLOB, REMOVE, REMOVE_STORAGE, REPAIRABLE,
                              UNREPAIRABLE, Op, PartialHeader, Session, Stray, Workload, ZeroTail)
@@ -689,6 +690,11 @@ def _check_damaged(base: Baseline, name: str, dmg: Damage, ctx: str, stats: Stat
     boundary = dmg.kind == "truncate" and bad is None and toks == orig_toks[:len(toks)]
     if dmg.kind == "truncate" and touched and not boundary:
         assert status != OK, f"{ctx}: a durable snippet lost bytes mid-entry and verify says ok"
+    if dmg.kind == "truncate" and boundary:
+        cut = [s for s, e in base.extents[name] if s < dmg.pos < e]
+        if cut and any(t.type == model.T_END and t.offset < cut[0] for t in toks):
+            # after the file's first end marker, a durable snippet cut on an entry boundary has lost its own
+            assert status != OK, f"{ctx}: a durable snippet lost its end on an entry boundary and verify says ok"
     if touched:
         if status != OK:
             stats.note("durable damage detected", ctx)
@@ -774,25 +780,21 @@ def test_repair_detaches_a_broken_tail_after_a_canceled_header(tmp_path: Path):
 
 @require_limestone
 def test_put_type_byte_flipped_to_canceled_in_a_detached_file(tmp_path: Path):
-    """A limitation shared with tglogutil, pinned here so that it stays visible: in a detached
-    (rotated) v7 file, one put's type byte flipped 01 -> 06 reads as a canceled snippet header
-    (with a garbage epoch), and the rest of the file as that snippet's body, broken tail included;
+    """In a detached (rotated) v7 file, one put's type byte flipped 01 -> 06 reads as a canceled
+    snippet header (with a garbage epoch), and the rest of the file as that snippet's body;
     limestone ignores what follows a canceled header in a detached file (spec 1.3), so tglogutil
-    says OK and so does walvault, although two durable entries are gone and the state changed.
-    (The durable snippet before it has no end marker although the directory is v7: a hint walvault
-    could report.)"""
+    says OK although two durable entries are gone. walvault sees that the durable snippet before it
+    has no end marker although the file's sessions end with one, and calls it unrepairable."""
     work = copy_tree(LIMESTONE / "10-backup-source", tmp_path / "dir")
-    base = Baseline(work)
     path = work / "pwal_0000.01795335762219.0"
     data = bytearray(path.read_bytes())
     assert data[152] == model.T_PUT  # the epoch-2 put of 100/"k1"
+    snippet = max(off for off, t, _ in walk(bytes(data)) if t == 2 and off < 152)  # its snippet header
     data[152] = model.T_CANCELED
     path.write_bytes(bytes(data))
+    assert model.spec_dir(work, keep_worse=False).status == OK  # tglogutil's rules see nothing
     d = dir_report(work)
-    spec = model.spec_dir(work)
-    assert (spec.status, d["status"]) == (OK, OK)
-    assert d["count_durable_wal_entries"] == spec.count == base.spec.count - 2
-    assert d["max_appeared_epoch"] == spec.max_appeared_epoch > 1 << 32
-    rows = state_dict(directory_state(work))
-    assert rows == model.spec_state(work, spec) != base.state
-    assert rows[(100, b"k1")] == b"v1" and rows[(100, b"k2")] == b"v2"  # the epoch-2 update and remove are lost
+    assert (model.spec_dir(work).status, d["status"]) == (UNREPAIRABLE, UNREPAIRABLE)
+    report = verify_paths([work], jobs=1).to_json()
+    (f,) = [x for x in report["files"] if x["path"] == str(path)]
+    assert ("unclosed_durable_snippet", snippet) in [(x["code"], x["offset"]) for x in f["findings"]]

@@ -2,10 +2,12 @@
 
 The walk follows limestone's scan state machine (tests/limestone_spec.md) exactly, so that verdicts agree with
 `tglogutil inspect` and repair plans with `tglogutil repair [--cut]`; on top of it every problem
-becomes a finding with its byte offset, and entries are counted per type. Two deliberate
-differences, both stricter: the worse of two codes in a file is kept (tglogutil lets a later
-repairable tail overwrite an earlier unrepairable one), and a byte 0x2a (the newest limestone's
-marker_chunk, which tglogutil's scanner stops at without a word) is an unknown entry.
+becomes a finding with its byte offset, and entries are counted per type. Three deliberate
+differences, all stricter: the worse of two codes in a file is kept (tglogutil lets a later
+repairable tail overwrite an earlier unrepairable one); a byte 0x2a (the newest limestone's
+marker_chunk, which tglogutil's scanner stops at without a word) is an unknown entry; and once a
+file shows end markers (format 6+), a durable snippet without one lost its end — a cut on an entry
+boundary, or a type byte turned into a header — and is unrepairable (tglogutil sees nothing there).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
         scan = PwalScan(str(path), size)
         counts = [0] * 11  # durable entries per type, puts and removes aside
         puts = removes = entries = durable = canceled = 0
-        valid, first = True, True
+        valid, first, markers_seen = True, True, False
         lo = hi = None
         buf = f.read(_CHUNK)
         blen = len(buf)
@@ -117,7 +119,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                 if valid:
                     removes += 1
             elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
-                if blen - i < 9:
+                if blen - i < 9 or valid and not first and markers_seen:  # a durable snippet left unclosed
                     return None
                 epoch = int.from_bytes(buf[i + 1:i + 9], "little")
                 if lo is None:
@@ -141,7 +143,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
             elif kind == SNIPPET_END:
                 if first or blen - i < 10:
                     return None
-                valid, first = False, True
+                valid, first, markers_seen = False, True, True
                 i += 10
                 continue
             elif CLEAR_STORAGE <= kind <= REMOVE_STORAGE:
@@ -177,6 +179,8 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                 f.seek(base)
                 buf, i = f.read(_CHUNK), 0
                 blen = len(buf)
+    if valid and not first and markers_seen:
+        return None  # the last durable snippet has no end marker
     counts[PUT], counts[REMOVE] = puts, removes
     scan.entries = entries
     scan.snippets["durable"] += durable
@@ -197,6 +201,13 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
     cur, snip = _NO_EPOCH, 0
     codes = [OK, OK]  # inspect, repair (mark mode)
     findings = scan.findings
+    # Once a file shows end markers, a durable snippet that ends without one lost its end (walvault's check).
+    markers_seen, open_durable = False, None
+
+    def unclosed() -> None:
+        worse(CORRUPTED, CORRUPTED)
+        findings.add("unclosed_durable_snippet", open_durable, "durable snippet has no end marker although this "
+                     "file's sessions end with one: its end was lost (unrepairable)")
 
     def worse(inspect: int, repair: int) -> None:
         codes[0] = max(codes[0], inspect)
@@ -266,6 +277,9 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
                     for blob in e.blob_ids:
                         scan.blob_refs.setdefault(blob, e.offset)
         elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
+            if open_durable is not None and markers_seen:
+                unclosed()
+            open_durable = e.offset if kind == SNIPPET_HEADER and e.epoch <= ld else None
             snip = e.offset
             scan.max_epoch = max(scan.max_epoch, e.epoch)
             scan.min_epoch = e.epoch if scan.min_epoch is None else min(scan.min_epoch, e.epoch)
@@ -285,10 +299,14 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
                 findings.add("unexpected_entry", e.offset, "snippet end marker where a snippet header must come")
                 break
             valid, first = False, True
+            markers_seen, open_durable = True, None
             continue
         else:  # a durable-epoch record belongs in the epoch file, not here
             worse(UNEXPECTED, UNEXPECTED)
             findings.add("unexpected_entry", e.offset, f"{ENTRY_NAMES[kind]} entry in a pwal file")
         first = False
+    else:
+        if open_durable is not None and markers_seen:
+            unclosed()
     scan.code, scan.repair_code = codes
     return scan
