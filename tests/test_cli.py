@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import walcore.verify as verify_mod
-from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
+from conftest import SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
@@ -367,3 +367,23 @@ def test_nil_lsn_in_a_snapshot_is_a_finding_not_a_crash(tmp_path):
     proc = run_cli("verify", path)
     no_traceback(proc)
     assert proc.returncode == 1
+
+
+@require_shared
+def test_fifos_and_devices_are_never_opened(tmp_path):
+    """A FIFO named like a WAL file would block a reader forever: in a directory it is ignored, and
+    given by name it cannot be checked (exit 2)."""
+    wal = tmp_path / "wal"
+    copy_tree(TARANTOOL_FIXTURES / "features" / "wal", wal)
+    os.mkfifo(wal / "00000000000000009999.xlog")
+    limestone = tmp_path / "log"
+    copy_tree(SHARED / "fixtures" / "limestone" / "01-clean", limestone)
+    os.mkfifo(limestone / "pwal_0009")
+    proc = run_cli("verify", "--json", wal, limestone)
+    assert proc.returncode == 0, proc.stderr
+    paths = {Path(f["path"]).name for f in json.loads(proc.stdout)["files"]}
+    assert "00000000000000009999.xlog" not in paths and "pwal_0009" not in paths
+    assert "00000000000000000437.xlog" in paths and "pwal_0000" in paths
+    proc = run_cli("verify", wal / "00000000000000009999.xlog")
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
+    no_traceback(proc)

@@ -99,7 +99,7 @@ def prepare(root: Path) -> DirPlan:
             elif name not in DERIVED:
                 ignored.append(path)
             continue
-        kind = kind_of(name)
+        kind = kind_of(name) if path.is_file() else None  # not a FIFO or a device: they would block
         if kind is None:
             ignored.append(path)
         elif kind in ("pwal", "pwal_rotated", "compacted"):

@@ -56,9 +56,12 @@ def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
                 dirs[:] = sorted(d for d in dirs if not claimed(Path(root) / d))
                 for name in sorted(names):
                     p = Path(root) / name
-                    (files if kind_of(p) else ignored).append(p)
-        elif path.exists():
+                    # only regular files: opening a FIFO or a device would block or read forever
+                    (files if kind_of(p) and p.is_file() else ignored).append(p)
+        elif path.is_file():
             files.append(path)
+        elif path.exists():
+            raise OSError(f"{path}: not a regular file")
         else:
             raise FileNotFoundError(f"{path}: no such file or directory")
     files = list(dict.fromkeys(files))
