@@ -13,6 +13,7 @@ Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
@@ -88,3 +89,22 @@ def crashed_instance(tmp_path_factory) -> Path:
         pytest.skip("real Tarantool not installed: `tarantool` is not on PATH")
     return tarantool_real.generate_instance(tmp_path_factory.mktemp("crashed-instance"),
                                             wal_max_size=16384, scale=2, crash=True)
+
+
+def tree_snapshot(root: Path) -> dict:
+    """Every path under root: kind, size, mode, mtime and (files) a hash of the bytes; equal
+    snapshots taken before and after a command prove it wrote nothing there."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            rel = str(p.relative_to(root))
+            if p.is_dir():
+                out[rel] = ("dir", st.st_mtime_ns, st.st_mode)
+            else:
+                out[rel] = ("file", st.st_size, st.st_mtime_ns, st.st_mode,
+                            hashlib.sha256(p.read_bytes()).hexdigest())
+    st = Path(root).stat()
+    out["."] = ("dir", st.st_mtime_ns, st.st_mode)
+    return out

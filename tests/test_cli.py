@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import walcore.verify as verify_mod
-from conftest import SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
+from conftest import SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
@@ -256,20 +255,6 @@ def test_inprogress_files_are_reported_not_damage(tmp_path):
 # --------------------------------------------------------------------------- read only
 
 
-def _state(root: Path) -> dict:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        d = Path(dirpath)
-        st = d.stat()
-        out[str(d.relative_to(root))] = ("dir", sorted(dirnames), sorted(filenames), st.st_mode, st.st_mtime_ns)
-        for name in filenames:
-            p = d / name
-            st = p.stat()
-            out[str(p.relative_to(root))] = ("file", st.st_size, st.st_mode, st.st_mtime_ns,
-                                             hashlib.sha256(p.read_bytes()).hexdigest())
-    return out
-
-
 @require_shared
 def test_inspect_and_verify_never_modify_the_source(tmp_path):
     work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "data")
@@ -278,7 +263,7 @@ def test_inspect_and_verify_never_modify_the_source(tmp_path):
     generate_wal(work / "other", target_bytes=3 << 20, file_bytes=1 << 20)  # last xlog left open
     (work / "memtx" / "00000000000000000999.snap.inprogress").write_bytes(b"half a snapshot")
     (work / "README.txt").write_text("not a Tarantool file")
-    before = _state(work)
+    before = tree_snapshot(work)
     codes = set()
     for jobs in ("1", "2"):
         for command in ("inspect", "verify"):
@@ -286,7 +271,7 @@ def test_inspect_and_verify_never_modify_the_source(tmp_path):
                 proc = run_cli(command, "--jobs", jobs, *extra, work)
                 no_traceback(proc)
                 codes.add(proc.returncode)
-                assert _state(work) == before, (command, jobs, extra)
+                assert tree_snapshot(work) == before, (command, jobs, extra)
     assert codes == {1}
 
 

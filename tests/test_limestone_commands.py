@@ -8,16 +8,14 @@ entry layout in ../shared/docs/limestone-files.md.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import struct
 from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, copy_tree, run_cli
+from conftest import SHARED, copy_tree, run_cli, tree_snapshot
 from limestone_bytes import walk
 from walcore.rotate import RotateRefused, rotate
 
@@ -53,21 +51,6 @@ def tsv(rows) -> str:
 
 def copy_fixture(name: str, tmp_path: Path, as_name: str | None = None) -> Path:
     return copy_tree(FIXTURES / name, tmp_path / (as_name or name))
-
-
-def tree_snapshot(root: Path) -> dict:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            st = p.lstat()
-            rel = str(p.relative_to(root))
-            if p.is_dir():
-                out[rel] = ("dir", st.st_mtime_ns)
-            else:
-                out[rel] = ("file", st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
-    out["."] = ("dir", Path(root).stat().st_mtime_ns)
-    return out
 
 
 def state(path: Path) -> str:

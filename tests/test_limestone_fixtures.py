@@ -7,9 +7,7 @@ in ../shared/docs/limestone-files.md, not from walcore. Every test works on a co
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import struct
 import subprocess
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, copy_tree, run_cli
+from conftest import SHARED, copy_tree, run_cli, tree_snapshot
 from limestone_bytes import walk
 
 FIXTURES = SHARED / "fixtures" / "limestone"
@@ -97,23 +95,6 @@ def verify_json(path: Path, *extra, command: str = "verify"):
     proc = run_cli(command, path, "--json", *extra)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
-
-
-def tree_snapshot(root: Path) -> dict:
-    """Every path under root: kind, size, mtime and (files) a hash of the bytes."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            st = p.lstat()
-            rel = str(p.relative_to(root))
-            if p.is_dir():
-                out[rel] = ("dir", st.st_mtime_ns, st.st_mode)
-            else:
-                out[rel] = ("file", st.st_size, st.st_mtime_ns, st.st_mode, hashlib.sha256(p.read_bytes()).hexdigest())
-    st = Path(root).stat()
-    out["."] = ("dir", st.st_mtime_ns, st.st_mode)
-    return out
 
 
 def file_of(report: dict, name: str) -> dict:
