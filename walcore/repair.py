@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
 from .limestone.check import finish, prepare
-from .limestone.layout import exclusive_lock, fsync_dir, kind_of, rotated_name
+from .fsutil import fsync_dir, read_chunks, write_atomic
+from .limestone.layout import exclusive_lock, kind_of, rotated_name
 from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
 from .limestone.scan import scan_pwal
 
@@ -135,11 +136,7 @@ def _repair_file(path: Path, f: FilePlan, rp: RepairPlan) -> None:
 def _restore_catalog(root: Path, rp: RepairPlan) -> None:
     """What limestone does at start: the catalog's backup replaces it (the damaged one is kept aside)."""
     rp.saved.append(str(_save_tail(root, root / CATALOG_NAME, 0)))
-    tmp = root / f".{CATALOG_NAME}.walvault-tmp"
-    tmp.write_bytes((root / CATALOG_BACKUP).read_bytes())
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.rename(tmp, root / CATALOG_NAME)
+    write_atomic(root / CATALOG_NAME, read_chunks(root / CATALOG_BACKUP))
 
 
 def _overwrite(fh, offset: int, expected) -> None:
@@ -160,14 +157,6 @@ def _save_tail(root: Path, path: Path, offset: int) -> Path:
     while target.exists():  # an earlier cut at the same place: keep both
         target = keep / f"{path.name}.{offset}.{n}"
         n += 1
-    tmp = keep / f".{target.name}.tmp"
-    with open(path, "rb") as src, open(tmp, "wb") as dst:
-        src.seek(offset)
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.rename(tmp, target)
-    fsync_dir(keep)
+    write_atomic(target, read_chunks(path, offset))
     fsync_dir(keep.parent)
     return target

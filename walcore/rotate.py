@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .limestone.check import finish, prepare
 from .limestone.epoch import EPOCH_NAME
-from .limestone.layout import exclusive_lock, fsync_dir, kind_of, rotated_name
+from .fsutil import fsync_dir
+from .limestone.layout import exclusive_lock, kind_of, rotated_name
 from .limestone.scan import scan_pwal
 
 

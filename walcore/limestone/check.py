@@ -227,9 +227,10 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
         report.max_appeared_epoch = max_epoch
         report.worsen(STATUS_OF_CODE[code])
         for blob, (path, offset) in sorted(blob_refs.items()):
-            if not blob_path(plan.root, blob).exists() and not (plan.root / blob_path(plan.root, blob).name).exists():
+            where = blob_path(plan.root, blob)
+            if not where.exists() and not (plan.root / where.name).exists():
                 # Not part of the log's status (tglogutil never looks at blobs), but a finding all the same.
                 report.findings.add("missing_blob", offset, f"blob {blob} is referred to by a durable put but "
-                                    f"{blob_path(plan.root, blob).relative_to(plan.root)} does not exist", path)
+                                    f"{where.relative_to(plan.root)} does not exist", path)
     files.sort(key=lambda f: f.path)
     return report, files

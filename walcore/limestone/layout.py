@@ -99,11 +99,3 @@ def rotated_name(root: Path, name: str, now_ms: int) -> str:
     while (root / f"{name}.{now_ms:014d}.{n}").exists():
         n += 1
     return f"{name}.{now_ms:014d}.{n}"
-
-
-def fsync_dir(root: Path) -> None:
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

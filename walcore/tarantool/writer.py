@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgpack
 
+from ..fsutil import fsync_dir
 from .block import EOF_MAGIC, ZSTD_THRESHOLD, FIXHEADER_SIZE, compress, encode_fixheader
 from .meta import Vclock, encode_meta, vclock_sum
 from .row import FLAGS, LSN, REPLICA_ID, SPACE_ID, TIMESTAMP, TSN, TYPE
@@ -69,11 +70,7 @@ class TarantoolWriter:
         os.fsync(self.f.fileno())
         self.f.close()
         os.replace(self.tmp, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.path.parent)
         return self.path
 
     def __enter__(self):

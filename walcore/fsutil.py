@@ -1,0 +1,36 @@
+"""Durable file operations: every write of walvault's is a temporary file, fsync, rename, and an
+fsync of the directory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write `chunks` to `path` so that it either does not change or holds all of them."""
+    tmp = path.with_name(f".{path.name}.walvault-tmp")
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):
+    """The bytes of `path` from `offset` to its end, in chunks of bounded size."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(size):
+            yield chunk
