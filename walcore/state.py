@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .limestone.check import finish, prepare
-from .limestone.state import build_state, covered_by_compaction
+from .limestone.state import build_state
 
 
 class StateRefused(RuntimeError):
@@ -22,7 +22,8 @@ def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
     """
     root = Path(root)
     plan = prepare(root)
-    rows, scans = build_state(plan.pwal_paths, plan.report.durable_epoch, covered_by_compaction(root))
+    covered = set(plan.catalog.detached_pwals) if plan.catalog else set()
+    rows, scans = build_state(plan.pwal_paths, plan.report.durable_epoch, covered)
     report, _ = finish(plan, scans)
     if report.status in ("cannot_check", "unrepairable"):
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(

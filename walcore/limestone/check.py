@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import FindingList
-from .catalog import CATALOG_BACKUP, CATALOG_NAME, CatalogError, parse_catalog
+from .catalog import CATALOG_BACKUP, CATALOG_NAME, Catalog, CatalogError, parse_catalog
 from .epoch import EPOCH_NAME, scan_epoch
 from .layout import DERIVED, blob_path, is_live, kind_of
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
@@ -81,6 +81,7 @@ class DirPlan:
     files: list[LimestoneFile]
     pwal_paths: list[Path]  # to scan with scan_pwal(path, report.durable_epoch)
     ignored: list[Path]
+    catalog: Catalog | None = None  # the one limestone uses: compaction_catalog, or its backup if unreadable
 
 
 def prepare(root: Path) -> DirPlan:
@@ -122,10 +123,7 @@ def prepare(root: Path) -> DirPlan:
         plan.pwal_paths = []
         return plan
     _read_epochs(plan, names)
-    for name in (CATALOG_NAME, CATALOG_BACKUP):
-        if name in names:
-            files.append(_catalog_file(root / name))
-    _judge_catalog(plan)
+    _read_catalogs(plan, names)
     if report.status == "cannot_check":
         plan.pwal_paths = []
     return plan
@@ -166,28 +164,31 @@ def _read_epochs(plan: DirPlan, names: list[str]) -> None:
         report.durable_epoch = max((v for v in highest.values() if v is not None), default=0)
 
 
-def _catalog_file(path: Path) -> LimestoneFile:
-    f = _plain(path, "catalog")
-    try:
-        parse_catalog(path.read_bytes())
-    except CatalogError as e:
-        f.status = "damaged"
-        f.findings.add("bad_catalog", e.offset, str(e))
-    return f
-
-
-def _judge_catalog(plan: DirPlan) -> None:
-    catalogs = {Path(f.path).name: f for f in plan.files if f.kind == "catalog"}
-    main, back = catalogs.get(CATALOG_NAME), catalogs.get(CATALOG_BACKUP)
-    if main is None or main.status == "ok":
+def _read_catalogs(plan: DirPlan, names: list[str]) -> None:
+    parsed: dict[str, Catalog | None] = {}
+    for name in (CATALOG_NAME, CATALOG_BACKUP):
+        if name not in names:
+            continue
+        f = _plain(plan.root / name, "catalog")
+        try:
+            parsed[name] = parse_catalog((plan.root / name).read_bytes())
+        except CatalogError as e:
+            parsed[name] = None
+            f.status = "damaged"
+            f.findings.add("bad_catalog", e.offset, str(e))
+        plan.files.append(f)
+    main, back = parsed.get(CATALOG_NAME), parsed.get(CATALOG_BACKUP)
+    plan.catalog = main or back
+    if CATALOG_NAME not in parsed or main is not None:
         return
-    if back is not None and back.status == "ok":
+    path = str(plan.root / CATALOG_NAME)
+    if back is not None:
         plan.report.findings.add("bad_catalog", None, f"{CATALOG_NAME} is unreadable; limestone falls back to "
-                                 f"{CATALOG_BACKUP}", main.path)
+                                 f"{CATALOG_BACKUP}", path)
         plan.report.worsen("repairable")
     else:
         plan.report.findings.add("bad_catalog", None, f"{CATALOG_NAME} is unreadable and has no readable backup",
-                                 main.path)
+                                 path)
         plan.report.worsen("unrepairable")
 
 

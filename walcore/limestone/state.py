@@ -10,19 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .catalog import CATALOG_BACKUP, CATALOG_NAME, CatalogError, parse_catalog
 from .pwal import CLEAR_STORAGE, REMOVE, REMOVE_STORAGE
 from .scan import scan_pwal
-
-
-def covered_by_compaction(root: Path) -> set[str]:
-    """Rotated pwal names that pwal_0000.compacted already holds (from the catalog, or its backup)."""
-    for name in (CATALOG_NAME, CATALOG_BACKUP):
-        try:
-            return set(parse_catalog((root / name).read_bytes()).detached_pwals)
-        except (OSError, CatalogError):
-            continue
-    return set()
 
 
 def build_state(pwal_paths: list[Path], durable_epoch: int, covered: set[str]):
