@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
-from .limestone.check import finish, prepare
+from .limestone.check import check_dir
 from .fsutil import fsync_dir, read_chunks, write_atomic
 from .limestone.layout import exclusive_lock, kind_of, rotated_name
 from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
-from .limestone.scan import scan_pwal
 
 
 class RepairRefused(RuntimeError):
@@ -74,9 +73,7 @@ class RepairPlan:
 def plan_repair(root: Path, *, cut: bool = False) -> RepairPlan:
     """What repair would do; writes nothing. Raises RepairRefused when it must not be done."""
     root = Path(root)
-    plan = prepare(root)
-    scans = {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths}
-    report, _ = finish(plan, scans)
+    plan, report, scans = check_dir(root)
     if report.status == "cannot_check":
         raise RepairRefused(f"{root}: cannot check: " + "; ".join(f.message for f in report.findings))
     if report.status == "unrepairable":

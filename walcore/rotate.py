@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .limestone.check import finish, prepare
+from .limestone.check import check_dir
 from .limestone.epoch import EPOCH_NAME
 from .fsutil import fsync_dir
 from .limestone.layout import exclusive_lock, kind_of, rotated_name
-from .limestone.scan import scan_pwal
 
 
 class RotateRefused(RuntimeError):
@@ -48,8 +47,7 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
     """
     root = Path(root)
     with exclusive_lock(root):
-        plan = prepare(root)
-        report, _ = finish(plan, {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths})
+        plan, report, _ = check_dir(root)
         if report.status != "ok":
             reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
             raise RotateRefused(f"{root}: not rotated: {reasons} (run walvault verify; repair first if it says so)")

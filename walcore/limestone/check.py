@@ -16,7 +16,7 @@ from .catalog import CATALOG_BACKUP, CATALOG_NAME, Catalog, CatalogError, parse_
 from .epoch import EPOCH_NAME, scan_epoch
 from .layout import DERIVED, blob_path, is_live, kind_of
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
-from .scan import BROKEN_AFTER_MARKED, DURABLE_COUNT_NAMES, OK, REPAIRED, STATUS_OF_CODE, PwalScan
+from .scan import BROKEN_AFTER_MARKED, DURABLE_COUNT_NAMES, OK, REPAIRED, STATUS_OF_CODE, PwalScan, scan_pwal
 
 STATUS_ORDER = ("ok", "repairable", "unrepairable", "cannot_check")
 # Epoch files are a few hundred bytes; one larger than this is not an epoch file.
@@ -235,3 +235,11 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
                                     f"{where.relative_to(plan.root)} does not exist", path)
     files.sort(key=lambda f: f.path)
     return report, files
+
+
+def check_dir(root: Path) -> tuple[DirPlan, LimestoneDir, dict[str, PwalScan]]:
+    """The whole check of one directory in this process (verify spreads the scans over processes)."""
+    plan = prepare(root)
+    scans = {str(p): scan_pwal(p, plan.report.durable_epoch) for p in plan.pwal_paths}
+    report, _ = finish(plan, scans)
+    return plan, report, scans
