@@ -143,28 +143,13 @@ def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop
 
 def _check_rows(span: Span, findings: FindingList, walker: RowWalker, pos: int, end: int, compressed: bool,
                 payload) -> None:
-    xlog = walker.xlog
+    """Add a block's rows to the span, with their findings (a block _take_plain_blocks did not take)."""
     walked = walker.walk(payload)
     if walked is not None:
         rows, comp, first, last, lo, hi, commit = walked
-        r = span.lsns.get(comp)
-        if r is not None and span.last_commit and (not xlog or first == r[1] + 1):
-            # The common case of merge_spans, without building a Span.
-            r[1] = last
-            if lo < r[2]:
-                r[2] = lo
-            if hi > r[3]:
-                r[3] = hi
-            span.end_pos = end
-            span.blocks += 1
-            span.zstd_blocks += compressed
-            span.rows += rows
-            span.last_commit = commit
-            span.last_block_pos = pos
-            return
         summary = RowSummary(rows, {comp: [first, last, lo, hi]}, commit)
     else:
-        summary = summarize_rows(payload, xlog=xlog)
+        summary = summarize_rows(payload, xlog=walker.xlog)
     # What is inside this block, then its links to the previous one: the order verify._join keeps too.
     for offset, number, code, message in summary.errors:
         if compressed:
@@ -172,7 +157,74 @@ def _check_rows(span: Span, findings: FindingList, walker: RowWalker, pos: int, 
         else:
             findings.add(code, pos + FIXHEADER_SIZE + offset, f"row {number} of block at {pos}: {message}")
     merge_spans(span, Span(pos, end, 1, int(compressed), summary.rows, summary.lsns, summary.last_commit, pos),
-                findings, xlog=xlog)
+                findings, xlog=walker.xlog)
+
+
+def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: int | None) -> int:
+    """Take the blocks that continue the span as nearly every block does, and return the position of the
+    first one that does not (or of `stop`, or of the end): the careful loop in _read_blocks decides it.
+
+    A block is taken when its header, CRC and zstd frame are sound, the fast row walk accepts its rows,
+    and they continue the span's one component (in LSN order for an xlog) after a committed block.
+    What it takes, it adds to the span exactly as _check_rows and merge_spans would, with less work:
+    the span's running values are held in locals. `pos` is where the file is read next.
+    """
+    if not span.last_commit or len(span.lsns) != 1:
+        return pos
+    (comp, r), = span.lsns.items()
+    xlog = walker.xlog
+    size = f.size
+    read = f.f.read
+    walk = walker.walk
+    last, lo, hi = r[1], r[2], r[3]
+    rows = blocks = zstd_blocks = 0
+    last_block_pos = span.last_block_pos
+    while stop is None or pos < stop:
+        head = read(FIXHEADER_SIZE)
+        try:
+            compressed, length, crc = parse_fixheader(head)
+        except (BlockError, IndexError):  # the EOF marker, the end, or damage: for the careful loop
+            break
+        end = pos + FIXHEADER_SIZE + length
+        if end > size:
+            break
+        payload = read(length)
+        if tarantool_crc32c(payload) != crc:
+            break
+        if compressed:
+            try:
+                payload = decompress(payload)
+            except BlockError:
+                break
+        walked = walk(payload)
+        if walked is None:
+            break
+        n, c, first, block_last, block_lo, block_hi, commit = walked
+        if c != comp or (xlog and first != last + 1):
+            walker.reset()
+            break
+        last = block_last
+        if block_lo < lo:
+            lo = block_lo
+        if block_hi > hi:
+            hi = block_hi
+        rows += n
+        blocks += 1
+        zstd_blocks += compressed
+        last_block_pos = pos
+        pos = end
+        if not commit:
+            span.last_commit = False
+            break
+    r[1], r[2], r[3] = last, lo, hi
+    span.rows += rows
+    span.blocks += blocks
+    span.zstd_blocks += zstd_blocks
+    span.last_block_pos = last_block_pos
+    if blocks:
+        span.end_pos = pos
+    f.seek(pos)
+    return pos
 
 
 def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: int | None) -> None:
@@ -181,6 +233,9 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: 
     read = f.f.read  # the hot loop keeps the position itself; f.pos is set where others need it
     pos = f.pos
     while stop is None or pos < stop:
+        pos = _take_plain_blocks(f, pos, span, walker, stop)
+        if stop is not None and pos >= stop:
+            break
         head = read(FIXHEADER_SIZE)
         if not head:
             span.end_pos = f.pos = pos
