@@ -1,7 +1,8 @@
 """What the `walvault verify` benchmarks (bench/verify_tarantool.py, bench/verify_limestone.py) share.
 
 Data kept between runs (a stamp next to the data directory), the timing loops (in-process readers
-RUNS times; `walvault verify --json` as a subprocess under /usr/bin/time and taskset), the summary
+RUNS times; `walvault verify --json` as a subprocess under /usr/bin/time and taskset; or every reader
+once per round, interleaved), the summary
 of a reader's runs, the table, the load averages and the JSON output. What a benchmark reads, how it
 generates its data and what it counts (rows, entries) stay in its script.
 """
@@ -93,14 +94,14 @@ def chunks(paths: list[Path]) -> Iterator[memoryview]:
                 yield view[:n]
 
 
-def time_runs(fn: Callable[..., Any], *args, **kwargs) -> tuple[list[float], Any]:
-    """Calls fn RUNS times: the wall time of every call and the last call's result."""
-    runs, result = [], None
-    for _ in range(RUNS):
+def time_runs(fn: Callable[..., Any], *args, runs: int = RUNS, **kwargs) -> tuple[list[float], Any]:
+    """Calls fn `runs` times: the wall time of every call and the last call's result."""
+    times, result = [], None
+    for _ in range(runs):
         t0 = time.perf_counter()
         result = fn(*args, **kwargs)
-        runs.append(time.perf_counter() - t0)
-    return runs, result
+        times.append(time.perf_counter() - t0)
+    return times, result
 
 
 # --------------------------------------------------------------------------- subprocess readers
@@ -113,8 +114,8 @@ def taskset_core0() -> list[str]:
 
 
 def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[dict | None], dict],
-                sampler: Callable[[int], Any] | None = None) -> dict:
-    """`walvault verify --json` as a subprocess, RUNS times: wall time (process start included) and peak RSS.
+                sampler: Callable[[int], Any] | None = None, runs: int = RUNS) -> dict:
+    """`walvault verify --json` as a subprocess, `runs` times: wall time (process start included) and peak RSS.
 
     /usr/bin/time's %M, like ru_maxrss of RUSAGE_CHILDREN, is the largest single process
     (main or one worker), not the sum over workers.
@@ -125,7 +126,7 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
     whose finish() is called when it has ended; what finish() returns is listed under "sampled".
     """
     prefix = taskset_core0() if pin else []
-    runs, rss, rcs, fields, sampled = [], [], [], None, []
+    times, rss, rcs, fields, sampled = [], [], [], None, []
     with tempfile.TemporaryDirectory(prefix="walvault-bench-") as tmp:
         rss_file = Path(tmp) / "rss"
         out_file = Path(tmp) / "out.json"
@@ -135,8 +136,8 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
         if GNU_TIME.exists():
             cmd = [str(GNU_TIME), "-f", "%M", "-o", str(rss_file), *cmd]
         cmd = [*prefix, *cmd]
-        for k in range(RUNS + (sampler is not None)):
-            timed = k < RUNS
+        for k in range(runs + (sampler is not None)):
+            timed = k < runs
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             with open(out_file, "wb") as out, tempfile.TemporaryFile() as err:
                 t0 = time.perf_counter()
@@ -144,7 +145,7 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
                 watch = None if timed else sampler(proc.pid)
                 proc.wait()
                 if timed:
-                    runs.append(time.perf_counter() - t0)
+                    times.append(time.perf_counter() - t0)
                 if watch is not None:
                     sampled.append(watch.finish())
                 err.seek(0)
@@ -164,12 +165,36 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
     if any(rcs):
         print(f"!! walvault verify exit codes {rcs} (0 = intact)")
     known = [r for r in rss if r is not None]
-    result = {"runs": runs, **(fields if fields is not None else parse(None)), "exit_codes": rcs,
+    result = {"runs": times, **(fields if fields is not None else parse(None)), "exit_codes": rcs,
               "pinned": bool(prefix), "peak_rss_kib": max(known) if known else None, "rss_runs_kib": rss,
               "rss_source": "/usr/bin/time %M" if GNU_TIME.exists() else "getrusage(RUSAGE_CHILDREN)"}
     if sampler is not None:
         result["sampled"] = sampled
     return result
+
+
+def interleave(readers: dict[str, Callable[[], dict]], rounds: int) -> dict[str, dict]:
+    """Call every reader once per round, in turn, for `rounds` rounds, and join what they return.
+
+    A machine that slows down for a while (a shared VM does) then slows every reader alike, and the
+    per-round ratios stay honest. Each reader returns a result of one run; list fields ("runs",
+    "rss_runs_kib", "exit_codes") are joined, "peak_rss_kib" is the largest, the rest is the first round's.
+    """
+    joined: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, reader in readers.items():
+            r = reader()
+            if name not in joined:
+                joined[name] = r
+                continue
+            j = joined[name]
+            for key, value in r.items():
+                if isinstance(value, list):
+                    j[key] = j[key] + value
+            peaks = [x for x in (j.get("peak_rss_kib"), r.get("peak_rss_kib")) if x is not None]
+            if peaks:
+                j["peak_rss_kib"] = max(peaks)
+    return joined
 
 
 # --------------------------------------------------------------------------- report
@@ -185,20 +210,33 @@ def summarize(name: str, r: dict, nbytes: int, count: str) -> dict:
 
 
 def print_table(results: list[dict], reader_width: int, count: str, ratio_head: str, ref_s: float | None,
-                mib: dict[str, str]) -> None:
+                mib: dict[str, str], ref_runs: list[float] | None = None) -> None:
     """One row per summarized reader: times, MB/s, {count}/s, speed relative to ref_s seconds (column
-    ratio_head, '-' without ref_s), then one column per mib item (head: the result's key in KiB)."""
+    ratio_head, '-' without ref_s), then one column per mib item (head: the result's key in KiB).
+
+    With ref_runs (the reference's runs, interleaved with every reader's), one more column after
+    ratio_head: the median over rounds of the reference's time over the reader's in the same round.
+    """
     rw = len(ratio_head)
+    median_head = f"median {ratio_head}" if ref_runs else ""
     head = (f"{'reader':<{reader_width}} {'best s':>7} {'median s':>8} {'MB/s':>7} {count + '/s':>10} "
-            f"{ratio_head:>{rw}}" + "".join(f" {h:>9}" for h in mib))
+            f"{ratio_head:>{rw}}" + (f" {median_head}" if ref_runs else "") + "".join(f" {h:>9}" for h in mib))
     print(head)
     print("-" * len(head))
     for r in results:
         per_s = f"{r[count + '_s'] / 1e3:,.0f} k" if r[count + "_s"] else "-"
         ratio = f"{ref_s / r['best_s']:.2f}" if ref_s else "-"
+        ratios = f"{ratio:>{rw}}"
+        if ref_runs:
+            ratios += f" {median_ratio(ref_runs, r['runs']):>{len(median_head)}.2f}"
         sizes = "".join(f" {f'{r[k] / 1024:.0f} MiB' if r.get(k) else '-':>9}" for k in mib.values())
         print(f"{r['reader']:<{reader_width}} {r['best_s']:>7.2f} {r['median_s']:>8.2f} {r['mb_s']:>7.0f} "
-              f"{per_s:>10} {ratio:>{rw}}{sizes}")
+              f"{per_s:>10} {ratios}{sizes}")
+
+
+def median_ratio(ref_runs: list[float], runs: list[float]) -> float:
+    """The median over rounds of ref_runs[i] / runs[i]: how many times faster than the reference."""
+    return statistics.median(a / b for a, b in zip(ref_runs, runs, strict=True))
 
 
 def cores_and_load(load: tuple[float, float, float]) -> str:

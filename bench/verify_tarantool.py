@@ -11,8 +11,11 @@ walcore.tarantool.writer.generate_wal, warms the page cache, then times side by 
   d. `walvault verify --jobs 1` (pinned to core 0 when taskset exists)
   e. `walvault verify` with the default jobs (one per core)
 
-Each reader runs RUNS times; the table shows the best run (min time) and the median.
-Results also go to bench/out/verify_tarantool.json. This is a benchmark: it never fails on timings.
+The readers take turns: each runs once per round, for --rounds rounds (default 5), so that a machine
+slowing down for a while (a shared VM does) slows them all alike. The table shows each reader's best
+run (min time) and median, its speed relative to xlog.pairs from the best runs, and the median over
+rounds of that ratio within a round. Results also go to bench/out/verify_tarantool.json.
+This is a benchmark: it never fails on timings.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from walcore.tarantool.writer import generate_wal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
-from common import MB, RUNS  # noqa: E402
+from common import MB  # noqa: E402
 
 sys.path.insert(0, str(common.REPO / "tests"))
 import tarantool_real  # noqa: E402  (test support module, stdlib only)
@@ -107,7 +110,7 @@ def python_loop(paths: list[Path]) -> dict:
 
 
 def time_inprocess(fn, paths: list[Path]) -> dict:
-    runs, result = common.time_runs(fn, paths)
+    runs, result = common.time_runs(fn, paths, runs=1)
     return {"runs": runs, "rows": result["rows"]}
 
 
@@ -116,12 +119,8 @@ def time_inprocess(fn, paths: list[Path]) -> dict:
 
 def time_xlog_pairs(paths: list[Path]) -> dict:
     """(c) Tarantool's xlog.pairs(); seconds are measured inside Lua (no process start)."""
-    runs, rows = [], None
-    for _ in range(RUNS):
-        r = tarantool_real.time_xlog_pairs(paths)
-        runs.append(r["seconds"])
-        rows = r["rows"]
-    return {"runs": runs, "rows": rows}
+    r = tarantool_real.time_xlog_pairs(paths)
+    return {"runs": [r["seconds"]], "rows": r["rows"]}
 
 
 def verify_rows(report: dict | None) -> dict:
@@ -131,7 +130,7 @@ def verify_rows(report: dict | None) -> dict:
 
 def time_verify(data_dir: Path, jobs: int | None, pin: bool) -> dict:
     """(d)/(e) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS."""
-    return common.time_verify(data_dir, jobs, pin, verify_rows)
+    return common.time_verify(data_dir, jobs, pin, verify_rows, runs=1)
 
 
 # --------------------------------------------------------------------------- report
@@ -140,6 +139,7 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=int, default=220, help="data to generate, in 10**6 bytes (default 220)")
+    ap.add_argument("--rounds", type=int, default=5, help="runs of every reader, taken in turns (default 5)")
     common.add_data_args(ap, "tarantool")
     args = ap.parse_args()
 
@@ -153,15 +153,19 @@ def main() -> int:
 
     read_crc(paths)  # warm the page cache: every reader below reads from memory
 
-    measured = {"read + CRC-32C (4 MiB chunks)": time_inprocess(read_crc, paths)}
-    measured["plain Python: blocks+CRC+zstd+msgpack"] = time_inprocess(python_loop, paths)
+    readers = {
+        "read + CRC-32C (4 MiB chunks)": lambda: time_inprocess(read_crc, paths),
+        "plain Python: blocks+CRC+zstd+msgpack": lambda: time_inprocess(python_loop, paths),
+    }
     if tarantool_real.TARANTOOL:
-        measured["Tarantool xlog.pairs (all rows)"] = time_xlog_pairs(paths)
+        readers["Tarantool xlog.pairs (all rows)"] = lambda: time_xlog_pairs(paths)
     else:
         print("!! tarantool not on PATH: xlog.pairs skipped")
-    verify_1 = time_verify(root / "wal", jobs=1, pin=True)
-    measured[f"walvault verify --jobs 1{' (core 0)' if verify_1['pinned'] else ''}"] = verify_1
-    measured["walvault verify (default jobs)"] = time_verify(root / "wal", jobs=None, pin=False)
+    pinned = " (core 0)" if common.taskset_core0() else ""
+    readers[f"walvault verify --jobs 1{pinned}"] = lambda: time_verify(root / "wal", jobs=1, pin=True)
+    readers["walvault verify (default jobs)"] = lambda: time_verify(root / "wal", jobs=None, pin=False)
+    measured = common.interleave(readers, args.rounds)
+    verify_1 = measured[f"walvault verify --jobs 1{pinned}"]
 
     # Row totals: walvault's per-file rows must equal what Tarantool's own reader sees.
     rows = verify_1["rows"]
@@ -175,15 +179,16 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
     print()
     common.print_table(results, 36, "rows", "x pairs", min(pairs["runs"]) if pairs else None,
-                       {"peak RSS": "peak_rss_kib"})
+                       {"peak RSS": "peak_rss_kib"}, ref_runs=pairs["runs"] if pairs else None)
     print(f"\ntotals: {nbytes:,} bytes, {rows:,} rows (walvault verify --json)" if rows is not None else "")
-    print(f"MB = 10**6 bytes; best of {RUNS} runs; 'x pairs' = speed relative to xlog.pairs (> 1 is faster); "
+    print(f"MB = 10**6 bytes; {args.rounds} rounds; 'x pairs' = speed relative to xlog.pairs (> 1 is faster), "
+          f"best run over best run; 'median x pairs' = the median of that ratio within each round; "
           f"verify times are wall times including process start")
     print(common.load_line(load_before, load_after, elapsed))
 
     common.write_json(OUT_JSON, {
         "data_dir": str(root / "wal"), "files": len(paths), "bytes": nbytes, "rows": rows,
-        "rows_xlog_pairs": pairs["rows"] if pairs else None, "runs_per_reader": RUNS,
+        "rows_xlog_pairs": pairs["rows"] if pairs else None, "runs_per_reader": args.rounds,
         "cores": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": load_after,
         "python": platform.python_version(), "tarantool": tarantool_real.TARANTOOL,
         "elapsed_s": elapsed, "results": results,
