@@ -313,6 +313,11 @@ FAST_PATH_DISAGREES = {
     "other_replica_mid": [(_rep(5), B), ({0: 3, 2: 2, 3: 6}, B), (_rep(7), B)],
     "local_row_mid": [(_rep(5), B), ({0: 3, 3: 6, 7: 1}, B), (_rep(7), B)],
     "str_replica_mid": [(_rep(5), B), ({0: 3, 2: "a", 3: 6}, B), (_rep(7), B)],
+    # four keys, but tsn in place of the timestamp: not the plain shape the fast walk looks no further at
+    "bad_tsn_mid_four_keys": [(_rep(5), B), ({0: 3, 2: 1, 3: 6, 8: "x"}, B), (_rep(7), B)],
+    "bad_group_mid": [(_rep(5), B), ({0: 3, 2: 1, 3: 6, 4: 1.7e9, 7: "x"}, B), (_rep(7), B)],
+    "bad_flags_mid": [(_rep(5, tsn=5, commit=False), B), ({0: 3, 2: 1, 3: 6, 4: 1.7e9, 8: 1, 9: -1}, B),
+                      (_rep(7), B)],
 }
 FAST_PATH_XLOG_ONLY = {"other_replica_mid", "local_row_mid", "str_replica_mid"}
 # The one documented gap (row.py): the fast walk reads a msgpack bool in a header as the int it equals,

@@ -3,7 +3,7 @@
 Two walks over a block's rows, which must agree on every block they both accept:
 - `RowWalker.walk`, the fast one: one reused Unpacker per file, the header of each row decoded
   and its body skipped in C, with type and value checks folded into a few operations per row; it
-  gives up (returns None) on anything unusual — local rows mixed in, a NOP, a gap, bad msgpack.
+  gives up (returns None) on anything unusual — local rows, a NOP, a gap, bad msgpack.
 - `summarize_rows` over `iter_rows`, the exact one: it decides every block the fast one gave up on,
   so that each finding comes with the offset of its row.
 What a row must be, as Tarantool's xrow layer reads it: a header map with an integer type (0x00),
@@ -14,7 +14,6 @@ msgpack object (none for NOP, or at the end of the block).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import count
 
 import msgpack
 
@@ -215,17 +214,22 @@ class RowWalker:
         # the type and the value at once. The one thing they let through is a msgpack bool, read as the
         # int it equals (the exact walk rejects it, as Tarantool does; only a writer's bug can put one
         # under a valid CRC, and finding it in every row would cost this walk a tenth of its speed).
+        # A header of exactly type, replica_id, lsn and timestamp (a single-statement transaction: most rows)
+        # needs no look at tsn, flags and group_id; `h[REPLICA_ID]` leaves local rows (component 0, no
+        # replica_id) to the exact walk.
         skip = unpacker.skip
         h = next(unpacker)
         first = last = h[LSN]
-        comp = h.get(REPLICA_ID, 0)
+        comp = h[REPLICA_ID]
         if first <= 0 or (first | comp | h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0 \
                 or not h[TYPE] ^ NOP:
             raise _GiveUp
         skip()
-        for last, h in zip(count(first + 1), unpacker):
-            if h[LSN] ^ last or h.get(REPLICA_ID, 0) ^ comp or not h[TYPE] ^ NOP \
-                    or (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
+        for h in unpacker:
+            last += 1
+            if h[LSN] ^ last or h[REPLICA_ID] ^ comp or not h[TYPE] ^ NOP:
+                raise _GiveUp
+            if (len(h) != 4 or TIMESTAMP not in h) and (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
                 raise _GiveUp
             skip()
         return last - first + 1, comp, first, last, first, last, commits(h)
