@@ -8,8 +8,10 @@ walcore.tarantool.writer.generate_wal, warms the page cache, then times side by 
   a. read + CRC-32C in 4 MiB chunks (the I/O + checksum limit)
   b. a plain Python loop: blocks + CRC + zstd + msgpack (decode every row header, skip every body)
   c. Tarantool's own xlog.pairs() over all rows (timed inside Lua)
-  d. `walvault verify --jobs 1` (pinned to core 0 when taskset exists)
-  e. `walvault verify` with the default jobs (one per core)
+  d. walcore's scan_file over each file, in process: verify's per-file work without process start,
+     verdicts and chain checks (like for like with b)
+  e. `walvault verify --jobs 1` (pinned to core 0 when taskset exists)
+  f. `walvault verify` with the default jobs (one per core)
 
 The readers take turns: each runs once per round, for --rounds rounds (default 5), so that a machine
 slowing down for a while (a shared VM does) slows them all alike. The table shows each reader's best
@@ -33,6 +35,7 @@ import zstandard
 
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
 from walcore.tarantool.writer import generate_wal
+from walcore.tarantool.xlog import scan_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
@@ -109,6 +112,17 @@ def python_loop(paths: list[Path]) -> dict:
     return {"rows": rows}
 
 
+def walcore_scan(paths: list[Path]) -> dict:
+    """(d) walcore's scan of every file: every block and every row checked, in this process."""
+    rows = 0
+    for p in paths:
+        scan = scan_file(p)
+        if scan.findings:
+            raise ValueError(f"{p}: {scan.findings[0].message}")
+        rows += scan.span.rows
+    return {"rows": rows}
+
+
 def time_inprocess(fn, paths: list[Path]) -> dict:
     runs, result = common.time_runs(fn, paths, runs=1)
     return {"runs": runs, "rows": result["rows"]}
@@ -129,7 +143,7 @@ def verify_rows(report: dict | None) -> dict:
 
 
 def time_verify(data_dir: Path, jobs: int | None, pin: bool) -> dict:
-    """(d)/(e) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS."""
+    """(e)/(f) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS."""
     return common.time_verify(data_dir, jobs, pin, verify_rows, runs=1)
 
 
@@ -161,6 +175,7 @@ def main() -> int:
         readers["Tarantool xlog.pairs (all rows)"] = lambda: time_xlog_pairs(paths)
     else:
         print("!! tarantool not on PATH: xlog.pairs skipped")
+    readers["walcore scan_file, in process"] = lambda: time_inprocess(walcore_scan, paths)
     pinned = " (core 0)" if common.taskset_core0() else ""
     readers[f"walvault verify --jobs 1{pinned}"] = lambda: time_verify(root / "wal", jobs=1, pin=True)
     readers["walvault verify (default jobs)"] = lambda: time_verify(root / "wal", jobs=None, pin=False)
