@@ -35,9 +35,11 @@ STAMP = "stamp.json"
 
 
 def add_data_args(ap: argparse.ArgumentParser, name: str) -> None:
-    """--dir (default bench/out/<name>) and --keep."""
+    """--dir (default bench/out/<name>), --json (default bench/out/verify_<name>.json) and --keep."""
     ap.add_argument("--dir", type=Path, default=REPO / "bench" / "out" / name,
                     help=f"where the data lives (default bench/out/{name})")
+    ap.add_argument("--json", type=Path, default=REPO / "bench" / "out" / f"verify_{name}.json",
+                    help=f"where the results go (default bench/out/verify_{name}.json)")
     ap.add_argument("--keep", action="store_true", help="keep the data afterwards so the next run reuses it")
 
 

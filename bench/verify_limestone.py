@@ -14,7 +14,8 @@ walcore.limestone.writer.LogDir, warms the page cache, then times side by side:
 
 The in-process readers (a, b, e) run pinned to core 0 too, so that every one-core figure is
 comparable. Each reader runs RUNS times; the table shows the best run (min time) and the median.
-Results also go to bench/out/verify_limestone.json. This is a benchmark: it never fails on timings.
+Results also go to --json (default bench/out/verify_limestone.json). This is a benchmark: it never fails
+on timings; it exits 1 when a reader misses entries or verify does not find the generated files intact.
 With --profile, scan_pwal is also run under cProfile on the largest pwal file (top functions printed).
 """
 
@@ -47,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 from common import MB, RUNS, WALVAULT  # noqa: E402
 
-OUT_JSON = common.REPO / "bench" / "out" / "verify_limestone.json"
 SEED = 1
 VERSION = 7  # persistent format version: sessions end with a type-3 marker
 MIX = "oltp-1"  # bump when the mix below changes, so that stale data is regenerated
@@ -405,15 +405,21 @@ def main() -> int:
         start = time_start(Path(tmp))
 
     # Entry totals: every reader must have seen what was written.
+    wrong = []
     for name, r in measured.items():
         if r["entries"] is not None and r["entries"] != gen["entries"]:
+            wrong.append(name)
             print(f"\n!!!!!! ENTRY COUNT MISMATCH: {name} saw {r['entries']:,} entries, "
                   f"{gen['entries']:,} were written !!!!!!\n")
     if scan["not_ok"]:
+        wrong.append("scan_pwal")
         print(f"!! scan_pwal found the generated files not ok: {', '.join(scan['not_ok'])}")
     for r in (verify_1, verify_n):
+        if any(r["exit_codes"]) or not r["dirs"]:
+            wrong.append("walvault verify")
         for d in r["dirs"] or []:
             if d["status"] != "ok" or d["count_durable_wal_entries"] != gen["put"] + gen["remove"]:
+                wrong.append("walvault verify")
                 print(f"!! verify says {d['status']}, {d['count_durable_wal_entries']:,} durable puts+removes "
                       f"(written: ok, {gen['put'] + gen['remove']:,})")
 
@@ -443,7 +449,7 @@ def main() -> int:
         profile = profile_scan(largest, durable_epoch)
         print(profile)
 
-    common.write_json(OUT_JSON, {
+    common.write_json(args.json, {
         "data_dir": str(log), "pwal_files": len(paths), "bytes": nbytes, "generated": gen,
         "channels": args.channels, "persistent_format_version": VERSION, "mix": MIX,
         "avg_entry_bytes": nbytes / gen["entries"], "runs_per_reader": RUNS, "cores": os.cpu_count(),
@@ -455,7 +461,7 @@ def main() -> int:
 
     if not args.keep:
         clear_data(root)
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

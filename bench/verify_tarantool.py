@@ -16,8 +16,9 @@ walcore.tarantool.writer.generate_wal, warms the page cache, then times side by 
 The readers take turns: each runs once per round, for --rounds rounds (default 5), so that a machine
 slowing down for a while (a shared VM does) slows them all alike. The table shows each reader's best
 run (min time) and median, its speed relative to xlog.pairs from the best runs, and the median over
-rounds of that ratio within a round. Results also go to bench/out/verify_tarantool.json.
-This is a benchmark: it never fails on timings.
+rounds of that ratio within a round. Results also go to --json (default bench/out/verify_tarantool.json).
+This is a benchmark: it never fails on timings. It exits 1 when a reader's row total differs from
+walvault's, or verify finds the generated files not intact.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from common import MB  # noqa: E402
 sys.path.insert(0, str(common.REPO / "tests"))
 import tarantool_real  # noqa: E402  (test support module, stdlib only)
 
-OUT_JSON = common.REPO / "bench" / "out" / "verify_tarantool.json"
 SEED = 1
 FILE_BYTES = 64 << 20
 
@@ -185,9 +185,11 @@ def main() -> int:
     # Row totals: walvault's per-file rows must equal what Tarantool's own reader sees.
     rows = verify_1["rows"]
     pairs = measured.get("Tarantool xlog.pairs (all rows)")
-    for name, r in measured.items():
-        if r["rows"] is not None and rows is not None and r["rows"] != rows:
-            print(f"\n!!!!!! ROW COUNT MISMATCH: {name} read {r['rows']:,} rows, walvault verify {rows:,} !!!!!!\n")
+    wrong = [name for name, r in measured.items()
+             if any(r.get("exit_codes", ())) or (r["rows"] is not None and r["rows"] != rows)]
+    for name in wrong:
+        print(f"\n!!!!!! {name}: {measured[name]['rows']} rows (walvault verify --jobs 1: {rows}), "
+              f"exit codes {measured[name].get('exit_codes')} !!!!!!\n")
 
     results = [common.summarize(name, r, nbytes, "rows") for name, r in measured.items()]
     load_after = os.getloadavg()
@@ -201,7 +203,7 @@ def main() -> int:
           f"verify times are wall times including process start")
     print(common.load_line(load_before, load_after, elapsed))
 
-    common.write_json(OUT_JSON, {
+    common.write_json(args.json, {
         "data_dir": str(root / "wal"), "files": len(paths), "bytes": nbytes, "rows": rows,
         "rows_xlog_pairs": pairs["rows"] if pairs else None, "runs_per_reader": args.rounds,
         "cores": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": load_after,
@@ -211,7 +213,7 @@ def main() -> int:
 
     if not args.keep:
         clear_data(root)
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

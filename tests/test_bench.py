@@ -1,0 +1,52 @@
+"""The benchmarks still run, on tiny data, and every reader in them agrees with walvault on what is there.
+
+Timings are not looked at (they live in bench/ and the README); what is checked is that each reader
+read the same rows or entries, that verify found the generated files intact, and that the results
+JSON has every reader the README's tables show.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import require_tarantool
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run(script: str, tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--dir", str(tmp_path / "data"),
+                           "--json", str(out), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not any((tmp_path / "data").rglob("*.*")), "the bench left its data behind without --keep"
+    return json.loads(out.read_text())
+
+
+@require_tarantool
+def test_tarantool_bench_readers_agree(tmp_path):
+    report = _run("verify_tarantool.py", tmp_path, "--size-mb", "3", "--rounds", "2")
+    readers = {r["reader"].split(" (")[0]: r for r in report["results"]}
+    assert set(readers) == {"read + CRC-32C", "plain Python: blocks+CRC+zstd+msgpack", "Tarantool xlog.pairs",
+                            "walcore scan_file, in process", "walvault verify --jobs 1", "walvault verify"}
+    assert report["rows"] > 1000 and report["rows_xlog_pairs"] == report["rows"]
+    for name, r in readers.items():
+        assert len(r["runs"]) == 2, name
+        if name != "read + CRC-32C":
+            assert r["rows"] == report["rows"], name
+    assert report["bytes"] >= 3 * 10**6
+
+
+def test_limestone_bench_readers_agree(tmp_path):
+    report = _run("verify_limestone.py", tmp_path, "--size-mb", "3", "--channels", "2")
+    gen = report["generated"]
+    assert gen["entries"] > 100
+    for r in report["results"]:
+        if r["entries"] is not None:
+            assert r["entries"] == gen["entries"], r["reader"]
+        for d in r.get("dirs") or []:
+            assert d["status"] == "ok" and d["count_durable_wal_entries"] == gen["put"] + gen["remove"]
+    assert sum(1 for r in report["results"] if r["reader"].startswith("walvault verify")) == 2
