@@ -148,6 +148,18 @@ def test_state_cannot_check(tmp_path):
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("command", [("rotate",), ("repair",), ("repair", "--apply")])
+def test_rotate_and_repair_cannot_check(tmp_path, command):
+    """A directory that cannot be checked (pwal files, no manifest): exit 2 like state and verify, not 1."""
+    work = copy_fixture("01-clean", tmp_path)
+    (work / MANIFEST).unlink()
+    before = tree_snapshot(tmp_path)
+    proc = run_cli(*command, work)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("walvault: ") and "cannot check" in proc.stderr
+    assert tree_snapshot(tmp_path) == before
+
+
 # --------------------------------------------------------------------------- repair
 
 

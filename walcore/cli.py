@@ -58,7 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What stderr says first when a command that writes or trusts a directory does not go ahead.
+_NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .findings import Refused
+    from .limestone.layout import LiveError
+
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -72,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"walvault: cannot check: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    except LiveError as e:
+        print(f"walvault: {_NOT_DONE[args.command]}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    except Refused as e:
+        print(f"walvault: {_NOT_DONE[args.command]}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
 
 
 def _verify(args) -> int:
@@ -109,22 +122,14 @@ def _limestone_dir(path: Path) -> bool:
 
 
 def _rotate(args) -> int:
-    from .limestone.layout import LiveError
-    from .rotate import RotateRefused, rotate
+    from .rotate import rotate
 
     if args.min_bytes < 0:
         print("walvault: --min-bytes must not be negative", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
-    try:
-        result = rotate(args.dir, min_bytes=args.min_bytes)
-    except LiveError as e:
-        print(f"walvault: not rotated: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
-    except RotateRefused as e:
-        print(f"walvault: {e}", file=sys.stderr)
-        return EXIT_FINDINGS
+    result = rotate(args.dir, min_bytes=args.min_bytes)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -138,24 +143,16 @@ def _rotate(args) -> int:
 
 
 def _repair(args) -> int:
-    from .limestone.layout import LiveError
-    from .repair import RepairRefused, apply_repair, plan_repair
+    from .repair import apply_repair, plan_repair
 
     if args.cut and not args.apply:
         print("walvault: --cut goes with --apply (without --apply nothing is changed anyway)", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
-    try:
-        plan = plan_repair(args.dir, cut=args.cut)
-        if args.apply and plan.needed:
-            plan = apply_repair(plan)
-    except LiveError as e:
-        print(f"walvault: not repaired: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
-    except RepairRefused as e:
-        print(f"walvault: {e}", file=sys.stderr)
-        return EXIT_FINDINGS
+    plan = plan_repair(args.dir, cut=args.cut)
+    if args.apply and plan.needed:
+        plan = apply_repair(plan)
     if args.json:
         _print_json(plan.to_json())
     else:
@@ -180,16 +177,11 @@ def _repair(args) -> int:
 
 def _state(args) -> int:
     from .limestone.state import format_tsv
-    from .state import StateRefused, directory_state
+    from .state import directory_state
 
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
-    try:
-        rows = directory_state(args.dir)
-    except StateRefused as e:
-        print(f"walvault: no state: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
-    sys.stdout.write(format_tsv(rows))
+    sys.stdout.write(format_tsv(directory_state(args.dir)))
     return EXIT_OK
 
 

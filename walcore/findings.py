@@ -19,6 +19,18 @@ class Finding:
         return out
 
 
+class Refused(RuntimeError):
+    """A command (rotate, repair, state) will not act on a directory because of what checking it found.
+
+    `status` is the directory's verdict when that is the reason: "cannot_check" means it could not be
+    checked at all (the CLI exits 2), anything else that it was checked and found wanting (exit 1).
+    """
+
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message)
+        self.status = status
+
+
 class FindingList(list):
     """Findings of one file or chain, capped so that a shredded file cannot flood a report."""
 

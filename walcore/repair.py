@@ -20,12 +20,13 @@ from pathlib import Path
 
 from .limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
 from .limestone.check import check_dir
+from .findings import Refused
 from .fsutil import fsync_dir, read_chunks, write_atomic
 from .limestone.layout import exclusive_lock, kind_of, rotated_name
 from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
 
 
-class RepairRefused(RuntimeError):
+class RepairRefused(Refused):
     """The directory has damage repair must not touch, or cannot be checked."""
 
 
@@ -75,11 +76,11 @@ def plan_repair(root: Path, *, cut: bool = False) -> RepairPlan:
     root = Path(root)
     plan, report, scans = check_dir(root)
     if report.status == "cannot_check":
-        raise RepairRefused(f"{root}: cannot check: " + "; ".join(f.message for f in report.findings))
+        raise RepairRefused(f"{root}: cannot check: " + "; ".join(f.message for f in report.findings), report.status)
     if report.status == "unrepairable":
         bad = [f"{Path(s.path).name} at {f.offset}: {f.message}" for s in scans.values() for f in s.findings
                if f.code in ("corrupted_durable_snippet", "unexpected_entry")]
-        raise RepairRefused(f"{root}: unrepairable, nothing changed: " + "; ".join(bad))
+        raise RepairRefused(f"{root}: unrepairable, nothing changed: " + "; ".join(bad), report.status)
     files = []
     for path in plan.pwal_paths:
         s = scans[str(path)]

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from .limestone.check import check_dir
 from .limestone.epoch import EPOCH_NAME
+from .findings import Refused
 from .fsutil import fsync_dir
 from .limestone.layout import exclusive_lock, kind_of, rotated_name
 
 
-class RotateRefused(RuntimeError):
+class RotateRefused(Refused):
     """The directory is not in a state to rotate (it needs repair, or cannot be checked)."""
 
 
@@ -50,7 +51,7 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
         plan, report, _ = check_dir(root)
         if report.status != "ok":
             reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
-            raise RotateRefused(f"{root}: not rotated: {reasons} (run walvault verify; repair first if it says so)")
+            raise RotateRefused(f"{root}: {reasons} (run walvault verify; repair first if it says so)", report.status)
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         result = Rotation(str(root))
         renames = []
@@ -67,7 +68,7 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
             renames.append((EPOCH_NAME, f"{EPOCH_NAME}.{now_ms:014d}.{report.max_appeared_epoch}"))
         taken = [new for _, new in renames if (root / new).exists()]
         if taken:
-            raise RotateRefused(f"{root}: not rotated: {', '.join(taken)} exists already; nothing renamed")
+            raise RotateRefused(f"{root}: {', '.join(taken)} exists already; nothing renamed")
         for old, new in renames:
             os.rename(root / old, root / new)
             fsync_dir(root)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .findings import Refused
 from .limestone.check import finish, prepare
 from .limestone.state import build_state
 
 
-class StateRefused(RuntimeError):
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status = status
+class StateRefused(Refused):
+    """The log cannot be trusted to give the whole state."""
 
 
 def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
@@ -28,5 +27,5 @@ def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
     if report.status in ("cannot_check", "unrepairable"):
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
             f.message for f in report.findings)
-        raise StateRefused(report.status, f"{root}: {report.status}: {why}")
+        raise StateRefused(f"{root}: {report.status}: {why}", report.status)
     return rows
