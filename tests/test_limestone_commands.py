@@ -140,6 +140,17 @@ def test_state_exit_code_does_not_depend_on_path(tmp_path):
     assert proc.returncode == 1, proc.stderr
 
 
+def test_state_refused_without_compacted_file(tmp_path):
+    # The catalog says pwal_0000.compacted holds the keys of the rotated files it lists, so those files
+    # are left out of the state: without it, every key written before the compaction would vanish.
+    work = copy_fixture("11-online-compaction", tmp_path)
+    assert "COMPACTED_FILE pwal_0000.compacted 1" in (work / "compaction_catalog").read_text()
+    (work / "pwal_0000.compacted").unlink()
+    proc = run_cli("state", work, "--format", "tsv")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert "pwal_0000.compacted" in proc.stderr
+
+
 def test_state_cannot_check(tmp_path):
     work = copy_fixture("01-clean", tmp_path)
     (work / MANIFEST).unlink()
@@ -246,6 +257,19 @@ def test_repair_apply_cut(name, file, cut_at, tmp_path):
     assert (work / detached).read_bytes() == original[:cut_at]
     rc, d = verdict(work)
     assert (rc, d["status"]) == (0, "ok")
+
+
+def test_repair_cut_of_dot_saves_next_to_the_directory(tmp_path):
+    # `repair .` from inside the directory: `.` has no name, and the cut bytes must still land in
+    # <dir>.walvault-cut beside it, never in the log directory itself.
+    work = copy_fixture("02-unfinished", tmp_path)
+    original = (work / "pwal_0001").read_bytes()
+    proc = run_cli("repair", ".", "--apply", "--cut", cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["02-unfinished", "02-unfinished.walvault-cut"]
+    (saved,) = (tmp_path / "02-unfinished.walvault-cut").iterdir()
+    assert original.endswith(saved.read_bytes()) and saved.stat().st_size > 0
+    assert not [p for p in work.iterdir() if "walvault" in p.name]
 
 
 def test_repair_refuses_unrepairable(tmp_path):

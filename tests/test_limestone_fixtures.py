@@ -8,6 +8,7 @@ in ../shared/docs/limestone-files.md, not from walcore. Every test works on a co
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import subprocess
@@ -319,7 +320,12 @@ def test_missing_manifest(tmp_path):
     b'{"format_version":"9.9","instance_uuid":"da4ca674-4dee-4657-8a6d-07391ed187e8","persistent_format_version":7}',
     b'{"format_version":"1.1","instance_uuid":"da4ca674-4dee-4657-8a6d-07391ed187e8","persistent_format_ver',
     b'',
-], ids=["version-99", "format-9.9", "invalid-json", "empty"])
+    b'{"format_version":"1.1","persistent_format_version":7}',
+    b'{"format_version":"1.1","instance_uuid":5,"persistent_format_version":7}',
+    b'[' * 100_000 + b']' * 100_000,
+    b'{"format_version":"1.1","instance_uuid":"x","persistent_format_version":' + b'7' * 5000 + b'}',
+], ids=["version-99", "format-9.9", "invalid-json", "empty", "no-uuid", "uuid-not-a-string", "deep-nesting",
+        "huge-int"])
 def test_bad_manifest(manifest, tmp_path):
     work = copy_fixture("01-clean", tmp_path)
     (work / MANIFEST).write_bytes(manifest)
@@ -384,6 +390,121 @@ def test_missing_epoch_falls_back_to_rotated(tmp_path):
     rc, report = verify_json(work)
     assert rc == 1
     assert report["dirs"][0]["durable_epoch"] == 3
+
+
+def test_empty_epoch_falls_back_to_any_epoch_file(tmp_path):
+    # limestone's last_durable_epoch_in_dir reads every name that starts with "epoch" once `epoch` is empty
+    work = copy_fixture("01-clean", tmp_path)
+    records = epoch_records(work / "epoch")
+    (work / "epoch").rename(work / "epoch.bak")
+    (work / "epoch").write_bytes(b"")
+    rc, report = verify_json(work)
+    d = report["dirs"][0]
+    assert max(records) == TABLE["01-clean"]["durable_epoch"] > 0
+    assert (rc, d["status"], d["durable_epoch"]) == (0, "ok", max(records))
+    assert d["count_durable_wal_entries"] == TABLE["01-clean"]["count"]
+    assert file_of(report, "epoch.bak")["kind"] == "epoch_rotated"
+
+
+def test_damaged_rotated_epoch_unread_while_epoch_has_records(tmp_path):
+    # limestone never reads the rotated epoch files while `epoch` has a record: the directory keeps its
+    # verdict, and the damaged file is a finding of its own (exit 1).
+    work = copy_fixture("10-backup-source", tmp_path)
+    rotated = work / "epoch.01795335762217.4"
+    size = rotated.stat().st_size
+    with open(rotated, "ab") as f:
+        f.write(b"\x04")
+    rc, report = verify_json(work)
+    d = report["dirs"][0]
+    assert (rc, d["status"], d["durable_epoch"]) == (1, "ok", TABLE["10-backup-source"]["durable_epoch"])
+    assert d["findings"] == []
+    assert codes(file_of(report, rotated.name)["findings"]) == [("partial_epoch_record", size)]
+    (work / "epoch").write_bytes(b"")  # now limestone must read it, and cannot
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (2, "cannot_check")
+    assert [f["code"] for f in report["dirs"][0]["findings"]] == ["unreadable_epoch"]
+
+
+@pytest.mark.parametrize("name,kind", [("epoch", "fifo"), ("epoch", "dir"), (MANIFEST, "fifo"), (MANIFEST, "dir"),
+                                       ("pwal_0003", "fifo"), ("pwal_0003", "dir"), ("pwal_0003", "dangling"),
+                                       ("compaction_catalog", "fifo")])
+def test_entry_that_is_not_a_file(name, kind, tmp_path):
+    """What limestone must read but cannot (a FIFO would block every reader) is a finding, never a hang or a
+    traceback; a catalog limestone cannot read falls back to its backup."""
+    work = copy_fixture("11-online-compaction", tmp_path)
+    path = work / name
+    if path.exists():
+        path.unlink()
+    {"fifo": os.mkfifo, "dir": Path.mkdir, "dangling": lambda p: p.symlink_to(tmp_path / "nothing")}[kind](path)
+    rc, report = verify_json(work)
+    d = report["dirs"][0]
+    assert [f["code"] for f in file_of(report, name)["findings"]] == ["not_a_file"]
+    assert file_of(report, name)["status"] == "damaged"
+    if name == "compaction_catalog":
+        assert (rc, d["status"], [f["code"] for f in d["findings"]]) == (1, "repairable", ["bad_catalog"])
+    else:
+        expected = {"epoch": "unreadable_epoch", MANIFEST: "bad_manifest"}.get(name, "not_a_file")
+        assert (rc, d["status"], [f["code"] for f in d["findings"]]) == (2, "cannot_check", [expected])
+
+
+def test_dangling_blob_is_a_finding(tmp_path):
+    work = copy_fixture("11-online-compaction", tmp_path)
+    blob = next((work / "blob").glob("dir_*/*.blob"))
+    extra = blob.parent / "00000000000000ff.blob"
+    extra.symlink_to(tmp_path / "nothing")
+    rc, report = verify_json(work)
+    assert rc == 1
+    assert report["dirs"][0]["status"] == STATUS[TABLE["11-online-compaction"]["status"]]
+    assert codes(file_of(report, extra.name)["findings"]) == [("not_a_file", None)]
+
+
+CATALOG = (b"COMPACTION_CATALOG_HEADER\nCOMPACTED_FILE pwal_0000.compacted 1\n"
+           b"DETACHED_PWAL pwal_0000.01795335762261.0\nDETACHED_PWAL pwal_0001.01795335762262.0\n"
+           b"DETACHED_PWAL pwal_0002.01795335762262.0\nMAX_EPOCH_ID 4\nMAX_BLOB_ID 1\nCOMPACTION_CATALOG_FOOTER\n")
+
+
+@pytest.mark.parametrize("text", [
+    CATALOG.replace(b"HEADER\n", b"HEADER\n\n  \n"),
+    CATALOG.replace(b"COMPACTED_FILE ", b"COMPACTED_FILE \t "),
+    CATALOG + b"\n\nwhat follows the footer is never read",
+    CATALOG[:-1],
+    CATALOG.replace(b"MAX_EPOCH_ID", b"GENERATION 0\nMAX_EPOCH_ID"),
+], ids=["blank-lines", "more-whitespace", "after-footer", "no-final-newline", "generation"])
+def test_catalog_read_as_limestone_reads_it(text, tmp_path):
+    """Variants limestone's load_catalog_file accepts (compaction_catalog.cpp)."""
+    work = copy_fixture("11-online-compaction", tmp_path)
+    assert (work / "compaction_catalog").read_bytes() == CATALOG
+    (work / "compaction_catalog").write_bytes(text)
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (0, "ok")
+    assert file_of(report, "compaction_catalog")["findings"] == []
+
+
+@pytest.mark.parametrize("text,bad_line", [
+    (CATALOG.replace(b"MAX_EPOCH_ID 4\n", b""), b"COMPACTION_CATALOG_FOOTER"),  # found missing at the footer
+    (CATALOG.replace(b"MAX_BLOB_ID", b"MAX_BLOB"), b"MAX_BLOB"),
+    (CATALOG.replace(b"1\nDETACHED", b"x\nDETACHED"), b"COMPACTED_FILE"),
+    (CATALOG[:-2], b"COMPACTION_CATALOG_FOOTE"),  # a line of an unknown key
+    (CATALOG[:-len(b"COMPACTION_CATALOG_FOOTER\n")], None),  # no footer at all: cut short at the end
+], ids=["no-max-epoch-id", "unknown-key", "bad-version", "cut-footer", "no-footer"])
+def test_catalog_limestone_cannot_load(text, bad_line, tmp_path):
+    # Its backup is good, so limestone falls back to it: repairable.
+    offset = text.index(bad_line) if bad_line else len(text)
+    work = copy_fixture("11-online-compaction", tmp_path)
+    (work / "compaction_catalog").write_bytes(text)
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (1, "repairable")
+    assert codes(file_of(report, "compaction_catalog")["findings"]) == [("bad_catalog", offset)]
+
+
+def test_missing_compacted_file(tmp_path):
+    work = copy_fixture("11-online-compaction", tmp_path)
+    (work / "pwal_0000.compacted").unlink()
+    rc, report = verify_json(work)
+    d = report["dirs"][0]
+    assert rc == 1
+    assert [(f["code"], Path(f["file"]).name) for f in d["findings"]] == [("missing_compacted_file",
+                                                                          "pwal_0000.compacted")]
 
 
 # --------------------------------------------------------------------------- a running limestone

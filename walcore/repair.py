@@ -148,6 +148,7 @@ def _overwrite(fh, offset: int, expected) -> None:
 
 def _save_tail(root: Path, path: Path, offset: int) -> Path:
     """Copy the bytes from `offset` to the end into `<dir>.walvault-cut/`, durably, before any cut."""
+    root = root.resolve()  # `.` has no name: the copy would land inside the directory
     keep = root.parent / f"{root.name}.walvault-cut"
     keep.mkdir(exist_ok=True)
     target = keep / f"{path.name}.{offset}"

@@ -16,8 +16,8 @@ class StateRefused(Refused):
 def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
     """Rows (storage_id, key, value) as of the durable epoch; works on a crashed directory unrepaired.
 
-    Raises StateRefused when the log cannot be trusted to give the whole state (unrepairable, or not
-    checkable).
+    Raises StateRefused when the log cannot be trusted to give the whole state (unrepairable, not
+    checkable, or a compacted file the catalog names is missing).
     """
     root = Path(root)
     plan = prepare(root)
@@ -28,4 +28,6 @@ def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
             f.message for f in report.findings)
         raise StateRefused(f"{root}: {report.status}: {why}", report.status)
+    if lost := [f.message for f in report.findings if f.code == "missing_compacted_file"]:
+        raise StateRefused(f"{root}: {'; '.join(lost)}", report.status)
     return rows

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 CATALOG_NAME = "compaction_catalog"
 CATALOG_BACKUP = "compaction_catalog.back"
-HEADER, FOOTER = "COMPACTION_CATALOG_HEADER", "COMPACTION_CATALOG_FOOTER"
+HEADER, FOOTER = b"COMPACTION_CATALOG_HEADER", b"COMPACTION_CATALOG_FOOTER"
+# What `istream >> integer` takes from the start of a word.
+_LEADING_INT = re.compile(rb"[+-]?\d+")
 
 
 class CatalogError(ValueError):
@@ -21,34 +25,56 @@ class Catalog:
     detached_pwals: list[str] = field(default_factory=list)
     max_epoch_id: int = 0
     max_blob_id: int = 0
+    generation: int = 0  # GENERATION and CARRY_FILE: written by the newest limestone only
+    carry_file: str | None = None
 
 
 def parse_catalog(text: bytes) -> Catalog:
-    """Parse the text catalog; raises CatalogError (with the byte offset of the bad line)."""
+    """Parse the text catalog as limestone's `load_catalog_file` does; raises CatalogError (with the byte
+    offset of the bad line).
+
+    The header and footer are whole lines; each line between is split on whitespace, blank ones are
+    skipped and words past those a key needs are ignored; MAX_EPOCH_ID is required; what follows the
+    footer is never read.
+    """
     catalog = Catalog()
-    offset = 0
     lines = text.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if not lines or lines[0] != HEADER.encode():
-        raise CatalogError(0, f"the catalog does not start with {HEADER}")
-    if lines[-1] != FOOTER.encode():
-        raise CatalogError(len(text), f"the catalog does not end with {FOOTER}: it was cut short")
+    if lines[0] != HEADER:
+        raise CatalogError(0, f"the catalog does not start with {HEADER.decode()}")
     offset = len(lines[0]) + 1
-    for raw in lines[1:-1]:
-        parts = raw.decode("ascii", "replace").split(" ")
-        try:
-            if parts[0] == "COMPACTED_FILE" and len(parts) == 3:
-                catalog.compacted_files[parts[1]] = int(parts[2])
-            elif parts[0] == "DETACHED_PWAL" and len(parts) == 2:
-                catalog.detached_pwals.append(parts[1])
-            elif parts[0] == "MAX_EPOCH_ID" and len(parts) == 2:
-                catalog.max_epoch_id = int(parts[1])
-            elif parts[0] == "MAX_BLOB_ID" and len(parts) == 2:
-                catalog.max_blob_id = int(parts[1])
-            else:
-                raise ValueError
-        except ValueError:
-            raise CatalogError(offset, f"catalog line {raw[:80]!r} is not one limestone writes") from None
+    max_epoch_found = False
+    for raw in lines[1:]:
+        if raw == FOOTER:
+            if not max_epoch_found:
+                raise CatalogError(offset, "the catalog has no MAX_EPOCH_ID line, which limestone requires")
+            return catalog
+        words = raw.split()
+        if words:
+            key, args = words[0], words[1:]
+            try:
+                if key == b"COMPACTED_FILE":
+                    catalog.compacted_files[os.fsdecode(args[0])] = _int(args[1])
+                elif key == b"DETACHED_PWAL":
+                    catalog.detached_pwals.append(os.fsdecode(args[0]))
+                elif key == b"MAX_EPOCH_ID":
+                    catalog.max_epoch_id = _int(args[0])
+                    max_epoch_found = True
+                elif key == b"MAX_BLOB_ID":
+                    catalog.max_blob_id = _int(args[0])
+                elif key == b"GENERATION":
+                    catalog.generation = _int(args[0])
+                elif key == b"CARRY_FILE":
+                    catalog.carry_file = os.fsdecode(args[0])
+                else:
+                    raise ValueError
+            except (ValueError, IndexError):
+                raise CatalogError(offset, f"catalog line {raw[:80]!r} is not one limestone reads") from None
         offset += len(raw) + 1
-    return catalog
+    raise CatalogError(len(text), f"the catalog does not end with {FOOTER.decode()}: it was cut short")
+
+
+def _int(word: bytes) -> int:
+    m = _LEADING_INT.match(word)
+    if m is None:
+        raise ValueError
+    return int(m[0])

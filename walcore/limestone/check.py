@@ -7,7 +7,9 @@ to `finish`, which gives the directory and its files their verdicts. Nothing her
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +21,9 @@ from .manifest import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
 from .scan import BROKEN_AFTER_MARKED, DURABLE_COUNT_NAMES, OK, REPAIRED, STATUS_OF_CODE, PwalScan, scan_pwal
 
 STATUS_ORDER = ("ok", "repairable", "unrepairable", "cannot_check")
-# Epoch files are a few hundred bytes; one larger than this is not an epoch file.
-MAX_EPOCH_FILE = 64 << 20
+PWAL_KINDS = ("pwal", "pwal_rotated", "compacted")
+# Epoch files, the manifest and the catalog are a few hundred bytes; one larger than this is not one.
+MAX_SMALL_FILE = 64 << 20
 
 
 @dataclass
@@ -88,94 +91,143 @@ def prepare(root: Path) -> DirPlan:
     """Read the manifest, the epoch files and the catalog; list what is to be scanned."""
     root = Path(root)
     names = sorted(os.listdir(root))
-    report = LimestoneDir(str(root), None, is_live(root))
+    report = LimestoneDir(str(root), None, False)
     files: list[LimestoneFile] = []
     pwals: list[Path] = []
     ignored: list[Path] = []
+    entries: dict[str, LimestoneFile] = {}  # what limestone reads, by name
     for name in names:
         path = root / name
-        if path.is_dir():
-            if name == "blob":
-                files += [_plain(p, "blob") for p in sorted(path.glob("dir_*/*.blob"))]
-            elif name not in DERIVED:
+        kind = kind_of(name)
+        if kind is None:
+            if name == "blob" and path.is_dir():
+                files += [_entry(p, "blob") for p in sorted(path.glob("dir_*/*.blob"))]
+            elif not (name in DERIVED and path.is_dir()):
                 ignored.append(path)
             continue
-        kind = kind_of(name) if path.is_file() else None  # not a FIFO or a device: they would block
-        if kind is None:
-            ignored.append(path)
-        elif kind in ("pwal", "pwal_rotated", "compacted"):
-            pwals.append(path)
-        elif kind not in ("epoch", "epoch_rotated", "catalog") and name != MANIFEST_NAME:
-            files.append(_plain(path, kind))
+        f = _entry(path, kind)
+        if kind in PWAL_KINDS:
+            if f.status != "damaged":
+                pwals.append(path)
+            else:  # limestone opens every pwal_* file; one it cannot open stops it
+                files.append(f)
+                report.findings.add("not_a_file", None, f"{name}: {f.findings[0].message}; limestone cannot "
+                                    f"open it", str(path))
+                report.status = "cannot_check"
+        elif kind in ("epoch", "epoch_rotated", "catalog") or name == MANIFEST_NAME:
+            entries[name] = f  # read below
+        else:
+            files.append(f)
     plan = DirPlan(root, report, files, pwals, ignored)
-    manifest_file = _plain(root / MANIFEST_NAME, "manifest") if MANIFEST_NAME in names else None
-    try:
-        report.manifest = parse_manifest((root / MANIFEST_NAME).read_bytes() if manifest_file else None)
-    except ManifestError as e:
-        report.findings.add("bad_manifest", 0 if manifest_file else None, str(e), str(root / MANIFEST_NAME))
-        report.status = "cannot_check"
-        if manifest_file:
-            manifest_file.status = "damaged"
-            manifest_file.findings.add("bad_manifest", 0, str(e))
-    if manifest_file:
-        files.append(manifest_file)
-    if report.status == "cannot_check":
-        plan.pwal_paths = []
-        return plan
-    _read_epochs(plan, names)
-    _read_catalogs(plan, names)
+    _read_manifest(plan, entries.get(MANIFEST_NAME))
+    if report.status != "cannot_check":
+        _read_epochs(plan, entries)
+        _read_catalogs(plan, entries)
+        _check_compacted_files(plan)
     if report.status == "cannot_check":
         plan.pwal_paths = []
     return plan
 
 
-def _plain(path: Path, kind: str) -> LimestoneFile:
-    return LimestoneFile(str(path), kind, "ok", path.stat().st_size)
+def _entry(path: Path, kind: str) -> LimestoneFile:
+    """A file of the directory; damaged when it is not a regular file (reading a FIFO would block)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        what = "a dangling symlink" if e.errno == errno.ENOENT else f"not readable ({e.strerror})"
+        f = LimestoneFile(str(path), kind, "damaged", 0)
+        f.findings.add("not_a_file", None, f"it is {what}")
+        return f
+    f = LimestoneFile(str(path), kind, "ok", st.st_size)
+    if not stat.S_ISREG(st.st_mode):
+        f.status = "damaged"
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
+        f.findings.add("not_a_file", None, f"it is {what}, not a regular file")
+    return f
 
 
-def _read_epochs(plan: DirPlan, names: list[str]) -> None:
-    """The durable epoch: the highest record of `epoch`, or of the rotated epoch files when it has none."""
+def _read(f: LimestoneFile) -> bytes | None:
+    """The bytes of a small file (manifest, epoch, catalog), or None with a finding on it."""
+    if f.status == "damaged":
+        return None
+    if f.size > MAX_SMALL_FILE:
+        f.findings.add("file_too_large", 0, f"{f.size} bytes is far more than such a file holds")
+    else:
+        try:
+            return Path(f.path).read_bytes()
+        except OSError as e:
+            f.findings.add("unreadable_file", None, f"it cannot be read: {e.strerror}")
+    f.status = "damaged"
+    return None
+
+
+def _read_manifest(plan: DirPlan, f: LimestoneFile | None) -> None:
     report = plan.report
-    epoch_files = [n for n in names if n == EPOCH_NAME or kind_of(n) == "epoch_rotated"]
+    data = None if f is None else _read(f)
+    try:
+        if f is not None and data is None:
+            raise ManifestError(f"{MANIFEST_NAME}: {f.findings[0].message}")
+        report.manifest = parse_manifest(data)
+    except ManifestError as e:
+        report.findings.add("bad_manifest", 0 if data is not None else None, str(e), str(plan.root / MANIFEST_NAME))
+        report.status = "cannot_check"
+        if data is not None:
+            f.status = "damaged"
+            f.findings.add("bad_manifest", 0, str(e))
+    if f is not None:
+        plan.files.append(f)
+        # limestone's lock is on the manifest: only a regular file can hold it (opening a FIFO would block)
+        report.live = data is not None and is_live(plan.root)
+
+
+def _read_epochs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:
+    """The durable epoch: the highest record of `epoch`, or, when it has none, of every other `epoch*`
+    file (limestone's last_durable_epoch_in_dir, which reads those only then)."""
+    report = plan.report
     highest: dict[str, int | None] = {}
-    for name in epoch_files:
-        path = plan.root / name
-        f = LimestoneFile(str(path), kind_of(name), "open" if name == EPOCH_NAME else "ok", path.stat().st_size)
-        if f.size > MAX_EPOCH_FILE:
-            f.findings.add("bad_epoch_file", 0, f"{f.size} bytes is far more than an epoch file holds")
-            scan = None
-        else:
-            scan = scan_epoch(path.read_bytes())
+    for name, f in entries.items():
+        if f.kind not in ("epoch", "epoch_rotated"):
+            continue
+        data = _read(f)
+        if data is not None:
+            scan = scan_epoch(data)
             f.findings.extend(scan.findings)
             f.rows = scan.records
             if scan.durable_epoch is not None:
                 f.epoch_range = [scan.min_epoch, scan.durable_epoch]
+            highest[name] = scan.durable_epoch
         if f.findings:
             f.status = "damaged"
-            report.status = "cannot_check"
-            report.findings.add("unreadable_epoch", f.findings[0].offset,
-                                f"{name}: {f.findings[0].message}; the durable epoch cannot be known", str(path))
-        highest[name] = scan.durable_epoch if scan else None
+            highest[name] = None
+        elif name == EPOCH_NAME:
+            f.status = "open"
         plan.files.append(f)
-    if highest.get(EPOCH_NAME) is not None:
-        report.durable_epoch = highest[EPOCH_NAME]
-    else:
-        # limestone falls back to every epoch* file when `epoch` is missing or empty
-        report.durable_epoch = max((v for v in highest.values() if v is not None), default=0)
+    main = entries.get(EPOCH_NAME)
+    read = [main] if main is not None and highest.get(EPOCH_NAME) is not None else [
+        f for f in entries.values() if f.kind in ("epoch", "epoch_rotated")]
+    unreadable = [f for f in read if f.findings]
+    for f in unreadable:
+        report.findings.add("unreadable_epoch", f.findings[0].offset, f"{Path(f.path).name}: "
+                            f"{f.findings[0].message}; the durable epoch cannot be known", f.path)
+        report.status = "cannot_check"
+    if not unreadable:
+        report.durable_epoch = max((highest[Path(f.path).name] or 0 for f in read), default=0)
 
 
-def _read_catalogs(plan: DirPlan, names: list[str]) -> None:
+def _read_catalogs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:
     parsed: dict[str, Catalog | None] = {}
     for name in (CATALOG_NAME, CATALOG_BACKUP):
-        if name not in names:
+        f = entries.get(name)
+        if f is None:
             continue
-        f = _plain(plan.root / name, "catalog")
-        try:
-            parsed[name] = parse_catalog((plan.root / name).read_bytes())
-        except CatalogError as e:
-            parsed[name] = None
-            f.status = "damaged"
-            f.findings.add("bad_catalog", e.offset, str(e))
+        data = _read(f)
+        parsed[name] = None
+        if data is not None:
+            try:
+                parsed[name] = parse_catalog(data)
+            except CatalogError as e:
+                f.status = "damaged"
+                f.findings.add("bad_catalog", e.offset, str(e))
         plan.files.append(f)
     main, back = parsed.get(CATALOG_NAME), parsed.get(CATALOG_BACKUP)
     plan.catalog = main or back
@@ -190,6 +242,21 @@ def _read_catalogs(plan: DirPlan, names: list[str]) -> None:
         plan.report.findings.add("bad_catalog", None, f"{CATALOG_NAME} is unreadable and has no readable backup",
                                  path)
         plan.report.worsen("unrepairable")
+
+
+def _check_compacted_files(plan: DirPlan) -> None:
+    """The compacted files the catalog names hold every key of the rotated files it lists as covered:
+    without one, those keys are lost (limestone starts all the same, without a word)."""
+    catalog = plan.catalog
+    if catalog is None:
+        return
+    present = {Path(p).name for p in plan.pwal_paths}
+    wanted = list(catalog.compacted_files) + ([catalog.carry_file] if catalog.carry_file else [])
+    for name in wanted:
+        if name not in present:
+            plan.report.findings.add("missing_compacted_file", None, f"the compaction catalog names {name}, "
+                                     f"which does not exist: the keys of the files it covers are lost",
+                                     str(plan.root / name))
 
 
 def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, list[LimestoneFile]]:

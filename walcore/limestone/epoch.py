@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass, field
 
@@ -11,7 +10,6 @@ from ..findings import FindingList
 DURABLE_EPOCH = 4
 RECORD = struct.Struct("<BQ")
 EPOCH_NAME = "epoch"
-ROTATED_EPOCH = re.compile(r"epoch\.(\d{14})\.(\d+)")
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from .catalog import CATALOG_BACKUP, CATALOG_NAME
-from .epoch import EPOCH_NAME, ROTATED_EPOCH
+from .epoch import EPOCH_NAME
 from .manifest import MANIFEST_NAME
 
 BLOB_NAME = re.compile(r"[0-9a-f]{16}\.blob")
@@ -32,7 +32,8 @@ def kind_of(name: str) -> str | None:
         return "manifest"
     if name == EPOCH_NAME:
         return "epoch"
-    if ROTATED_EPOCH.fullmatch(name):
+    if name.startswith(EPOCH_NAME):
+        # epoch.<ms14>.<E>, or any other name limestone reads as a rotated epoch file (and deletes at startup)
         return "epoch_rotated"
     if name.startswith("pwal_"):
         # limestone reads every pwal_* file; a name of 9 characters or fewer is an active channel.
@@ -57,7 +58,7 @@ def is_live(root: Path) -> bool:
     it writes nothing.
     """
     try:
-        fd = os.open(root / MANIFEST_NAME, os.O_RDONLY)
+        fd = os.open(root / MANIFEST_NAME, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
     except OSError:
         return False
     try:
@@ -80,7 +81,7 @@ class LiveError(RuntimeError):
 @contextlib.contextmanager
 def exclusive_lock(root: Path):
     """Hold limestone's own lock (flock LOCK_EX on the manifest) so that no limestone starts meanwhile."""
-    fd = os.open(root / MANIFEST_NAME, os.O_RDONLY)
+    fd = os.open(root / MANIFEST_NAME, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

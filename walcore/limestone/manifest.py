@@ -28,7 +28,7 @@ def parse_manifest(data: bytes | None) -> Manifest:
         raise ManifestError(f"no {MANIFEST_NAME}: persistent format version 0, which limestone no longer reads")
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, an integer too long, nesting too deep
         raise ManifestError(f"{MANIFEST_NAME} is not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ManifestError(f"{MANIFEST_NAME} is not a JSON object")
@@ -40,4 +40,9 @@ def parse_manifest(data: bytes | None) -> Manifest:
         raise ManifestError(f"{MANIFEST_NAME}: unsupported persistent_format_version {version!r} "
                             f"(known: {SUPPORTED_VERSIONS.start}-{SUPPORTED_VERSIONS.stop - 1})")
     uuid = obj.get("instance_uuid")
-    return Manifest(fmt, version, uuid if isinstance(uuid, str) else None)
+    if not isinstance(uuid, str):
+        if fmt == "1.0":  # the version-1 manifest has none
+            return Manifest(fmt, version, None)
+        raise ManifestError(f"{MANIFEST_NAME}: format_version {fmt} without a string instance_uuid "
+                            f"(limestone reports such a manifest as corrupted)")
+    return Manifest(fmt, version, uuid)
