@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -182,6 +183,30 @@ def test_crashed_instance_newest_xlog_is_open(crashed_instance):
     statuses = {Path(f["path"]).name: f["status"] for f in data["files"] if f["kind"] == "xlog"}
     assert statuses.pop(xlogs[-1].name) == "open"
     assert set(statuses.values()) == {"ok"}
+
+
+def test_verify_while_tarantool_writes(tmp_path):
+    """A running instance appends to its newest xlog while walvault reads it: the file is judged as it
+    was when opened (open and intact), never as cut short by the block being appended."""
+    work = tmp_path / "live"
+    work.mkdir()
+    writer = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / "live_writer.lua"), str(work)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "ready\n", writer.stderr.read()
+        grown_during = 0
+        for jobs in ("1", "2", "1", "2"):
+            proc = run_cli("verify", "--json", "--jobs", jobs, work)
+            files = json.loads(proc.stdout)["files"]
+            newest = max((f for f in files if f["kind"] == "xlog"), key=lambda f: f["path"])
+            assert (proc.returncode, newest["status"], newest["findings"]) == (0, "open", []), proc.stdout
+            grown_during += Path(newest["path"]).stat().st_size > newest["size"]
+        assert grown_during  # the file did grow under the reader: the race was there to lose
+    finally:
+        writer.stdin.close()
+        writer.wait(timeout=120)
+    assert writer.returncode == 0
+    assert run_cli("verify", work).returncode == 0  # closed by a clean exit: every file whole
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,11 @@ class _File:
         self.pos += len(data)
         return data
 
+    def grown(self) -> int:
+        """The size now: a live instance appends to its newest xlog while it is read."""
+        self.size = os.fstat(self.f.fileno()).st_size
+        return self.size
+
     def pread(self, n: int, pos: int) -> bytes:
         return os.pread(self.f.fileno(), n, pos)
 
@@ -236,10 +241,11 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: 
         pos = _take_plain_blocks(f, pos, span, walker, stop)
         if stop is not None and pos >= stop:
             break
-        head = read(FIXHEADER_SIZE)
-        if not head:
+        if pos >= size:
+            # The end, as the file was when opened (a live file may have grown since: the scan is of that moment).
             span.end_pos = f.pos = pos
             return
+        head = read(FIXHEADER_SIZE)
         if head[:4] == EOF_MAGIC:
             span.eof = True
             span.end_pos = f.pos = pos + 4
@@ -248,7 +254,7 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: 
             return
         if len(head) < FIXHEADER_SIZE:
             findings.add("truncated_block", pos, f"the file ends {len(head)} bytes into a 19-byte block header")
-            span.end_pos, span.stopped = size, True
+            span.end_pos, span.stopped = f.size, True
             return
         try:
             compressed, length, crc = parse_fixheader(head)
@@ -259,6 +265,8 @@ def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: 
             pos = f.pos
             continue
         next_pos = pos + FIXHEADER_SIZE + length
+        if next_pos > size and next_pos <= f.grown():
+            size = f.size  # a block being appended when the file was opened: whole now
         if next_pos > size:
             findings.add("truncated_block", pos,
                          f"block of {length} bytes is cut off: the file ends {size - pos - FIXHEADER_SIZE} bytes into it")
