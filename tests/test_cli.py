@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 import walcore.verify as verify_mod
-from conftest import SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot
+from conftest import (SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
+                      walvault_command)
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
@@ -114,6 +116,35 @@ def test_exit_2_when_there_is_nothing_to_check(command, tmp_path):
         no_traceback(proc)
         assert "no WAL files" in proc.stderr and str(path) in proc.stderr
         assert proc.stdout == ""
+
+
+@require_shared
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_exit_2_when_one_path_has_nothing_to_check(command, tmp_path):
+    """Every path given must hold something checked: an empty directory beside a good one, or one
+    holding only *.inprogress files (which are never checked as finished files), is exit 2."""
+    good = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "good")
+    assert run_cli(command, good).returncode == 0
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "writing").mkdir()
+    snap = next(good.glob("*.snap"))
+    (tmp_path / "writing" / (snap.name + ".inprogress")).write_bytes(snap.read_bytes())
+    for path in (tmp_path / "empty", tmp_path / "writing"):
+        proc = run_cli(command, good, path)
+        assert proc.returncode == 2, proc.stdout
+        no_traceback(proc)
+        assert "no WAL files" in proc.stderr and str(path) in proc.stderr and str(good) not in proc.stderr
+
+
+@require_shared
+def test_file_name_not_utf8_prints(tmp_path):
+    # Under a strict UTF-8 stdout (en_US.UTF-8 and the like), a name that is not UTF-8 is escaped.
+    name = os.fsdecode(b"\xff00.xlog")
+    (tmp_path / name).write_bytes((TARANTOOL_FIXTURES / "concurrent" / "00000000000000000000.xlog").read_bytes())
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    proc = subprocess.run([*walvault_command(), "inspect", str(tmp_path)], capture_output=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert b"\\udcff00.xlog" in proc.stdout
 
 
 @pytest.mark.parametrize("args", [

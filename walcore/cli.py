@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     args = parser.parse_args(argv)
+    # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
+    sys.stdout.reconfigure(errors="backslashreplace")
     try:
         if args.command in ("inspect", "verify"):
             return _verify(args)
@@ -95,9 +97,11 @@ def _verify(args) -> int:
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
-    if not report.files and not report.dirs:
-        # An empty or wrong directory must not pass for an intact one.
-        print(f"walvault: cannot check: no WAL files under {', '.join(map(str, args.paths))}", file=sys.stderr)
+    # An empty or wrong directory must not pass for an intact one: every path must hold a file that was checked.
+    checked = [Path(f.path).resolve() for f in report.files if f.status != "in_progress"]
+    checked += [Path(d.path).resolve() for d in report.dirs]
+    if empty := [p for p in args.paths if not any(c.is_relative_to(p.resolve()) for c in checked)]:
+        print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if args.json:
         _print_json(report.to_json())

@@ -177,7 +177,7 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
             reports[key] = file_verdict(_join(key, [(u[2], u[3], r) for u, r in results[key]]))
         else:
             reports[key] = in_progress_file(p, sizes[key])
-    chains = [c for d in layout.data_dirs for c in check_chains(d, reports)] if layout.files else []
+    chains = [c for d in layout.data_dirs for c in check_chains(d, reports)]
     files: list = [reports[str(p)] for p in layout.files]
     dirs = []
     ignored = [str(p) for p in layout.ignored]

@@ -140,16 +140,25 @@ class Chain:
 def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[Chain]:
     """Check every wal dir's xlog chain and link the data dir's snapshots to it.
 
-    May mark files damaged (an xlog other than the newest without its EOF marker).
+    May mark files damaged (an xlog or vylog other than the newest without its EOF marker).
     """
     snaps = [reports[str(p)] for p in data_dir.snaps]
+    vylogs = [reports[str(p)] for paths in data_dir.vylog_dirs.values() for p in paths]
+    for paths in data_dir.vylog_dirs.values():
+        for p in paths[:-1]:
+            f = reports[str(p)]
+            if f.status == "open":
+                # Tarantool appends to the newest vylog only, even after a crash, and closes it before the next.
+                f.findings.add("missing_eof", f.size, "a vylog older than the newest has no EOF marker: it was "
+                               "cut short")
+                f.mark_damaged()
     chains = []
     for wal_dir, paths in data_dir.xlog_dirs.items():
         xlogs = [reports[str(p)] for p in paths]
         findings = FindingList()
         _check_links(xlogs, findings)
         snapshots = [_link_snapshot(s, xlogs, findings) for s in snaps]
-        instances = {f.instance for f in xlogs + snaps if f.instance}
+        instances = {f.instance for f in xlogs + snaps + vylogs if f.instance}
         if len(instances) > 1:
             findings.add("instance_mismatch", None, f"files of {len(instances)} instances are mixed: "
                          + ", ".join(sorted(instances)))

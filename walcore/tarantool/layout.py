@@ -24,7 +24,7 @@ def kind_of(path: Path) -> tuple[str, bool] | None:
 
 def name_number(path: Path) -> int | None:
     stem = path.name.split(".", 1)[0]
-    return int(stem) if stem.isdigit() else None
+    return int(stem) if stem.isascii() and stem.isdigit() else None
 
 
 @dataclass
@@ -34,11 +34,12 @@ class DataDir:
     path: Path
     xlog_dirs: dict[Path, list[Path]] = field(default_factory=dict)  # wal dir -> xlogs, oldest first
     snaps: list[Path] = field(default_factory=list)  # oldest first
+    vylog_dirs: dict[Path, list[Path]] = field(default_factory=dict)  # vinyl dir -> vylogs, oldest first
 
 
 @dataclass
 class Layout:
-    files: list[Path]  # every Tarantool file, in a stable order
+    files: list[Path]  # every Tarantool file once, in a stable order
     data_dirs: list[DataDir]
     ignored: list[Path]  # other files met while walking directories
 
@@ -46,13 +47,20 @@ class Layout:
 def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
     """Walk the given files and directories, leaving out directories `claimed` by another family.
 
-    Raises FileNotFoundError for a path that does not exist.
+    Symlinked directories are followed (a wal_dir on another disk), and each real file is listed once
+    however many ways it is reached. Raises FileNotFoundError for a path that does not exist.
     """
     files: list[Path] = []
     ignored: list[Path] = []
+    walked: set[str] = set()
     for path in paths:
         if path.is_dir():
-            for root, dirs, names in os.walk(path, onerror=_raise):
+            for root, dirs, names in os.walk(path, onerror=_raise, followlinks=True):
+                real = os.path.realpath(root)
+                if real in walked:  # a symlink loop, or a directory reached before
+                    dirs[:] = []
+                    continue
+                walked.add(real)
                 dirs[:] = sorted(d for d in dirs if not claimed(Path(root) / d))
                 for name in sorted(names):
                     p = Path(root) / name
@@ -64,7 +72,10 @@ def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
             raise OSError(f"{path}: not a regular file")
         else:
             raise FileNotFoundError(f"{path}: no such file or directory")
-    files = list(dict.fromkeys(files))
+    unique: dict[str, Path] = {}
+    for p in files:
+        unique.setdefault(os.path.realpath(p), p)
+    files = list(unique.values())
     return Layout(files, _group(files), ignored)
 
 
@@ -73,24 +84,30 @@ def _raise(error: OSError) -> None:
 
 
 def _group(files: list[Path]) -> list[DataDir]:
+    """Group files into data dirs: a directory alone, or memtx_dir, wal_dir and vinyl_dir side by side
+    (their parent) when no kind is in two of them. Instances or copies of one kept side by side (each
+    directory with its own xlogs and snapshots) each stand alone.
+    """
     by_dir: dict[Path, list[Path]] = {}
     for p in files:
         k = kind_of(p)
         if k and not k[1] and k[0] in DIR_KINDS:
             by_dir.setdefault(p.parent, []).append(p)
-    # memtx/, wal/ and vinyl/ side by side form one data dir: their parent.
-    siblings: dict[Path, int] = {}
+    by_parent: dict[Path, list[Path]] = {}
     for d in by_dir:
-        siblings[d.parent] = siblings.get(d.parent, 0) + 1
+        by_parent.setdefault(d.parent, []).append(d)
     groups: dict[Path, DataDir] = {}
-    for d, members in by_dir.items():
-        key = d.parent if siblings[d.parent] > 1 else d
-        group = groups.setdefault(key, DataDir(key))
-        order = sorted(members, key=lambda p: (name_number(p) is None, name_number(p) or 0, p.name))
-        xlogs = [p for p in order if kind_of(p)[0] == "xlog"]
-        if xlogs:
-            group.xlog_dirs[d] = xlogs
-        group.snaps += [p for p in order if kind_of(p)[0] == "snap"]
+    for parent, dirs in by_parent.items():
+        kinds = [{kind_of(p)[0] for p in by_dir[d]} for d in dirs]
+        one_data_dir = len(dirs) > 1 and sum(map(len, kinds)) == len(set().union(*kinds))
+        for d in dirs:
+            key = parent if one_data_dir else d
+            group = groups.setdefault(key, DataDir(key))
+            order = sorted(by_dir[d], key=lambda p: (name_number(p) is None, name_number(p) or 0, p.name))
+            for kind, where in (("xlog", group.xlog_dirs), ("vylog", group.vylog_dirs)):
+                if same := [p for p in order if kind_of(p)[0] == kind]:
+                    where[d] = same
+            group.snaps += [p for p in order if kind_of(p)[0] == "snap"]
     for group in groups.values():
         group.snaps.sort(key=lambda p: (name_number(p) or 0, p.name))
     return [groups[k] for k in sorted(groups)]
