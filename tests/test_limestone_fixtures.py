@@ -507,6 +507,33 @@ def test_missing_compacted_file(tmp_path):
                                                                           "pwal_0000.compacted")]
 
 
+def test_unknown_entry_inside_a_durable_snippet(tmp_path):
+    work = copy_fixture("01-clean", tmp_path)
+    data = bytearray((work / "pwal_0000").read_bytes())
+    entries = list(walk(bytes(data)))
+    assert entries[0][1] == 2 and entries[0][2]["epoch"] <= TABLE["01-clean"]["durable_epoch"]
+    at = next(off for off, t, _ in entries if t == 1)  # a put of the first, durable, snippet
+    data[at] = 0x2B  # no entry type
+    (work / "pwal_0000").write_bytes(bytes(data))
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (1, "unrepairable")
+    assert codes(file_of(report, "pwal_0000")["findings"]) == [("corrupted_durable_snippet", at)]
+
+
+def test_data_entry_right_after_an_end_marker(tmp_path):
+    # From format 6 every session ends with 03 <epoch> 01; after it only a header or the end may come.
+    work = copy_fixture("01-clean", tmp_path)
+    data = bytearray((work / "pwal_0000").read_bytes())
+    entries = list(walk(bytes(data)))
+    at = next(entries[i + 1][0] for i, (_, t, _) in enumerate(entries[:-1]) if t == 3)
+    assert data[at] == 2
+    data[at] = 1  # the next snippet's header turned into a put
+    (work / "pwal_0000").write_bytes(bytes(data))
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (1, "unrepairable")
+    assert min(codes(file_of(report, "pwal_0000")["findings"]), key=lambda c: c[1]) == ("unexpected_entry", at)
+
+
 # --------------------------------------------------------------------------- a running limestone
 
 

@@ -97,6 +97,11 @@ class Framing:
                         or b.crc_field[0] <= pos < b.crc_field[1] or pos >= b.pos + HEADER)
         return False
 
+    def padding_content(self, pos: int) -> bool:
+        """Whether a byte is inside the string that pads a block header to 19 bytes, past its type byte:
+        what it holds, Tarantool never looks at (xlog_fixheader_decode only checks the string's length)."""
+        return any(b.crc_field[1] < pos < b.pos + HEADER for b in self.blocks)
+
 
 def meta_size(data: bytes) -> int:
     return data.index(b"\n\n") + 2
@@ -937,7 +942,9 @@ def _expect(kind: str, data: bytes, fr: Framing, what: str, new: bytes, info: di
 
     - flips in the meta block: damaged, or the parsed meta differs (or only strippable whitespace changed);
     - flips at or after the meta: damaged when any flipped byte is one Tarantool checks (magic, len,
-      crc32c, payload, EOF marker; crc32p and the header padding are ignored by Tarantool too);
+      crc32c, payload, EOF marker); unchanged, with no finding, when every flipped byte is inside the
+      padding string (Tarantool ignores what it holds; crc32p and the padding's type byte are left
+      unasserted: Tarantool checks only that they stay valid msgpack of the right extent);
     - a cut at a block boundary: open with no finding (xlog, vylog) and fewer rows, unless only the EOF
       marker went; missing_eof in a sealed kind (snap, run); any other cut: damaged;
     - inserted or deleted bytes: damaged (deleting exactly whole blocks: damaged in an xlog).
@@ -956,6 +963,9 @@ def _expect(kind: str, data: bytes, fr: Framing, what: str, new: bytes, info: di
     if what == "flip":
         if any(fr.significant(p) for p in info["at"]):
             assert f.status == "damaged"
+        elif all(fr.padding_content(p) for p in info["at"]):
+            # no false alarm: the file reads as before, row for row
+            assert (f.status in ("ok", "open"), f.findings, f.rows) == (True, [], orig_rows)
         return
     if what == "truncate" or (what == "delete" and info["at"] + info["n"] == len(data)):
         cut = info["at"]
@@ -977,6 +987,46 @@ def _expect(kind: str, data: bytes, fr: Framing, what: str, new: bytes, info: di
             assert f.status == "damaged"
         return
     assert f.status == "damaged"
+
+
+@pytest.mark.parametrize("rel", [XLOG_MIXED, SNAP, RUN_ZSTD])
+def test_what_tarantool_ignores_in_a_block_header_is_no_finding(fixtures, tmp_path, rel):
+    """xlog_fixheader_decode reads crc32p as any unsigned int and the padding as any string of the right
+    length: other values there are no damage (no false alarm, the same rows)."""
+    data, fr = baseline(fixtures, rel)
+    orig = verdict(write(tmp_path / "orig" / Path(rel).name, data))
+    new = bytearray(data)
+    for b in fr.blocks:
+        assert new[b.crc_field[0] - 1] == 0  # crc32p, one byte: Tarantool writes 0
+        new[b.crc_field[0] - 1] = 0x7F
+        for pos in range(b.crc_field[1] + 1, b.pos + HEADER):
+            assert fr.padding_content(pos)
+            new[pos] ^= 0xFF
+    changed = verdict(write(tmp_path / "new" / Path(rel).name, bytes(new)))
+    assert new != data and len(fr.blocks) > 0
+    assert (changed.status, found(changed), changed.rows) == (orig.status, [], orig.rows)
+
+
+def test_findings_are_capped(fixtures, tmp_path):
+    # A shredded file must not flood a report: 100 findings, then one that says the rest are not listed.
+    data, fr = baseline(fixtures, XLOG_PLAIN)
+    damaged = fr.blocks[::2]  # each between two sound blocks: a crc_mismatch and the lsn_gap it leaves
+    assert len(damaged) > 51
+    new = bytearray(data)
+    for b in damaged:
+        new[b.payload[0]] ^= 0x01
+    f = verdict(write(tmp_path / Path(XLOG_PLAIN).name, bytes(new)))
+    got = found(f)
+    assert len(got) == 101 and got[-1][0] == "too_many_findings"
+    crc = [(c, o) for c, o in got[:100] if c == "crc_mismatch"]
+    assert len(crc) >= 50 and crc == [("crc_mismatch", b.pos) for b in damaged[:len(crc)]]
+    assert {c for c, _ in got[:100]} == {"crc_mismatch", "lsn_gap"}
+
+
+def test_file_named_as_another_kind(fixtures, tmp_path):
+    data = (fixtures / XLOG_CONC).read_bytes()
+    f = verdict(write(tmp_path / Path(XLOG_CONC).with_suffix(".snap").name, data))
+    assert (f.status, found(f)) == ("damaged", [("kind_mismatch", 0)])
 
 
 @pytest.mark.parametrize("target", list(RANDOM_TARGETS))
@@ -1027,11 +1077,10 @@ def big_wal(tmp_path_factory) -> Path:
 
 
 def _range_cuts(size: int) -> list[int]:
-    """Where verify_paths(jobs=2) cuts a file of `size` into ranges (evenly spaced if that is unknown)."""
-    units = getattr(wverify, "_units", None)
-    if units is None:
-        return [size * i // 16 for i in range(1, 16)]
-    return [start for start, _ in units(size, 2) if start is not None]
+    """Where verify_paths(jobs=2) cuts a file of `size` into ranges: damage is aimed around them."""
+    cuts = [start for start, _ in wverify._units(size, 2) if start is not None]
+    assert cuts, f"a file of {size} bytes is not cut into ranges: the damage would miss what it tests"
+    return cuts
 
 
 def _damage_big(rng: random.Random, data: bytes, fr: Framing) -> tuple[bytes, list]:

@@ -310,7 +310,7 @@ def test_time_xlog_pairs_counts_every_row(clean_dir, clean_rows):
     assert timing["rows"] == len(rows)
     assert timing["bytes"] == sum(p.stat().st_size for p in files)
     assert timing["lsn_sum"] == sum(r["lsn"] for r in rows)
-    assert 0 < timing["seconds"] < 30
+    assert timing["seconds"] > 0  # measured (no bound: timings belong to bench/)
 
 
 # --------------------------------------------------------------------------- errors
