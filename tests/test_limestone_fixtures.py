@@ -228,6 +228,15 @@ def test_backup_copy_kinds():
 # --------------------------------------------------------------------------- findings at exact offsets
 
 
+def test_active_or_detached_by_bytes_of_the_name():
+    # limestone's test is the name's length in bytes (> 9: detached), not in characters
+    from walcore.limestone.layout import kind_of
+
+    assert [kind_of(n) for n in ("pwal_0001", "pwal_é001", "pwal_0001.01795335762262.0")] == [
+        "pwal", "pwal_rotated", "pwal_rotated"]
+    assert len("pwal_é001") == 9 and len("pwal_é001".encode()) == 10
+
+
 def test_unfinished_findings(tmp_path):
     work = copy_fixture("02-unfinished", tmp_path)
     durable = max(epoch_records(work / "epoch"))

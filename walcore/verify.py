@@ -158,7 +158,7 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
     if jobs > 1 and len(work) > 1:
         from concurrent.futures import ProcessPoolExecutor, as_completed  # costs 20 ms: only when used
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
             futures = {pool.submit(_run_unit, unit): unit for unit in sorted(work, key=lambda u: -unit_bytes(u))}
             for future in as_completed(futures):
                 unit = futures[future]

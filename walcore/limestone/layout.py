@@ -36,10 +36,10 @@ def kind_of(name: str) -> str | None:
         # epoch.<ms14>.<E>, or any other name limestone reads as a rotated epoch file (and deletes at startup)
         return "epoch_rotated"
     if name.startswith("pwal_"):
-        # limestone reads every pwal_* file; a name of 9 characters or fewer is an active channel.
+        # limestone reads every pwal_* file; a name of 9 bytes or fewer is an active channel.
         if ".compacted" in name:
             return "compacted"
-        return "pwal" if len(name) <= 9 else "pwal_rotated"
+        return "pwal" if len(os.fsencode(name)) <= 9 else "pwal_rotated"
     if name in (CATALOG_NAME, CATALOG_BACKUP):
         return "catalog"
     if BLOB_NAME.fullmatch(name):
