@@ -108,9 +108,30 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
             _repair_file(root / (f.detach_to or f.name), f, fresh)
         if fresh.restore_catalog:
             _restore_catalog(root, fresh)
+        _repair_what_it_uncovers(fresh)
         fsync_dir(root)
         fresh.applied = True
         return fresh
+
+
+def _repair_what_it_uncovers(rp: RepairPlan) -> None:
+    """Marking a broken tail can uncover another behind it (a file damaged in several places): repair
+    again until nothing is left to do, so that the directory verifies ok. Later passes' actions are
+    added to the plan, after the first's."""
+    done: list = []
+    while True:
+        try:
+            again = plan_repair(rp.root, cut=rp.cut)
+        except RepairRefused:
+            return  # what is left, verify shows
+        todo = [f for f in again.files if f.actions(rp.cut)]
+        if not todo or todo == done:
+            return
+        for f in todo:
+            _repair_file(rp.root / f.name, f, again)
+        rp.files += todo
+        rp.saved += again.saved
+        done = todo
 
 
 def _repair_file(path: Path, f: FilePlan, rp: RepairPlan) -> None:
