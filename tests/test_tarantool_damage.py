@@ -758,7 +758,7 @@ def test_edited_instance_line_is_instance_mismatch(fixtures, tmp_path):
     assert f.status == "ok" and f.instance.endswith("000000000007")
     (chain,) = report.chains
     assert chain.status == "damaged"
-    assert chain_found(chain) == [("instance_mismatch", None)]
+    assert chain_found(chain) == [("instance_mismatch", p.name)]  # the one file unlike the others
     assert "000000000001" in chain.findings[0].message and "000000000007" in chain.findings[0].message
 
 
@@ -769,7 +769,7 @@ def test_xlog_of_another_instance_is_instance_mismatch(fixtures, tmp_path):
     (chain,) = report.chains
     assert chain.status == "damaged"
     codes = chain_found(chain)
-    assert ("instance_mismatch", None) in codes
+    assert ("instance_mismatch", "00000000000000001103.xlog") in codes
     assert set(c for c, _ in codes) <= {"instance_mismatch", "xlog_gap"}
     msg = [x for x in chain.findings if x.code == "instance_mismatch"][0].message
     assert "aaaaaaaa-bbbb-4ccc-8ddd-000000000001" in msg and "aaaaaaaa-bbbb-4ccc-8ddd-000000000004" in msg

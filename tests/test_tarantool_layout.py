@@ -153,4 +153,5 @@ def test_vylog_of_another_instance_is_a_mismatch(tmp_path, real_instance):
     rc, report = verify_json(work)
     assert rc == 1
     (chain,) = report["chains"]
-    assert [f["code"] for f in chain["findings"]] == ["instance_mismatch"]
+    assert [(f["code"], Path(f["file"]).name) for f in chain["findings"]] == [
+        ("instance_mismatch", "00000000000000099999.vylog")]

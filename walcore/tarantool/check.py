@@ -6,6 +6,7 @@ Built from `xlog.FileScan` results; the links checked are those that Tarantool i
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,10 +159,14 @@ def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[C
         findings = FindingList()
         _check_links(xlogs, findings)
         snapshots = [_link_snapshot(s, xlogs, findings) for s in snaps]
-        instances = {f.instance for f in xlogs + snaps + vylogs if f.instance}
+        named = [f for f in xlogs + snaps + vylogs if f.instance]
+        instances = Counter(f.instance for f in named)
         if len(instances) > 1:
+            most = instances.most_common(1)[0][0]
+            stray = next(f for f in named if f.instance != most)
             findings.add("instance_mismatch", None, f"files of {len(instances)} instances are mixed: "
-                         + ", ".join(sorted(instances)))
+                         + ", ".join(sorted(instances)) + f"; {Path(stray.path).name} is not of {most}, as most are",
+                         stray.path)
         for f in xlogs + snaps:
             if f.status == "damaged":
                 findings.add("damaged_file", None, f"{Path(f.path).name} is damaged", f.path)
