@@ -137,6 +137,31 @@ def test_exit_2_when_one_path_has_nothing_to_check(command, tmp_path):
 
 
 @require_shared
+def test_paths_reached_through_symlinks_are_checked(tmp_path):
+    # A directory whose WAL files are all symlinks, or that is a link to a directory, holds them all the same.
+    real = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "real")
+    links = tmp_path / "links"
+    links.mkdir()
+    for p in real.iterdir():
+        (links / p.name).symlink_to(p)
+    (tmp_path / "alias").symlink_to(real, target_is_directory=True)
+    for path in (links, tmp_path / "alias"):
+        proc = run_cli("verify", path)
+        assert proc.returncode == 0, proc.stderr
+
+
+@require_shared
+def test_symlink_loop_in_a_limestone_dir(tmp_path):
+    work = copy_tree(SHARED / "fixtures" / "limestone" / "01-clean", tmp_path / "log")
+    (work / "epoch").unlink()
+    (work / "epoch").symlink_to("epoch")  # a loop: stat says ELOOP
+    proc = run_cli("verify", "--json", work)
+    no_traceback(proc)
+    assert proc.returncode == 2
+    assert [f["code"] for f in json.loads(proc.stdout)["dirs"][0]["findings"]] == ["unreadable_epoch"]
+
+
+@require_shared
 def test_file_name_not_utf8_prints(tmp_path):
     # Under a strict UTF-8 stdout (en_US.UTF-8 and the like), a name that is not UTF-8 is escaped.
     name = os.fsdecode(b"\xff00.xlog")

@@ -9,6 +9,7 @@ entry layout in ../shared/docs/limestone-files.md.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -270,6 +271,36 @@ def test_repair_cut_of_dot_saves_next_to_the_directory(tmp_path):
     (saved,) = (tmp_path / "02-unfinished.walvault-cut").iterdir()
     assert original.endswith(saved.read_bytes()) and saved.stat().st_size > 0
     assert not [p for p in work.iterdir() if "walvault" in p.name]
+
+
+def test_repair_refuses_a_catalog_that_is_not_a_file(tmp_path):
+    # Restoring the catalog from its .back first saves the damaged one: a FIFO would block that copy.
+    work = copy_fixture("11-online-compaction", tmp_path)
+    (work / "compaction_catalog").unlink()
+    os.mkfifo(work / "compaction_catalog")
+    before = sorted(p.name for p in work.iterdir())
+    proc = run_cli("repair", work, "--apply", timeout=60)
+    assert proc.returncode == 1 and "not a regular file" in proc.stderr
+    assert sorted(p.name for p in work.iterdir()) == before  # nothing renamed
+
+
+def test_repair_says_when_it_uncovers_what_it_cannot_mend(tmp_path):
+    # Zeros where a header must come hide a damaged durable snippet behind them: marking the zeros as a
+    # canceled header (what tglogutil repair does) lets the scan reach it. Repair says so and exits 1.
+    work = copy_fixture("01-clean", tmp_path)
+    data = bytearray((work / "pwal_0000").read_bytes())
+    entries = list(walk(bytes(data)))
+    header = next(entries[i + 1][0] for i, (_, t, _) in enumerate(entries[:-1]) if t == 3)  # after an end marker
+    later = next(off for off, t, _ in entries if t in (1, 5, 7, 8) and off > header + 9)  # in a durable snippet
+    data[later] = 0  # no entry type
+    data[header:header] = bytes(9)
+    (work / "pwal_0000").write_bytes(bytes(data))
+    assert verdict(work)[1]["status"] == "repairable"
+    proc = run_cli("repair", work, "--apply", "--json")
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["applied"] and out["left"].startswith("unrepairable")
+    assert verdict(work)[1]["status"] == "unrepairable"
 
 
 def test_repair_refuses_unrepairable(tmp_path):

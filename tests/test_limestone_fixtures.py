@@ -415,6 +415,31 @@ def test_empty_epoch_falls_back_to_any_epoch_file(tmp_path):
     assert file_of(report, "epoch.bak")["kind"] == "epoch_rotated"
 
 
+def test_stray_epoch_names_unread_while_epoch_has_records(tmp_path):
+    # Other names that start with "epoch" are read by limestone only when `epoch` has no record.
+    work = copy_fixture("10-backup-source", tmp_path)
+    (work / "epoch_old").mkdir()
+    (work / "epoch.txt.bak").write_bytes(b"junk\n")
+    rc, report = verify_json(work)
+    assert (rc, report["dirs"][0]["status"]) == (TABLE["10-backup-source"]["exit"], "ok")
+    assert not {"epoch_old", "epoch.txt.bak"} & {Path(f["path"]).name for f in report["files"]}
+    (work / "epoch").write_bytes(b"")
+    rc, report = verify_json(work)
+    d = report["dirs"][0]
+    assert (rc, d["status"]) == (2, "cannot_check")
+    assert {Path(f["file"]).name for f in d["findings"] if f["code"] == "unreadable_epoch"} == {
+        "epoch_old", "epoch.txt.bak"}
+
+
+def test_limestone_dir_reached_twice_is_checked_once(tmp_path):
+    work = copy_fixture("01-clean", tmp_path)
+    (tmp_path / "link").symlink_to(work, target_is_directory=True)
+    rc, report = verify_json(tmp_path)
+    assert rc == 0 and len(report["dirs"]) == 1
+    proc = run_cli("verify", work, tmp_path / "link", "--json")
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["dirs"]) == 1
+
+
 def test_damaged_rotated_epoch_unread_while_epoch_has_records(tmp_path):
     # limestone never reads the rotated epoch files while `epoch` has a record: the directory keeps its
     # verdict, and the damaged file is a finding of its own (exit 1).
@@ -495,7 +520,10 @@ def test_catalog_read_as_limestone_reads_it(text, tmp_path):
     (CATALOG.replace(b"1\nDETACHED", b"x\nDETACHED"), b"COMPACTED_FILE"),
     (CATALOG[:-2], b"COMPACTION_CATALOG_FOOTE"),  # a line of an unknown key
     (CATALOG[:-len(b"COMPACTION_CATALOG_FOOTER\n")], None),  # no footer at all: cut short at the end
-], ids=["no-max-epoch-id", "unknown-key", "bad-version", "cut-footer", "no-footer"])
+    (CATALOG.replace(b"MAX_EPOCH_ID 4", b"MAX_EPOCH_ID 18446744073709551616"), b"MAX_EPOCH_ID"),  # 2**64
+    (CATALOG.replace(b"compacted 1", b"compacted 2147483648"), b"COMPACTED_FILE"),  # an int's 2**31
+], ids=["no-max-epoch-id", "unknown-key", "bad-version", "cut-footer", "no-footer", "epoch-overflow",
+        "version-overflow"])
 def test_catalog_limestone_cannot_load(text, bad_line, tmp_path):
     # Its backup is good, so limestone falls back to it: repairable.
     offset = text.index(bad_line) if bad_line else len(text)

@@ -125,25 +125,17 @@ def test_non_ascii_digits_in_a_name(tmp_path):
     assert (rc, chains_of(report)) == (1, [("odd", "damaged", ["prev_vclock_mismatch", "rows_lost"])])
 
 
-def test_older_vylog_without_eof_is_cut_short(tmp_path):
-    # Tarantool appends only to the newest vylog, even after a crash, and closes each before the next.
+def test_older_vylog_without_eof_is_open(tmp_path):
+    # A real crash can leave one: Tarantool SIGKILLed with a vylog open, restarted, then a checkpoint with
+    # no vinyl change since starts a new vylog without reopening the old one (a review reproduced it).
     work = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "features")
-    vylogs = sorted((work / "vinyl").glob("*.vylog"))
-    older = vylogs[1]
+    older = sorted((work / "vinyl").glob("*.vylog"))[1]
     data = older.read_bytes()
     assert data.endswith(EOF_MAGIC)
     older.write_bytes(data[:-len(EOF_MAGIC)])  # cut at the last block boundary: every block whole
     rc, report = verify_json(work)
-    assert rc == 1
-    by_name = {Path(f["path"]).name: f for f in report["files"]}
-    assert by_name[older.name]["status"] == "damaged"
-    assert [(f["code"], f["offset"]) for f in by_name[older.name]["findings"]] == [("missing_eof", len(data) - 4)]
-    newest = vylogs[-1]
-    newest.write_bytes(newest.read_bytes()[:-len(EOF_MAGIC)])  # the newest may be open
-    older.write_bytes(data)
-    rc, report = verify_json(work)
     assert rc == 0
-    assert {Path(f["path"]).name: f["status"] for f in report["files"]}[newest.name] == "open"
+    assert {Path(f["path"]).name: f["status"] for f in report["files"]}[older.name] == "open"
 
 
 def test_vylog_of_another_instance_is_a_mismatch(tmp_path, real_instance):

@@ -97,10 +97,12 @@ def _verify(args) -> int:
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
-    # An empty or wrong directory must not pass for an intact one: every path must hold a file that was checked.
-    checked = [Path(f.path).resolve() for f in report.files if f.status != "in_progress"]
-    checked += [Path(d.path).resolve() for d in report.dirs]
-    if empty := [p for p in args.paths if not any(c.is_relative_to(p.resolve()) for c in checked)]:
+    # An empty or wrong directory must not pass for an intact one: every path must hold a file that was checked
+    # (found under it, or under where it leads: a file reached twice is listed once, under the first path).
+    checked = [f.path for f in report.files if f.status != "in_progress"] + [d.path for d in report.dirs]
+    checked += [os.path.realpath(c) for c in checked]
+    if empty := [p for p in args.paths if not any(Path(c).is_relative_to(q) for c in checked
+                                                   for q in (p, os.path.realpath(p)))]:
         print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     if args.json:
@@ -172,11 +174,13 @@ def _repair(args) -> int:
             print(f"  cut bytes saved in {saved}")
         if not plan.needed:
             print("nothing to repair")
+        elif plan.left:
+            print(f"repaired, but the repairs uncovered damage they cannot mend: {plan.left}")
         elif plan.applied:
             print("repaired")
         else:
             print("plan only: nothing was changed (run with --apply to carry it out)")
-    return EXIT_OK if plan.applied or not plan.needed else EXIT_FINDINGS
+    return EXIT_OK if (plan.applied and not plan.left) or not plan.needed else EXIT_FINDINGS
 
 
 def _state(args) -> int:

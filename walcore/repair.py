@@ -57,6 +57,8 @@ class RepairPlan:
     restore_catalog: bool = False  # compaction_catalog is unreadable and its .back is good
     applied: bool = False
     saved: list[str] = field(default_factory=list)
+    # After --apply: why the directory is still not ok (damage the repairs uncovered), or None.
+    left: str | None = None
 
     @property
     def needed(self) -> bool:
@@ -66,27 +68,37 @@ class RepairPlan:
 
     def to_json(self) -> dict:
         return {"path": str(self.root), "status": self.status, "cut": self.cut, "applied": self.applied,
-                "saved": self.saved, "restore_catalog": self.restore_catalog,
+                "saved": self.saved, "restore_catalog": self.restore_catalog, "left": self.left,
                 "files": [{"file": f.name, "detach_to": f.detach_to, "actions": f.actions(self.cut)}
                           for f in self.files if f.actions(self.cut) or f.detach_to]}
 
 
-def plan_repair(root: Path, *, cut: bool = False) -> RepairPlan:
-    """What repair would do; writes nothing. Raises RepairRefused when it must not be done."""
+def plan_repair(root: Path, *, cut: bool = False, checked=None) -> RepairPlan:
+    """What repair would do; writes nothing. Raises RepairRefused when it must not be done.
+
+    `checked` is check_dir(root), when the caller has just made it.
+    """
     root = Path(root)
-    plan, report, scans = check_dir(root)
+    plan, report, scans = checked or check_dir(root)
     if report.status == "cannot_check":
         raise RepairRefused(f"{root}: cannot check: " + "; ".join(f.message for f in report.findings), report.status)
     if report.status == "unrepairable":
-        bad = [f"{Path(s.path).name} at {f.offset}: {f.message}" for s in scans.values() for f in s.findings
-               if f.code in ("corrupted_durable_snippet", "unexpected_entry")]
-        raise RepairRefused(f"{root}: unrepairable, nothing changed: " + "; ".join(bad), report.status)
+        raise RepairRefused(f"{root}: unrepairable, nothing changed: {_unrepairable(scans)}", report.status)
     files = []
     for path in plan.pwal_paths:
         s = scans[str(path)]
         files.append(FilePlan(path.name, s.size, list(s.marks), s.tail_mark, s.cut_at if cut else None))
     restore = any(f.code == "bad_catalog" for f in report.findings) and report.status == "repairable"
+    if restore and not (root / CATALOG_NAME).is_file():
+        # It is saved aside before the backup replaces it: a FIFO would block that copy, a directory fail it.
+        raise RepairRefused(f"{root}: {CATALOG_NAME} is not a regular file; move it aside, then repair again",
+                            report.status)
     return RepairPlan(root, report.status, files, cut, restore)
+
+
+def _unrepairable(scans) -> str:
+    return "; ".join(f"{Path(s.path).name} at {f.offset}: {f.message}" for s in scans.values() for f in s.findings
+                     if f.code in ("corrupted_durable_snippet", "unexpected_entry"))
 
 
 def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
@@ -117,13 +129,15 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
 def _repair_what_it_uncovers(rp: RepairPlan) -> None:
     """Marking a broken tail can uncover another behind it (a file damaged in several places): repair
     again until nothing is left to do, so that the directory verifies ok. Later passes' actions are
-    added to the plan, after the first's."""
+    added to the plan, after the first's. Damage a repair cannot mend, uncovered so, is kept in `left`."""
     done: list = []
     while True:
-        try:
-            again = plan_repair(rp.root, cut=rp.cut)
-        except RepairRefused:
-            return  # what is left, verify shows
+        checked = check_dir(rp.root)
+        _, report, scans = checked
+        if report.status == "unrepairable":
+            rp.left = f"unrepairable: {_unrepairable(scans)}"
+            return
+        again = plan_repair(rp.root, cut=rp.cut, checked=checked)
         todo = [f for f in again.files if f.actions(rp.cut)]
         if not todo or todo == done:
             return

@@ -127,7 +127,10 @@ def _find(paths: list[Path]):
             continue
         tarantool_paths.append(path)
     layout = discover(tarantool_paths, claim)
-    return layout, sorted(set(roots))
+    unique: dict[str, Path] = {}  # a directory reached twice (a link, another spelling) is checked once
+    for root in roots:
+        unique.setdefault(os.path.realpath(root), root)
+    return layout, sorted(unique.values())
 
 
 def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:

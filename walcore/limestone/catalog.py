@@ -53,7 +53,7 @@ def parse_catalog(text: bytes) -> Catalog:
             key, args = words[0], words[1:]
             try:
                 if key == b"COMPACTED_FILE":
-                    catalog.compacted_files[os.fsdecode(args[0])] = _int(args[1])
+                    catalog.compacted_files[os.fsdecode(args[0])] = _int(args[1], signed=True)
                 elif key == b"DETACHED_PWAL":
                     catalog.detached_pwals.append(os.fsdecode(args[0]))
                 elif key == b"MAX_EPOCH_ID":
@@ -73,8 +73,13 @@ def parse_catalog(text: bytes) -> Catalog:
     raise CatalogError(len(text), f"the catalog does not end with {FOOTER.decode()}: it was cut short")
 
 
-def _int(word: bytes) -> int:
+def _int(word: bytes, signed: bool = False) -> int:
+    """A 64-bit unsigned (or 32-bit signed) integer as `istream >>` reads one: a value that does not fit
+    fails the read."""
     m = _LEADING_INT.match(word)
     if m is None:
         raise ValueError
-    return int(m[0])
+    value = int(m[0])
+    if not (-(1 << 31) <= value < (1 << 31) if signed else abs(value) < (1 << 64)):
+        raise ValueError
+    return value

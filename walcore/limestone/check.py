@@ -16,7 +16,7 @@ from pathlib import Path
 from ..findings import FindingList
 from .catalog import CATALOG_BACKUP, CATALOG_NAME, Catalog, CatalogError, parse_catalog
 from .epoch import EPOCH_NAME, scan_epoch
-from .layout import DERIVED, blob_path, is_live, kind_of
+from .layout import DERIVED, ROTATED_EPOCH, blob_path, is_live, kind_of
 from .manifest import MANIFEST_NAME, Manifest, ManifestError, parse_manifest
 from .scan import BROKEN_AFTER_MARKED, DURABLE_COUNT_NAMES, OK, REPAIRED, STATUS_OF_CODE, PwalScan, scan_pwal
 
@@ -182,11 +182,20 @@ def _read_manifest(plan: DirPlan, f: LimestoneFile | None) -> None:
 
 def _read_epochs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:
     """The durable epoch: the highest record of `epoch`, or, when it has none, of every other `epoch*`
-    file (limestone's last_durable_epoch_in_dir, which reads those only then)."""
+    file (limestone's last_durable_epoch_in_dir, which reads those only then). Rotated epoch files
+    (`epoch.<ms14>.<E>`, part of a backup) are checked either way; other `epoch*` names only when read."""
     report = plan.report
+    epoch_files = [f for f in entries.values() if f.kind in ("epoch", "epoch_rotated")]
+    main = entries.get(EPOCH_NAME)
+    if main is not None:
+        epoch_files.remove(main)
+        epoch_files.insert(0, main)
     highest: dict[str, int | None] = {}
-    for name, f in entries.items():
-        if f.kind not in ("epoch", "epoch_rotated"):
+    fallback = True
+    for f in epoch_files:
+        name = Path(f.path).name
+        if f is not main and not fallback and not ROTATED_EPOCH.fullmatch(name):
+            plan.ignored.append(Path(f.path))  # limestone never reads it (and deletes it at start)
             continue
         data = _read(f)
         if data is not None:
@@ -195,23 +204,22 @@ def _read_epochs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:
             f.rows = scan.records
             if scan.durable_epoch is not None:
                 f.epoch_range = [scan.min_epoch, scan.durable_epoch]
-            highest[name] = scan.durable_epoch
+            highest[name] = None if f.findings else scan.durable_epoch
         if f.findings:
             f.status = "damaged"
-            highest[name] = None
-        elif name == EPOCH_NAME:
+        elif f is main:
             f.status = "open"
+        if f is main:  # limestone reads the others only when `epoch` is read whole and has no record
+            fallback = highest.get(name) is None and not f.findings
+        if f is main or fallback:
+            if f.findings:
+                report.findings.add("unreadable_epoch", f.findings[0].offset, f"{name}: {f.findings[0].message}; "
+                                    f"the durable epoch cannot be known", f.path)
+                report.status = "cannot_check"
         plan.files.append(f)
-    main = entries.get(EPOCH_NAME)
-    read = [main] if main is not None and highest.get(EPOCH_NAME) is not None else [
-        f for f in entries.values() if f.kind in ("epoch", "epoch_rotated")]
-    unreadable = [f for f in read if f.findings]
-    for f in unreadable:
-        report.findings.add("unreadable_epoch", f.findings[0].offset, f"{Path(f.path).name}: "
-                            f"{f.findings[0].message}; the durable epoch cannot be known", f.path)
-        report.status = "cannot_check"
-    if not unreadable:
-        report.durable_epoch = max((highest[Path(f.path).name] or 0 for f in read), default=0)
+    if report.status != "cannot_check":
+        read = [main] if not fallback else epoch_files
+        report.durable_epoch = max((highest.get(Path(f.path).name) or 0 for f in read), default=0)
 
 
 def _read_catalogs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:

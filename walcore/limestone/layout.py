@@ -14,6 +14,7 @@ from .epoch import EPOCH_NAME
 from .manifest import MANIFEST_NAME
 
 BLOB_NAME = re.compile(r"[0-9a-f]{16}\.blob")
+ROTATED_EPOCH = re.compile(r"epoch\.\d{14}\.\d+")  # what limestone names a rotated epoch file
 # Work and derived parts limestone rebuilds itself: never backed up, not checked.
 DERIVED = ("data", "compaction_temp", "ctrl")
 

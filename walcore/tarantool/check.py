@@ -141,18 +141,12 @@ class Chain:
 def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[Chain]:
     """Check every wal dir's xlog chain and link the data dir's snapshots to it.
 
-    May mark files damaged (an xlog or vylog other than the newest without its EOF marker).
+    May mark files damaged (an xlog other than the newest without its EOF marker).
     """
     snaps = [reports[str(p)] for p in data_dir.snaps]
+    # An open vylog older than the newest is no damage: after a crash, Tarantool starts a new one at the next
+    # checkpoint without reopening the old one when no vinyl space changed meanwhile.
     vylogs = [reports[str(p)] for paths in data_dir.vylog_dirs.values() for p in paths]
-    for paths in data_dir.vylog_dirs.values():
-        for p in paths[:-1]:
-            f = reports[str(p)]
-            if f.status == "open":
-                # Tarantool appends to the newest vylog only, even after a crash, and closes it before the next.
-                f.findings.add("missing_eof", f.size, "a vylog older than the newest has no EOF marker: it was "
-                               "cut short")
-                f.mark_damaged()
     chains = []
     for wal_dir, paths in data_dir.xlog_dirs.items():
         xlogs = [reports[str(p)] for p in paths]
