@@ -137,6 +137,21 @@ def test_exit_2_when_one_path_has_nothing_to_check(command, tmp_path):
 
 
 @require_shared
+def test_a_file_given_by_name_must_be_a_wal_file(tmp_path):
+    # Neither its name nor its meta says what it is: not a WAL file (exit 2), not a damaged one. A renamed
+    # xlog still says what it is in its meta.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a WAL\n")
+    proc = run_cli("verify", notes)
+    assert proc.returncode == 2 and "no WAL files" in proc.stderr, proc.stdout
+    renamed = tmp_path / "backup.bin"
+    renamed.write_bytes((TARANTOOL_FIXTURES / "concurrent" / "00000000000000000000.xlog").read_bytes())
+    proc = run_cli("verify", "--json", renamed)
+    assert proc.returncode == 0, proc.stderr
+    assert [f["kind"] for f in json.loads(proc.stdout)["files"]] == ["xlog"]
+
+
+@require_shared
 def test_paths_reached_through_symlinks_are_checked(tmp_path):
     # A directory whose WAL files are all symlinks, or that is a link to a directory, holds them all the same.
     real = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "real")

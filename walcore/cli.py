@@ -99,7 +99,8 @@ def _verify(args) -> int:
     report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
     # An empty or wrong directory must not pass for an intact one: every path must hold a file that was checked
     # (found under it, or under where it leads: a file reached twice is listed once, under the first path).
-    checked = [f.path for f in report.files if f.status != "in_progress"] + [d.path for d in report.dirs]
+    # A file of no kind (neither its name nor its meta says one) is not a WAL file.
+    checked = [f.path for f in report.files if f.status != "in_progress" and f.kind] + [d.path for d in report.dirs]
     checked += [os.path.realpath(c) for c in checked]
     if empty := [p for p in args.paths if not any(Path(c).is_relative_to(q) for c in checked
                                                    for q in (p, os.path.realpath(p)))]:
