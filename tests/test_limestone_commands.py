@@ -168,7 +168,8 @@ def test_rotate_and_repair_cannot_check(tmp_path, command):
     before = tree_snapshot(tmp_path)
     proc = run_cli(*command, work)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("walvault: ") and "cannot check" in proc.stderr
+    assert proc.stderr.startswith(("walvault: not rotated: ", "walvault: not repaired: ")), proc.stderr
+    assert MANIFEST in proc.stderr
     assert tree_snapshot(tmp_path) == before
 
 
@@ -284,6 +285,18 @@ def test_repair_refuses_a_catalog_that_is_not_a_file(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == before  # nothing renamed
 
 
+def test_repair_fails_before_any_change_when_it_cannot_save(tmp_path):
+    # The damaged catalog is saved aside before its backup replaces it; when that cannot be done (a file
+    # stands where the directory for saved bytes goes), nothing is changed at all.
+    work = copy_fixture("11-online-compaction", tmp_path)
+    (work / "compaction_catalog").write_bytes(b"garbage\n")
+    (tmp_path / "11-online-compaction.walvault-cut").write_bytes(b"in the way")
+    before = tree_snapshot(tmp_path)
+    proc = run_cli("repair", work, "--apply")
+    assert proc.returncode == 2 and proc.stderr.startswith("walvault: not repaired: "), proc.stderr
+    assert tree_snapshot(tmp_path) == before
+
+
 def test_repair_says_when_it_uncovers_what_it_cannot_mend(tmp_path):
     # Zeros where a header must come hide a damaged durable snippet behind them: marking the zeros as a
     # canceled header (what tglogutil repair does) lets the scan reach it. Repair says so and exits 1.
@@ -389,6 +402,18 @@ def _add_active_session(work: Path, epoch: int) -> bytes:
 
 
 NOW = 1795335762000
+
+
+def test_rotate_refuses_a_stray_epoch_file(tmp_path):
+    # verify ignores epoch_old while epoch has a record (limestone does too); once rotation leaves epoch
+    # empty, limestone would read it for the durable epoch.
+    work = copy_fixture("01-clean", tmp_path)
+    (work / "epoch_old").write_bytes(b"\x04" + (99).to_bytes(8, "little"))
+    assert verdict(work)[0] == 0
+    before = tree_snapshot(tmp_path)
+    proc = run_cli("rotate", work)
+    assert proc.returncode == 1 and "epoch_old" in proc.stderr, proc.stderr
+    assert tree_snapshot(tmp_path) == before
 
 
 def test_rotate_never_overwrites(tmp_path):

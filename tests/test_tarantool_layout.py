@@ -104,6 +104,18 @@ def test_one_directory_reached_twice_is_listed_once(tmp_path):
     assert chains_of(twice) == chains_of(once)
 
 
+def test_one_directory_spelled_two_ways_is_one_chain(tmp_path):
+    # A file named through a link, then its directory by its own name: one chain, not two halves
+    # (the second half would start after the snapshot: a false snapshot_gap).
+    work = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "c")
+    (tmp_path / "link").symlink_to(work, target_is_directory=True)
+    first = sorted(work.glob("*.xlog"))[0].name
+    _, alone = verify_json(work)
+    rc, report = verify_json(tmp_path / "link" / first, work)
+    assert rc == 0
+    assert len(report["chains"]) == 1 and [c[1:] for c in chains_of(report)] == [c[1:] for c in chains_of(alone)]
+
+
 def test_symlink_loop_ends(tmp_path):
     work = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "c")
     (work / "loop").symlink_to(work, target_is_directory=True)

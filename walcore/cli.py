@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             return _repair(args)
         return _state(args)
     except OSError as e:
-        print(f"walvault: cannot check: {e}", file=sys.stderr)
+        print(f"walvault: {_NOT_DONE.get(args.command, 'cannot check')}: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     except LiveError as e:
         print(f"walvault: {_NOT_DONE[args.command]}: {e}", file=sys.stderr)

@@ -111,6 +111,11 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
         if not fresh.needed:
             return fresh
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        # What can fail for reasons outside the log (the directory for saved bytes) comes before any change.
+        if fresh.restore_catalog or any(f.cut_at is not None for f in fresh.files):
+            _cut_dir(root).mkdir(exist_ok=True)
+        if fresh.restore_catalog:
+            _restore_catalog(root, fresh)
         for f in fresh.files:
             if kind_of(f.name) == "pwal" and f.size > 0:
                 f.detach_to = rotated_name(root, f.name, now_ms)
@@ -118,8 +123,6 @@ def apply_repair(rp: RepairPlan, *, now_ms: int | None = None) -> RepairPlan:
                 fsync_dir(root)
         for f in fresh.files:
             _repair_file(root / (f.detach_to or f.name), f, fresh)
-        if fresh.restore_catalog:
-            _restore_catalog(root, fresh)
         _repair_what_it_uncovers(fresh)
         fsync_dir(root)
         fresh.applied = True
@@ -181,10 +184,14 @@ def _overwrite(fh, offset: int, expected) -> None:
     fh.write(bytes([CANCELED_HEADER]))
 
 
+def _cut_dir(root: Path) -> Path:
+    root = root.resolve()  # `.` has no name: the copy would land inside the directory
+    return root.parent / f"{root.name}.walvault-cut"
+
+
 def _save_tail(root: Path, path: Path, offset: int) -> Path:
     """Copy the bytes from `offset` to the end into `<dir>.walvault-cut/`, durably, before any cut."""
-    root = root.resolve()  # `.` has no name: the copy would land inside the directory
-    keep = root.parent / f"{root.name}.walvault-cut"
+    keep = _cut_dir(root)
     keep.mkdir(exist_ok=True)
     target = keep / f"{path.name}.{offset}"
     n = 1

@@ -52,6 +52,10 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
         if report.status != "ok":
             reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
             raise RotateRefused(f"{root}: {reasons} (run walvault verify; repair first if it says so)", report.status)
+        if stray := [p.name for p in plan.ignored if p.name.startswith(EPOCH_NAME)]:
+            # Once `epoch` is rotated away and empty, limestone reads every epoch* file for the durable epoch.
+            raise RotateRefused(f"{root}: {', '.join(stray)} would be read for the durable epoch once epoch is "
+                                f"rotated; move it aside first", report.status)
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         result = Rotation(str(root))
         renames = []

@@ -72,9 +72,14 @@ def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
             raise OSError(f"{path}: not a regular file")
         else:
             raise FileNotFoundError(f"{path}: no such file or directory")
+    # Each real file once, and each real directory under one spelling (the first met), so that files of one
+    # directory reached two ways still form one chain.
     unique: dict[str, Path] = {}
+    spelling: dict[str, Path] = {}
     for p in files:
-        unique.setdefault(os.path.realpath(p), p)
+        real = os.path.realpath(p)
+        if real not in unique:
+            unique[real] = spelling.setdefault(os.path.realpath(p.parent), p.parent) / p.name
     files = list(unique.values())
     return Layout(files, _group(files), ignored)
 
