@@ -144,9 +144,9 @@ def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[C
     May mark files damaged (an xlog other than the newest without its EOF marker).
     """
     snaps = [reports[str(p)] for p in data_dir.snaps]
-    # An open vylog older than the newest is no damage: after a crash, Tarantool starts a new one at the next
-    # checkpoint without reopening the old one when no vinyl space changed meanwhile.
-    vylogs = [reports[str(p)] for paths in data_dir.vylog_dirs.values() for p in paths]
+    # (An open vylog older than the newest is no damage: after a crash, Tarantool starts a new one at the next
+    # checkpoint without reopening the old one when no vinyl space changed meanwhile.)
+    vylogs = [reports[str(p)] for p in data_dir.vylogs]
     chains = []
     for wal_dir, paths in data_dir.xlog_dirs.items():
         xlogs = [reports[str(p)] for p in paths]

@@ -34,7 +34,7 @@ class DataDir:
     path: Path
     xlog_dirs: dict[Path, list[Path]] = field(default_factory=dict)  # wal dir -> xlogs, oldest first
     snaps: list[Path] = field(default_factory=list)  # oldest first
-    vylog_dirs: dict[Path, list[Path]] = field(default_factory=dict)  # vinyl dir -> vylogs, oldest first
+    vylogs: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -109,10 +109,10 @@ def _group(files: list[Path]) -> list[DataDir]:
             key = parent if one_data_dir else d
             group = groups.setdefault(key, DataDir(key))
             order = sorted(by_dir[d], key=lambda p: (name_number(p) is None, name_number(p) or 0, p.name))
-            for kind, where in (("xlog", group.xlog_dirs), ("vylog", group.vylog_dirs)):
-                if same := [p for p in order if kind_of(p)[0] == kind]:
-                    where[d] = same
+            if xlogs := [p for p in order if kind_of(p)[0] == "xlog"]:
+                group.xlog_dirs[d] = xlogs
             group.snaps += [p for p in order if kind_of(p)[0] == "snap"]
+            group.vylogs += [p for p in order if kind_of(p)[0] == "vylog"]
     for group in groups.values():
         group.snaps.sort(key=lambda p: (name_number(p) or 0, p.name))
     return [groups[k] for k in sorted(groups)]
