@@ -338,7 +338,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-SCAN_FIELDS = ("size", "code", "max_epoch", "min_epoch", "durable", "entries", "snippets", "blob_refs", "findings",
+SCAN_FIELDS = ("size", "code", "max_epoch", "min_epoch", "durable", "entries", "snippets", "missing_blobs", "findings",
                "marks", "tail_mark", "cut_at", "repair_code", "canceled_tail")
 
 

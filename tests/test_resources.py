@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import tracemalloc
+from array import array
 
+from walcore.limestone import writer
+from walcore.limestone.pwal import PUT_BLOB
+from walcore.limestone.scan import MISSING_BLOBS, scan_pwal
 from walcore.tarantool.writer import generate_wal
 from walcore.tarantool.xlog import scan_file
 
@@ -26,6 +30,30 @@ def test_memory_does_not_grow_with_file_size(tmp_path):
     assert large_size > 3 * small.stat().st_size
     assert peaks["large"] < min(8 << 20, large_size / 4)
     assert peaks["large"] < 1.5 * peaks["small"] + (1 << 20)
+
+
+def test_memory_does_not_grow_with_a_huge_blob_count(tmp_path):
+    """A put_blob entry whose id count (damaged, or just huge) still fits in the file refers to millions of
+    blobs: they are read in chunks and only the missing ones a report can list are kept."""
+    n = 2_000_000
+    entry = bytearray(writer.put(100, b"k", b"v", (1, 1), blob_ids=(7,)))
+    count_at = len(entry) - 8 - 4
+    assert int.from_bytes(entry[count_at:count_at + 4], "little") == 1
+    entry[count_at:count_at + 4] = n.to_bytes(4, "little")
+    log = writer.LogDir(tmp_path / "log")
+    log.session(0, 1, [bytes(entry[:count_at + 4]) + array("Q", range(1, n + 1)).tobytes()])
+    log.make_durable(1)
+    log.close()
+    pwal = tmp_path / "log" / "pwal_0000"
+    assert pwal.stat().st_size > 8 * n
+    for on_durable in (None, lambda e: None):  # the fast walk, and the exact one
+        tracemalloc.start()
+        scan = scan_pwal(pwal, 1, on_durable)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert scan.durable == {PUT_BLOB: 1} and scan.findings == []
+        assert sorted(scan.missing_blobs) == list(range(1, MISSING_BLOBS + 1))
+        assert peak < 4 << 20, peak  # the ids alone are 16 MB; as Python ints in a tuple, 80 MB more
 
 
 def test_cli_imports_no_airflow_or_spark():

@@ -272,7 +272,7 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
     report = plan.report
     files = list(plan.files)
     code = OK
-    blob_refs: dict[int, tuple[str, int]] = {}
+    missing_blobs: dict[int, tuple[str, int]] = {}
     instance = report.manifest.instance_uuid if report.manifest else None
     max_epoch = report.durable_epoch
     for path in plan.pwal_paths:
@@ -291,8 +291,8 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
             report.durable_entries[DURABLE_COUNT_NAMES[t]] += n
         for k, n in scan.snippets.items():
             report.snippets[k] += n
-        for blob, offset in scan.blob_refs.items():
-            blob_refs.setdefault(blob, (str(path), offset))
+        for blob, offset in scan.missing_blobs.items():
+            missing_blobs.setdefault(blob, (str(path), offset))
         status = "damaged" if scan.findings or file_code not in (OK, REPAIRED) else (
             "open" if kind == "pwal" else "ok")
         files.append(LimestoneFile(str(path), kind, status, scan.size, scan.entries, sum(scan.snippets.values()),
@@ -302,12 +302,10 @@ def finish(plan: DirPlan, scans: dict[str, PwalScan]) -> tuple[LimestoneDir, lis
     if report.status != "cannot_check":
         report.max_appeared_epoch = max_epoch
         report.worsen(STATUS_OF_CODE[code])
-        for blob, (path, offset) in sorted(blob_refs.items()):
-            where = blob_path(plan.root, blob)
-            if not where.exists() and not (plan.root / where.name).exists():
-                # Not part of the log's status (tglogutil never looks at blobs), but a finding all the same.
-                report.findings.add("missing_blob", offset, f"blob {blob} is referred to by a durable put but "
-                                    f"{where.relative_to(plan.root)} does not exist", path)
+        for blob, (path, offset) in sorted(missing_blobs.items()):
+            # Not part of the log's status (tglogutil never looks at blobs), but a finding all the same.
+            report.findings.add("missing_blob", offset, f"blob {blob} is referred to by a durable put but "
+                                f"{blob_path(plan.root, blob).relative_to(plan.root)} does not exist", path)
     files.sort(key=lambda f: f.path)
     return report, files
 

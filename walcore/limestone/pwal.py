@@ -27,6 +27,7 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _WV = struct.Struct("<QQ")
 _STORAGE_OP = struct.Struct("<QQQ")  # storage_id, wv_major, wv_minor
+BLOB_IDS_CHUNK = 64 << 10
 _END = struct.Struct("<QB")  # epoch, crc_type
 
 CHUNK = 1 << 20
@@ -44,7 +45,8 @@ class Entry(NamedTuple):
     value: bytes | None = None
     wv_major: int | None = None
     wv_minor: int | None = None
-    blob_ids: tuple[int, ...] = ()
+    blob_count: int = 0  # put_blob: its blob ids are blob_count u64s at blob_ids_at (see read_blob_ids)
+    blob_ids_at: int | None = None
     crc_type: int | None = None  # snippet end
 
 
@@ -95,6 +97,14 @@ class _Buffer:
             self.buf, self.base, self.i = b"", pos, 0
 
 
+def read_blob_ids(fd: int, at: int, count: int):
+    """The `count` u64 blob ids at file offset `at`, read in bounded chunks (a damaged count can be huge)."""
+    step = BLOB_IDS_CHUNK // 8
+    for first in range(0, count, step):
+        n = min(step, count - first)
+        yield from struct.unpack(f"<{n}Q", os.pread(fd, 8 * n, at + 8 * first))
+
+
 def iter_entries(path, *, with_data: bool = False, start: int = 0):
     """Yield each Entry of a pwal file in order, then a Broken if the file does not end on an entry
     boundary. Never raises on bad data (only OSError)."""
@@ -118,7 +128,7 @@ def iter_entries(path, *, with_data: bool = False, start: int = 0):
                 if end + (4 if kind == PUT_BLOB else 0) > size:
                     yield _short(pos, kind, size)
                     return
-                blob_ids: tuple[int, ...] = ()
+                count, ids_at = 0, None
                 if with_data:
                     b.i += fixed
                     key = b.take(key_len)
@@ -140,10 +150,9 @@ def iter_entries(path, *, with_data: bool = False, start: int = 0):
                     if end > size:
                         yield _short(pos, kind, size)
                         return
-                    b.i += 4
-                    blob_ids = struct.unpack(f"<{count}Q", b.take(8 * count))
+                    ids_at = end - 8 * count
                 b.skip_to(end)
-                yield Entry(pos, kind, end - pos, None, storage, key, value, major, minor, blob_ids)
+                yield Entry(pos, kind, end - pos, None, storage, key, value, major, minor, count, ids_at)
             elif kind == REMOVE:
                 if not b.ensure(13):
                     yield _short(pos, kind, size)

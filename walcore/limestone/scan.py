@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..findings import FindingList
+from .layout import blob_path
 from .pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE, DURABLE_EPOCH, ENTRY_NAMES, PUT, PUT_BLOB, REMOVE,
-                   REMOVE_STORAGE, SNIPPET_END, SNIPPET_HEADER, Broken, iter_entries)
+                   REMOVE_STORAGE, SNIPPET_END, SNIPPET_HEADER, Broken, iter_entries, read_blob_ids)
 
 # limestone's parse error codes, in its order of severity (the worst one per file wins).
 OK, REPAIRED, TOBE_CUT, BROKEN_AFTER_MARKED, NONDURABLE, BROKEN_AFTER, CORRUPTED, UNEXPECTED = (
@@ -31,6 +33,9 @@ DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR
 _NO_EPOCH = (1 << 64) - 1
 _CHUNK = 256 << 10
 _FIELDS = struct.Struct("<II")
+# More missing blobs than a report lists (FindingList.limit) need not be remembered.
+MISSING_BLOBS = FindingList.limit + 1
+_PRESENT_CACHE = 1 << 16
 
 
 @dataclass
@@ -43,7 +48,9 @@ class PwalScan:
     durable: dict[int, int] = field(default_factory=dict)  # entry type -> count in durable snippets
     entries: int = 0  # every entry read, headers included
     snippets: dict[str, int] = field(default_factory=lambda: {"durable": 0, "nondurable": 0, "canceled": 0})
-    blob_refs: dict[int, int] = field(default_factory=dict)  # blob id -> offset of a durable put referring to it
+    # blob id -> offset of the first durable put referring to it, for blobs whose file is missing (at most
+    # MISSING_BLOBS of them: a damaged id count can refer to millions)
+    missing_blobs: dict[int, int] = field(default_factory=dict)
     findings: FindingList = field(default_factory=FindingList)
     # What `tglogutil repair` would write: headers to cancel (2 -> 6), and the broken tail.
     marks: list[int] = field(default_factory=list)
@@ -71,6 +78,42 @@ def scan_pwal(path, durable_epoch: int, on_durable=None) -> PwalScan:
     return _scan_exact(path, durable_epoch, on_durable)
 
 
+class _BlobCheck:
+    """Whether the blobs durable puts refer to have their files, in bounded memory: ids found present are
+    remembered up to a limit (then forgotten and looked up again), missing ones up to MISSING_BLOBS."""
+
+    def __init__(self, path, missing: dict[int, int]):
+        self.path = path
+        self.root = Path(path).parent  # blob/dir_NN/<id>.blob, or at the top in a flat backup copy
+        self.missing = missing
+        self.present: set[int] = set()
+        self.file = None  # the pwal file, for check_ids_at
+
+    def check_ids_at(self, at: int, count: int, offset: int) -> None:
+        """Check the `count` blob ids stored at `at` in the pwal file."""
+        if self.file is None:
+            self.file = open(self.path, "rb", buffering=0)
+        self.check(read_blob_ids(self.file.fileno(), at, count), offset)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def check(self, blob_ids, offset: int) -> None:
+        for blob in blob_ids:
+            if len(self.missing) >= MISSING_BLOBS:
+                return  # more than a report lists: the rest need no look
+            if blob in self.present or blob in self.missing:
+                continue
+            where = blob_path(self.root, blob)
+            if where.exists() or (self.root / where.name).exists():
+                if len(self.present) >= _PRESENT_CACHE:
+                    self.present.clear()
+                self.present.add(blob)
+            else:
+                self.missing[blob] = offset
+
+
 def _nondurable(scan: PwalScan, offset: int, epoch: int, durable_epoch: int) -> None:
     scan.snippets["nondurable"] += 1
     scan.marks.append(offset)
@@ -86,6 +129,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         scan = PwalScan(str(path), size)
+        blobs = _BlobCheck(path, scan.missing_blobs)
         counts = [0] * 11  # durable entries per type, puts and removes aside
         puts = removes = entries = durable = canceled = 0
         valid, first, markers_seen = True, True, False
@@ -166,9 +210,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                     return None
                 if valid:
                     counts[kind] += 1
-                    ids = os.pread(f.fileno(), 8 * count, pos + n + 4)
-                    for j in range(0, 8 * count, 8):
-                        scan.blob_refs.setdefault(int.from_bytes(ids[j:j + 8], "little"), pos)
+                    blobs.check(read_blob_ids(f.fileno(), pos + n + 4, count), pos)
                 i += n + 4 + 8 * count
             else:
                 return None
@@ -196,6 +238,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
 def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
     """The walk of anything, entry by entry, following limestone's state machine (see the module doc)."""
     scan = PwalScan(str(path), os.path.getsize(path))
+    blobs = _BlobCheck(path, scan.missing_blobs)
     ld = durable_epoch
     valid, first, marked_before = True, True, False
     cur, snip = _NO_EPOCH, 0
@@ -274,8 +317,7 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
                 if on_durable is not None:
                     on_durable(e)
                 if kind == PUT_BLOB:
-                    for blob in e.blob_ids:
-                        scan.blob_refs.setdefault(blob, e.offset)
+                    blobs.check_ids_at(e.blob_ids_at, e.blob_count, e.offset)
         elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
             if open_durable is not None and markers_seen:
                 unclosed()
@@ -309,4 +351,5 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
         if open_durable is not None and markers_seen:
             unclosed()
     scan.code, scan.repair_code = codes
+    blobs.close()
     return scan
