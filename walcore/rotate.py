@@ -77,7 +77,7 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
             os.rename(root / old, root / new)
             fsync_dir(root)
             result.renamed.append((old, new))
-        if renames and not epoch.exists() and any(old == EPOCH_NAME for old, _ in renames):
+        if any(old == EPOCH_NAME for old, _ in renames):
             # limestone starts a new, empty epoch file at rotation; the durable epoch now comes from the
             # rotated one until the next record is written.
             fd = os.open(epoch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -185,11 +185,10 @@ def _read_epochs(plan: DirPlan, entries: dict[str, LimestoneFile]) -> None:
     file (limestone's last_durable_epoch_in_dir, which reads those only then). Rotated epoch files
     (`epoch.<ms14>.<E>`, part of a backup) are checked either way; other `epoch*` names only when read."""
     report = plan.report
-    epoch_files = [f for f in entries.values() if f.kind in ("epoch", "epoch_rotated")]
     main = entries.get(EPOCH_NAME)
-    if main is not None:
-        epoch_files.remove(main)
-        epoch_files.insert(0, main)
+    # `epoch` first: whether the others are read depends on it
+    epoch_files = sorted((f for f in entries.values() if f.kind in ("epoch", "epoch_rotated")),
+                         key=lambda f: f is not main)
     highest: dict[str, int | None] = {}
     fallback = True
     for f in epoch_files:
