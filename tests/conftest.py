@@ -36,6 +36,9 @@ TARANTOOL_FIXTURES = SHARED / "fixtures" / "tarantool"
 require_shared = pytest.mark.skipif(
     not TARANTOOL_FIXTURES.is_dir(),
     reason=f"shared fixtures not found at {TARANTOOL_FIXTURES} (the repo expects ../shared beside it)")
+LIMESTONE_FIXTURES = SHARED / "fixtures" / "limestone"
+require_limestone = pytest.mark.skipif(
+    not (LIMESTONE_FIXTURES / "README.md").is_file(), reason=f"limestone fixtures not found at {LIMESTONE_FIXTURES}")
 require_tarantool = pytest.mark.skipif(
     tarantool_real.TARANTOOL is None,
     reason="real Tarantool not installed: `tarantool` is not on PATH (Debian: apt-get install -y tarantool)")
@@ -89,6 +92,11 @@ def crashed_instance(tmp_path_factory) -> Path:
         pytest.skip("real Tarantool not installed: `tarantool` is not on PATH")
     return tarantool_real.generate_instance(tmp_path_factory.mktemp("crashed-instance"),
                                             wal_max_size=16384, scale=2, crash=True)
+
+
+def copy_limestone_fixture(name: str, tmp_path: Path, as_name: str | None = None) -> Path:
+    """A writable copy of a limestone fixture directory, at tmp_path/<as_name or name>."""
+    return copy_tree(LIMESTONE_FIXTURES / name, tmp_path / (as_name or name))
 
 
 def tree_snapshot(root: Path) -> dict:

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, copy_tree, run_cli, tree_snapshot
+from conftest import LIMESTONE_FIXTURES as FIXTURES
+from conftest import require_limestone, run_cli, tree_snapshot
+from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 from walcore.rotate import RotateRefused, rotate
 
-FIXTURES = SHARED / "fixtures" / "limestone"
 README = FIXTURES / "README.md"
 MANIFEST = "limestone-manifest.json"
 MS14 = r"\d{14}"
 
-pytestmark = pytest.mark.skipif(not README.is_file(), reason=f"limestone fixtures not found at {FIXTURES}")
+pytestmark = require_limestone
 
 
 # --------------------------------------------------------------------------- helpers
@@ -48,10 +49,6 @@ AUTO_REPAIRABLE = sorted(n for n, s in STATUSES.items() if s == "auto-repairable
 def tsv(rows) -> str:
     """rows of (storage, key bytes, value bytes), sorted as the README says: storage_id, then key bytes."""
     return "".join(f"{s}\t{k.hex()}\t{v.hex()}\n" for s, k, v in sorted(rows))
-
-
-def copy_fixture(name: str, tmp_path: Path, as_name: str | None = None) -> Path:
-    return copy_tree(FIXTURES / name, tmp_path / (as_name or name))
 
 
 def state(path: Path) -> str:

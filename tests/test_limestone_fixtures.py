@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, copy_tree, run_cli, tree_snapshot
+from conftest import LIMESTONE_FIXTURES as FIXTURES
+from conftest import require_limestone, run_cli, tree_snapshot
+from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 
-FIXTURES = SHARED / "fixtures" / "limestone"
 README = FIXTURES / "README.md"
 MANIFEST = "limestone-manifest.json"
 
-pytestmark = pytest.mark.skipif(not README.is_file(), reason=f"limestone fixtures not found at {FIXTURES}")
+pytestmark = require_limestone
 
 STATUS = {"OK": "ok", "auto-repairable": "repairable", "unrepairable": "unrepairable"}
 DIR_KEYS = {"path", "family", "format_version", "persistent_format_version", "live", "status", "durable_epoch",
@@ -86,10 +87,6 @@ def epoch_records(path: Path) -> list[int]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def copy_fixture(name: str, tmp_path: Path) -> Path:
-    return copy_tree(FIXTURES / name, tmp_path / name)
 
 
 def verify_json(path: Path, *extra, command: str = "verify"):

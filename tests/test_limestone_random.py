@@ -34,7 +34,7 @@ import pytest
 
 import limestone_model as model
 from limestone_bytes import walk
-from conftest import SHARED, copy_tree, run_cli
+from conftest import copy_limestone_fixture, require_limestone, run_cli
 from limestone_model import (ADD, CLEAR, EPOCH_RECORD, OK, PUT, PUT_BLOB, REMOVE, REMOVE_STORAGE, REPAIRABLE,
                              UNREPAIRABLE, Op, PartialHeader, Session, Stray, Workload, ZeroTail)
 from walcore.limestone import pwal, writer
@@ -44,8 +44,6 @@ from walcore.repair import RepairRefused, apply_repair, plan_repair
 from walcore.state import StateRefused, directory_state
 from walcore.verify import verify_paths
 
-LIMESTONE = SHARED / "fixtures" / "limestone"
-require_limestone = pytest.mark.skipif(not LIMESTONE.is_dir(), reason=f"no limestone fixtures at {LIMESTONE}")
 
 N_SEEDS = 300
 LEVEL = {OK: 0, REPAIRABLE: 1, UNREPAIRABLE: 2}
@@ -645,7 +643,7 @@ class Stats(Counter):
 @require_limestone
 @pytest.mark.parametrize("fixture,chunk", [(f, c) for f in DAMAGE_FIXTURES for c in range(CHUNKS)])
 def test_damaged_fixture(fixture: str, chunk: int, tmp_path: Path):
-    work = copy_tree(LIMESTONE / fixture, tmp_path / fixture)
+    work = copy_limestone_fixture(fixture, tmp_path)
     base = Baseline(work)
     stats = Stats()
     for i in range(chunk, DAMAGE_FIXTURES[fixture], CHUNKS):
@@ -785,7 +783,7 @@ def test_put_type_byte_flipped_to_canceled_in_a_detached_file(tmp_path: Path):
     limestone ignores what follows a canceled header in a detached file (spec 1.3), so tglogutil
     says OK although two durable entries are gone. walvault sees that the durable snippet before it
     has no end marker although the file's sessions end with one, and calls it unrepairable."""
-    work = copy_tree(LIMESTONE / "10-backup-source", tmp_path / "dir")
+    work = copy_limestone_fixture("10-backup-source", tmp_path, "dir")
     path = work / "pwal_0000.01795335762219.0"
     data = bytearray(path.read_bytes())
     assert data[152] == model.T_PUT  # the epoch-2 put of 100/"k1"
