@@ -410,6 +410,24 @@ def test_row_without_key_is_missing_row_key(fixtures, tmp_path, rel, block, row,
     assert f.rows == count_rows(data, fr.blocks) - len(rows) + row
 
 
+def test_header_that_is_an_array_is_bad_row(fixtures, tmp_path):
+    """A row header packed as an array whose items read like a map's keys (type, 4, replica_id, lsn)
+    is no map: Tarantool refuses it, and so must the fast walk, not only the exact one."""
+    data, fr = baseline(fixtures, XLOG_CONC)
+    blk = fr.blocks[3]
+    rows = split_rows(block_rows(data, blk))
+    row = rows[4]
+    h = row.header
+    assert set(h) == {0, 2, 3, 4}, h  # a single-statement row, the fast walk's common case
+    header = msgpack.packb([h[0], 4, h[2], h[3]])
+    new_row = header + row.raw[row.body_offset - row.offset:]
+    new_rows = b"".join(r.raw for r in rows[:4]) + new_row + b"".join(r.raw for r in rows[5:])
+    f = verdict(write(tmp_path / "x.xlog", replace_payload(data, blk, new_rows)))
+    shift = len(new_rows) - blk.length
+    assert_findings(f, [("bad_row", blk.pos + HEADER + row.offset)], [("lsn_gap", fr.blocks[4].pos + shift)])
+    assert "not a map" in f.findings[0].message
+
+
 # ---------------------------------------------------------------------------------------------
 # Broken framing: resynchronisation
 # ---------------------------------------------------------------------------------------------

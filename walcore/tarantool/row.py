@@ -216,7 +216,8 @@ class RowWalker:
         # under a valid CRC, and finding it in every row would cost this walk a tenth of its speed).
         # A header of exactly type, replica_id, lsn and timestamp (a single-statement transaction: most rows)
         # needs no look at tsn, flags and group_id; `h[REPLICA_ID]` leaves local rows (component 0, no
-        # replica_id) to the exact walk.
+        # replica_id) to the exact walk. `h[TIMESTAMP]` (not `TIMESTAMP in h`) also stops a header that is
+        # a 4-item array, which `h[LSN]` and the rest would read by position (longer ones have no `get`).
         skip = unpacker.skip
         h = next(unpacker)
         first = last = h[LSN]
@@ -229,7 +230,7 @@ class RowWalker:
             last += 1
             if h[LSN] ^ last or h[REPLICA_ID] ^ comp or not h[TYPE] ^ NOP:
                 raise _GiveUp
-            if (len(h) != 4 or TIMESTAMP not in h) and (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
+            if (len(h) != 4 or h[TIMESTAMP] is None) and (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
                 raise _GiveUp
             skip()
         return last - first + 1, comp, first, last, first, last, commits(h)
