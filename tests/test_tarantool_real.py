@@ -422,3 +422,40 @@ def test_tarantool_refuses_the_same_xlog_with_one_byte_changed(tmp_path):
     result = tr.start_recovery(work)
     assert not result.started
     assert "checksum" in (result.error or "") + result.log
+
+
+# --------------------------------------------------------------------------- vinyl runs the vylog needs
+
+
+def _runs(instance: Path, index: int) -> list[Path]:
+    return sorted((instance / "vinyl" / "513" / str(index)).glob("*.run"))
+
+
+@pytest.mark.parametrize("suffix", [".run", ".index"])
+def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instance, tmp_path, suffix):
+    work = copy_tree(real_instance, tmp_path / "data")
+    newest_run = _runs(work, 0)[-1].with_suffix(suffix)  # the output of the last dump or compaction: in use
+    newest_run.unlink()
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    vylog = sorted((work / "vinyl").glob("*.vylog"))[-1]
+    f = next(f for f in report["files"] if f["path"].endswith(vylog.name))
+    assert f["status"] == "damaged"
+    assert [(x["code"], x["message"].split(" is missing")[0].rsplit(" ", 1)[-1]) for x in f["findings"]] == \
+        [("missing_run_file", f"513/0/{newest_run.name}")]
+    assert [x["code"] for x in report["chains"][0]["findings"]] == ["damaged_file"]
+    result = tr.start_recovery(work)
+    assert not result.started, result.log
+    assert newest_run.name in (result.error or ""), result.error
+
+
+def test_missing_run_that_compaction_replaced_is_no_finding_and_tarantool_starts(real_instance, tmp_path):
+    work = copy_tree(real_instance, tmp_path / "data")
+    oldest = _runs(work, 0)[0]  # merged into a newer run by compaction, kept only until garbage collection
+    oldest.unlink()
+    oldest.with_suffix(".index").unlink()
+    proc = run_cli("verify", work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = tr.start_recovery(work)
+    assert result.ok, result.error

@@ -173,13 +173,15 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
             tracker.advance(unit_bytes(unit))
     reports: dict[str, TarantoolFile] = {}
     if layout.files:
-        from .tarantool.check import check_chains, file_verdict, in_progress_file
+        from .tarantool.check import check_chains, check_vinyl, file_verdict, in_progress_file
     for p in layout.files:
         key = str(p)
         if key in results:
             reports[key] = file_verdict(_join(key, [(u[2], u[3], r) for u, r in results[key]]))
         else:
             reports[key] = in_progress_file(p, sizes[key])
+    for d in layout.data_dirs:
+        check_vinyl(d, reports, layout.walked)
     chains = [c for d in layout.data_dirs for c in check_chains(d, reports)]
     files: list = [reports[str(p)] for p in layout.files]
     dirs = []

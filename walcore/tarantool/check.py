@@ -6,6 +6,7 @@ Built from `xlog.FileScan` results; the links checked are those that Tarantool i
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 from ..findings import FindingList
 from .layout import DataDir, kind_of, name_number
 from .meta import Vclock, format_vclock, vclock_sum
-from .xlog import SEALED_KINDS, FileScan
+from .vinyl import VylogError, needed_runs
+from .xlog import SEALED_KINDS, FileScan, read_rows
 
 
 @dataclass
@@ -161,7 +163,7 @@ def check_chains(data_dir: DataDir, reports: dict[str, TarantoolFile]) -> list[C
             findings.add("instance_mismatch", None, f"files of {len(instances)} instances are mixed: "
                          + ", ".join(sorted(instances)) + f"; {Path(stray.path).name} is not of {most}, as most are",
                          stray.path)
-        for f in xlogs + snaps:
+        for f in xlogs + snaps + vylogs:
             if f.status == "damaged":
                 findings.add("damaged_file", None, f"{Path(f.path).name} is damaged", f.path)
         chains.append(Chain(str(wal_dir), "damaged" if findings else "ok", findings,
@@ -225,3 +227,35 @@ def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: Fi
                          f"{Path(first.path).name} starts at {format_vclock(first.vclock)}: the xlogs between are "
                          "missing, so this snapshot cannot be replayed forward", first.path)
     return out
+
+
+def check_vinyl(data_dir: DataDir, reports: dict[str, TarantoolFile], walked: set[str]) -> None:
+    """Check that the run files the newest vylog needs exist; what is missing is a finding of that vylog.
+
+    Only when its vinyl dir was checked as a directory (`walked` holds the real paths of those): a vylog
+    given alone is checked as a file, and older vylogs name runs that garbage collection may have removed
+    since, rightly. A damaged vylog is not followed: its own findings say enough.
+    """
+    if not data_dir.vylogs:
+        return
+    newest = data_dir.vylogs[-1]
+    vylog = reports[str(newest)]
+    if vylog.status not in ("ok", "open") or os.path.realpath(newest.parent) not in walked:
+        return
+    try:
+        needed = needed_runs((pos, row.body) for pos, row in read_rows(newest, stop=vylog.size))
+    except VylogError as e:
+        vylog.findings.add("bad_vylog_record", e.offset, f"{e}: Tarantool refuses this vylog")
+        vylog.mark_damaged()
+        return
+    except (ValueError, OSError) as e:  # changed since it was checked
+        vylog.findings.add("unreadable_file", None, f"cannot read the vylog again to follow its runs: {e}")
+        vylog.mark_damaged()
+        return
+    for run in needed or ():
+        for name in run.file_names():
+            if not (newest.parent / name).is_file():
+                vylog.findings.add("missing_run_file", run.offset,
+                                   f"run {run.run_id} of space {run.space_id}, index {run.index_id} is in use, but "
+                                   f"{name} is missing: Tarantool cannot start on this vinyl dir")
+                vylog.mark_damaged()

@@ -42,6 +42,7 @@ class Layout:
     files: list[Path]  # every Tarantool file once, in a stable order
     data_dirs: list[DataDir]
     ignored: list[Path]  # other files met while walking directories
+    walked: set[str] = field(default_factory=set)  # real paths of the directories walked
 
 
 def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
@@ -81,7 +82,7 @@ def discover(paths: list[Path], claimed=lambda d: False) -> Layout:
         if real not in unique:
             unique[real] = spelling.setdefault(os.path.realpath(p.parent), p.parent) / p.name
     files = list(unique.values())
-    return Layout(files, _group(files), ignored)
+    return Layout(files, _group(files), ignored, walked)
 
 
 def _raise(error: OSError) -> None:

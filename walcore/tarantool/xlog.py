@@ -360,14 +360,15 @@ def scan_file(path, *, start: int | None = None, stop: int | None = None, search
         f.close()
 
 
-def read_rows(path):
-    """Yield (block offset, Row) for every row of a file; raise ValueError at the first damage."""
+def read_rows(path, *, stop: int | None = None):
+    """Yield (block offset, Row) for every row of a file, or of its blocks before byte `stop` (the size it
+    had when it was checked: a live instance may be appending); raise ValueError at the first damage."""
     f = _File(path)
     try:
         meta = read_meta(f)
         f.seek(meta.size)
         xlog = meta.kind == "xlog"
-        while True:
+        while stop is None or f.pos < stop:
             pos = f.pos
             head = f.read(FIXHEADER_SIZE)
             if not head or head[:4] == EOF_MAGIC:
