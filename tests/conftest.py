@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -92,6 +93,28 @@ def crashed_instance(tmp_path_factory) -> Path:
         pytest.skip("real Tarantool not installed: `tarantool` is not on PATH")
     return tarantool_real.generate_instance(tmp_path_factory.mktemp("crashed-instance"),
                                             wal_max_size=16384, scale=2, crash=True)
+
+
+def limestone_readme_table() -> dict[str, dict]:
+    """{dir: {status, exit, durable_epoch, max_appeared_epoch, count}} from the limestone fixtures' README:
+    its table of `tglogutil inspect` results and, for 20-random-small, its prose."""
+    text = (LIMESTONE_FIXTURES / "README.md").read_text()
+    rows: dict[str, dict] = {}
+    verdict = re.compile(r"(OK|auto-repairable|unrepairable) \((\d+)\),\s*(\d+),\s*(\d+),\s*(\d+)")
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        m = verdict.fullmatch(cells[-1])
+        assert m, f"README row not understood: {line}"
+        rows[cells[0].strip("`")] = {"status": m[1], "exit": int(m[2]), "durable_epoch": int(m[3]),
+                                     "max_appeared_epoch": int(m[4]), "count": int(m[5])}
+    m = re.search(r"`20-random-small/`.*?`tglogutil inspect`:\s*(OK|auto-repairable|unrepairable) \((\d+)\), "
+                  r"durable (\d+), max appeared (\d+), ([\d,]+) put\+remove entries", text, re.S)
+    assert m, "the README's prose about 20-random-small was not understood"
+    rows["20-random-small"] = {"status": m[1], "exit": int(m[2]), "durable_epoch": int(m[3]),
+                               "max_appeared_epoch": int(m[4]), "count": int(m[5].replace(",", ""))}
+    return rows
 
 
 def copy_limestone_fixture(name: str, tmp_path: Path, as_name: str | None = None) -> Path:

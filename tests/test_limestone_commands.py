@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIMESTONE_FIXTURES as FIXTURES
-from conftest import require_limestone, run_cli, tree_snapshot
+from conftest import limestone_readme_table, require_limestone, run_cli, tree_snapshot
 from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 from walcore.rotate import RotateRefused, rotate
@@ -32,18 +32,8 @@ pytestmark = require_limestone
 # --------------------------------------------------------------------------- helpers
 
 
-def readme_statuses() -> dict[str, str]:
-    """dir -> tglogutil status (OK, auto-repairable, unrepairable), from the README's table."""
-    out = {}
-    for line in README.read_text().splitlines():
-        if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            out[cells[0].strip("`")] = cells[-1].split(" (")[0]
-    return out
-
-
-STATUSES = readme_statuses() if README.is_file() else {}
-AUTO_REPAIRABLE = sorted(n for n, s in STATUSES.items() if s == "auto-repairable")
+TABLE = limestone_readme_table() if README.is_file() else {}
+AUTO_REPAIRABLE = sorted(n for n, row in TABLE.items() if row["status"] == "auto-repairable")
 
 
 def tsv(rows) -> str:
@@ -232,8 +222,7 @@ def test_repair_apply(name, tmp_path):
     assert by_channel == expected
     rc, d = verdict(work)
     assert (rc, d["status"]) == (0, "ok")
-    assert d["count_durable_wal_entries"] == int(
-        re.search(rf"`{name}`.*\), \d+, \d+, (\d+) \|", README.read_text())[1])
+    assert d["count_durable_wal_entries"] == TABLE[name]["count"]
     assert run_cli("repair", work, "--apply").returncode == 0  # nothing left to do
 
 

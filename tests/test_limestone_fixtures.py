@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIMESTONE_FIXTURES as FIXTURES
-from conftest import require_limestone, run_cli, tree_snapshot
+from conftest import limestone_readme_table, require_limestone, run_cli, tree_snapshot
 from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 
@@ -38,30 +38,7 @@ EPOCH_KINDS = {"epoch", "epoch_rotated"}
 
 # --------------------------------------------------------------------------- the README's expectations
 
-
-def readme_table() -> dict[str, dict]:
-    """{dir: {status, exit, durable_epoch, max_appeared_epoch, count}} from the README's markdown table
-    and, for 20-random-small, from its prose."""
-    text = README.read_text()
-    rows: dict[str, dict] = {}
-    verdict = re.compile(r"(OK|auto-repairable|unrepairable) \((\d+)\),\s*(\d+),\s*(\d+),\s*(\d+)")
-    for line in text.splitlines():
-        if not line.startswith("| `"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        m = verdict.fullmatch(cells[-1])
-        assert m, f"README row not understood: {line}"
-        rows[cells[0].strip("`")] = {"status": m[1], "exit": int(m[2]), "durable_epoch": int(m[3]),
-                                     "max_appeared_epoch": int(m[4]), "count": int(m[5])}
-    m = re.search(r"`20-random-small/`.*?`tglogutil inspect`:\s*(OK|auto-repairable|unrepairable) \((\d+)\), "
-                  r"durable (\d+), max appeared (\d+), ([\d,]+) put\+remove entries", text, re.S)
-    assert m, "the README's prose about 20-random-small was not understood"
-    rows["20-random-small"] = {"status": m[1], "exit": int(m[2]), "durable_epoch": int(m[3]),
-                               "max_appeared_epoch": int(m[4]), "count": int(m[5].replace(",", ""))}
-    return rows
-
-
-TABLE = readme_table() if README.is_file() else {}
+TABLE = limestone_readme_table() if README.is_file() else {}
 
 
 def test_readme_table_parsed():
