@@ -12,8 +12,8 @@ import pytest
 import walcore.verify as verify_mod
 from conftest import (SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
                       walvault_command)
-from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, parse_fixheader
-from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
+from tarantool_bytes import framing
+from walcore.tarantool.block import FIXHEADER_SIZE
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 
 FILE_KEYS = {"path", "family", "kind", "status", "size", "rows", "blocks", "zstd_blocks", "eof", "instance", "vclock",
@@ -23,14 +23,7 @@ SUFFIXES = (".xlog", ".snap", ".vylog", ".run", ".index")
 
 
 def block_offsets(path: Path) -> list[int]:
-    """Offsets of the blocks of a valid file, from its raw framing."""
-    data = path.read_bytes()
-    pos = parse_meta(data[:MAX_META_SIZE]).size
-    out = []
-    while pos < len(data) and data[pos:pos + 4] != EOF_MAGIC:
-        out.append(pos)
-        pos += FIXHEADER_SIZE + parse_fixheader(data[pos:pos + FIXHEADER_SIZE])[1]
-    return out
+    return [b.pos for b in framing(path.read_bytes()).blocks]
 
 
 def flip(path: Path, offset: int, mask: int = 0x10) -> None:

@@ -2,7 +2,7 @@
 
 Every damaged file starts as a copy of a real file from shared/fixtures/tarantool (written by Tarantool
 2.6.0) or of a file made by walcore's own writer. Expected offsets are computed here, independently of
-walcore's reader, by walking the block headers with the small parser below.
+walcore's reader, by walking the block headers with the small parser in tarantool_bytes.py.
 
 Randomized cases are seeded and reproducible: set WALVAULT_DAMAGE_SEED to replay another seed; the seed
 and the exact mutation are printed in every failure message.
@@ -13,15 +13,14 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import pytest
-import zstandard
 
+from tarantool_bytes import (EOF_MAGIC, HEADER, ROW_MAGIC, ZROW_MAGIC, Blk, Framing, RawRow, block_rows, count_rows,
+                             framing, meta_size, replace_payload, split_rows)
 import walcore.verify as wverify
-from walcore.tarantool.block import encode_fixheader
 from walcore.tarantool.meta import parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
@@ -30,11 +29,6 @@ from walcore.verify import verify_paths
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIXTURES = SHARED / "fixtures" / "tarantool"
 SEED = int(os.environ.get("WALVAULT_DAMAGE_SEED", "20240611"))
-
-ROW_MAGIC = b"\xd5\xba\x0b\xab"
-ZROW_MAGIC = b"\xd5\xba\x0b\xba"
-EOF_MAGIC = b"\xd5\x10\xad\xed"
-HEADER = 19
 
 # Fixture files used below (paths relative to FIXTURES).
 XLOG_PLAIN = "features/wal/00000000000000000000.xlog"  # 124 plain blocks, one row each
@@ -45,137 +39,6 @@ SNAP = "features/memtx/00000000000000000197.snap"  # one zstd block + EOF
 VYLOG = "features/vinyl/00000000000000000197.vylog"
 RUN_PLAIN = "features/vinyl/513/0/00000000000000000014.run"
 RUN_ZSTD = "features/vinyl/513/0/00000000000000000018.run"
-
-
-# ---------------------------------------------------------------------------------------------
-# A tiny independent parser of the framing (meta text, 19-byte block headers, rows)
-# ---------------------------------------------------------------------------------------------
-
-def _uint(buf, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    width = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}[b]
-    return int.from_bytes(buf[pos + 1:pos + 1 + width], "big"), pos + 1 + width
-
-
-@dataclass(frozen=True)
-class Blk:
-    pos: int
-    kind: str  # "rows" | "zstd" | "eof"
-    length: int = 0  # payload bytes after the 19-byte header
-    len_field: tuple[int, int] = (0, 0)  # [start, end) of the msgpack len in the file
-    crc_field: tuple[int, int] = (0, 0)  # [start, end) of the msgpack crc32c
-
-    @property
-    def end(self) -> int:
-        return self.pos + (4 if self.kind == "eof" else HEADER + self.length)
-
-    @property
-    def payload(self) -> tuple[int, int]:
-        return self.pos + HEADER, self.end
-
-
-@dataclass
-class Framing:
-    meta_size: int
-    blocks: list[Blk]  # data blocks in file order
-    eof: Blk | None
-
-    @property
-    def boundaries(self) -> set[int]:
-        """Offsets where a cut leaves only whole blocks."""
-        return {self.meta_size} | {b.end for b in self.blocks}
-
-    def significant(self, pos: int) -> bool:
-        """Whether a byte carries information Tarantool checks (all but crc32p and the header padding)."""
-        if self.eof and self.eof.pos <= pos < self.eof.end:
-            return True
-        for b in self.blocks:
-            if b.pos <= pos < b.end:
-                return (pos < b.pos + 4 or b.len_field[0] <= pos < b.len_field[1]
-                        or b.crc_field[0] <= pos < b.crc_field[1] or pos >= b.pos + HEADER)
-        return False
-
-    def padding_content(self, pos: int) -> bool:
-        """Whether a byte is inside the string that pads a block header to 19 bytes, past its type byte:
-        what it holds, Tarantool never looks at (xlog_fixheader_decode only checks the string's length)."""
-        return any(b.crc_field[1] < pos < b.pos + HEADER for b in self.blocks)
-
-
-def meta_size(data: bytes) -> int:
-    return data.index(b"\n\n") + 2
-
-
-def framing(data: bytes) -> Framing:
-    """Walk an undamaged file's blocks."""
-    pos = meta_size(data)
-    start = pos
-    blocks = []
-    while pos < len(data):
-        magic = data[pos:pos + 4]
-        if magic == EOF_MAGIC:
-            assert pos + 4 == len(data)
-            return Framing(start, blocks, Blk(pos, "eof"))
-        assert magic in (ROW_MAGIC, ZROW_MAGIC), f"no block magic at {pos}"
-        length, p = _uint(data, pos + 4)
-        len_field = (pos + 4, p)
-        _crc32p, p = _uint(data, p)
-        c0 = p
-        _crc, p = _uint(data, p)
-        blocks.append(Blk(pos, "zstd" if magic == ZROW_MAGIC else "rows", length, len_field, (c0, p)))
-        pos += HEADER + length
-    assert pos == len(data)
-    return Framing(start, blocks, None)
-
-
-def block_rows(data: bytes, blk: Blk) -> bytes:
-    payload = data[blk.payload[0]:blk.payload[1]]
-    if blk.kind == "zstd":
-        return zstandard.ZstdDecompressor().decompressobj().decompress(payload)
-    return payload
-
-
-@dataclass
-class RawRow:
-    offset: int  # in the block's rows
-    header: dict
-    body_offset: int
-    body: dict | None
-    raw: bytes
-
-
-def split_rows(rows: bytes) -> list[RawRow]:
-    """A block's rows: header map, then a body map unless the row is a NOP or the block ends."""
-    unpacker = msgpack.Unpacker(raw=True, strict_map_key=False)
-    unpacker.feed(rows)
-    out = []
-    pos = 0
-    while pos < len(rows):
-        header = unpacker.unpack()
-        body_pos = unpacker.tell()
-        body = None
-        if header.get(0) != 12 and body_pos < len(rows):
-            body = unpacker.unpack()
-        end = unpacker.tell()
-        out.append(RawRow(pos, header, body_pos, body, rows[pos:end]))
-        pos = end
-    return out
-
-
-def count_rows(data: bytes, blocks) -> int:
-    return sum(len(split_rows(block_rows(data, b))) for b in blocks)
-
-
-def replace_payload(data: bytes, blk: Blk, rows_or_payload: bytes, *, compressed: bool | None = None,
-                    raw: bool = False) -> bytes:
-    """A copy of data with blk's payload replaced (CRC recomputed); `raw` keeps the bytes as the payload."""
-    compressed = blk.kind == "zstd" if compressed is None else compressed
-    payload = rows_or_payload
-    if compressed and not raw:
-        payload = zstandard.ZstdCompressor(level=3, write_content_size=False,
-                                           write_checksum=False).compress(rows_or_payload)
-    return data[:blk.pos] + encode_fixheader(compressed, payload) + payload + data[blk.end:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,11 +661,9 @@ def test_xlog_of_another_instance_is_instance_mismatch(fixtures, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def _blocks_of(path: Path) -> list[tuple[int, list]]:
-    """(block offset, [(header, body)]) per block, as walcore's read_rows gives them."""
-    out: dict[int, list] = {}
-    for pos, row in read_rows(path):
-        out.setdefault(pos, []).append((dict(row.header), row.body))
-    return list(out.items())
+    """(block offset, [(header, body)]) per block."""
+    data = path.read_bytes()
+    return [(b.pos, [(dict(r.header), r.body) for r in split_rows(block_rows(data, b))]) for b in framing(data).blocks]
 
 
 def _rewrite(fixtures: Path, rel: str, dst: Path, blocks: list[list], *, eof: bool = True,

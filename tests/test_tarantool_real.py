@@ -16,6 +16,7 @@ import pytest
 
 import tarantool_real as tr
 from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, require_tarantool, run_cli
+from tarantool_bytes import framing
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
 from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
 from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
@@ -81,7 +82,7 @@ def xlogs_of(instance: Path) -> list[Path]:
 
 
 def block_offsets(path: Path) -> list[int]:
-    return sorted({pos for pos, _ in read_rows(path)})
+    return [b.pos for b in framing(path.read_bytes()).blocks]
 
 
 # --------------------------------------------------------------------------- a clean real instance

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
+from tarantool_bytes import block_rows, framing, split_rows
 from walcore.tarantool.check import check_vinyl, file_verdict
 from walcore.tarantool.layout import discover
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
@@ -18,7 +19,7 @@ from walcore.tarantool.vinyl import (CREATE_LSM, CREATE_RUN, DELETE_RANGE, DELET
                                      FORGET_RUN, INSERT_RANGE, INSERT_SLICE, PREPARE_LSM, REBOOTSTRAP, NeededRun,
                                      VylogError, needed_runs)
 from walcore.tarantool.writer import TarantoolWriter
-from walcore.tarantool.xlog import read_rows, scan_file
+from walcore.tarantool.xlog import scan_file
 
 LSM, RANGE, RUN, INDEX, SPACE, SLICE = 0, 1, 2, 5, 6, 8
 
@@ -150,13 +151,11 @@ def test_fixture_only_the_newest_vylog_of_a_checked_dir_is_followed(tmp_path):
 
 def _append_records(vylog, bodies: list[dict]) -> int:
     """Rewrite a vylog with one more block holding `bodies`, left open as a live one is; its offset."""
-    meta = parse_meta(vylog.read_bytes()[:MAX_META_SIZE])
-    blocks: dict[int, list] = {}
-    for pos, row in read_rows(vylog):
-        blocks.setdefault(pos, []).append((dict(row.header), row.body))
+    data = vylog.read_bytes()
+    meta = parse_meta(data[:MAX_META_SIZE])
     w = TarantoolWriter(vylog, "VYLOG", instance=meta.instance, vclock=meta.vclock)
-    for rows in blocks.values():
-        w.write_block(rows)
+    for b in framing(data).blocks:
+        w.write_block([(r.header, r.body) for r in split_rows(block_rows(data, b))])
     offset = w.f.tell()
     w.write_block([({0: 2}, body) for body in bodies])
     w.close(eof=False)
