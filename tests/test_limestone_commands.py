@@ -445,10 +445,16 @@ def test_rotate_refused_on_taken_epoch_name_renames_nothing(tmp_path):
     assert not (work / f"pwal_0000.{NOW:014d}.1").exists()
 
 
-@pytest.mark.parametrize("name", ["02-unfinished", "07-zerotail", "unrepairable"])
+@pytest.mark.parametrize("name", ["02-unfinished", "07-zerotail", "unrepairable", "13-v1-manifest-migrated-by-inspect",
+                                  "missing-compacted-file"])
 def test_rotate_refuses_dir_not_ok(name, tmp_path):
+    """Also a directory whose log is ok but that lost data beside it: a blob (13 has none of 01's), or the
+    compacted file its catalog names."""
     if name == "unrepairable":
         work, _ = unrepairable_copy(tmp_path)
+    elif name == "missing-compacted-file":
+        work = copy_fixture("11-online-compaction", tmp_path)
+        (work / "pwal_0000.compacted").unlink()
     else:
         work = copy_fixture(name, tmp_path)
     before = tree_snapshot(tmp_path)

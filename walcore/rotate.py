@@ -49,7 +49,7 @@ def rotate(root: Path, *, min_bytes: int = 1, now_ms: int | None = None) -> Rota
     root = Path(root)
     with exclusive_lock(root):
         plan, report, _ = check_dir(root)
-        if report.status != "ok":
+        if report.status != "ok" or report.findings:  # a lost blob or compacted file: no archive goes on silently
             reasons = "; ".join(f.message for f in report.findings) or f"the directory is {report.status}"
             raise RotateRefused(f"{root}: {reasons} (run walvault verify; repair first if it says so)", report.status)
         if stray := [p.name for p in plan.ignored if p.name.startswith(EPOCH_NAME)]:
