@@ -82,7 +82,7 @@ def needed_runs(records) -> list[NeededRun] | None:
     """
     lsms: dict[int, _Lsm] = {}
     ranges: dict[int, int] = {}  # range id -> LSM id
-    runs: dict[int, _Run] = {}  # forgotten runs stay, dropped: their ids are never reused
+    runs: dict[int, _Run] = {}  # a forgotten run stays, as dropped (run ids are never reused)
     slices: dict[int, tuple[int, int]] = {}  # slice id -> (range id, run id)
     for offset, body in records:
         rtype, fields = _record(offset, body)
