@@ -1062,3 +1062,21 @@ def test_parallel_keeps_finding_order_after_damaged_first_block_of_a_range(big_w
     assert sequential == [("crc_mismatch", first.pos), ("lsn_gap", after(first)),
                           ("crc_mismatch", later.pos), ("lsn_gap", after(later))]
     assert _xlog_findings(verify_paths([root], jobs=2).to_json()) == sequential
+
+
+def test_open_newest_xlog_is_never_covered(fixtures, tmp_path):
+    """An xlog without EOF marker may still grow (a live instance appends to it): a snapshot covering
+    every row it holds now does not cover it, so no retention may take it."""
+    root = copy_tree(fixtures, "features", tmp_path / "features")
+    for later in ("00000000000000000361.xlog", "00000000000000000437.xlog"):
+        (root / "wal" / later).unlink()
+    newest = root / "wal" / "00000000000000000197.xlog"
+    data = newest.read_bytes()
+    assert data.endswith(EOF_MAGIC)
+    write(newest, data[:-4])
+    report = verify_paths([root], jobs=1)
+    assert {Path(f.path).name: f.status for f in report.files}[newest.name] == "open"
+    (chain,) = report.chains
+    assert chain.findings == []
+    last = next(s for s in chain.snapshots if s["path"].endswith("00000000000000000361.snap"))
+    assert [Path(p).name for p in last["covers"]] == ["00000000000000000000.xlog", "00000000000000000123.xlog"]

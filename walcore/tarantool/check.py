@@ -214,7 +214,8 @@ def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: Fi
         if end is None:
             continue
         if _leq(end, snap.vclock):
-            out["covers"].append(f.path)
+            if f.status != "open":  # an open xlog may still grow: what it will hold, no snapshot covers yet
+                out["covers"].append(f.path)
         elif _leq(f.vclock, snap.vclock) and out["replay_from"] is None:
             out["replay_from"] = f.path
     later = [f for f in xlogs if f.vclock is not None and not _leq(f.end_vclock(), snap.vclock)]
