@@ -34,6 +34,7 @@ Facts measured on tarantool 2.6.0 (see also shared/docs/tarantool-files.md):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -88,6 +89,18 @@ def _run_lua(script: str, args: list[str], *, cwd: Path | None = None,
             out = out.decode("utf-8", "replace")
         raise TarantoolError(f"tarantool {script} timed out after {timeout:g} s: {cmd}",
                              log=out) from None
+
+
+def run_lua_code(code: str, *, cwd: Path, timeout: float = DEFAULT_TIMEOUT) -> subprocess.CompletedProcess:
+    """Run a Lua script given as text with ``tarantool`` in ``cwd``; never raises on a non-zero exit."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="walvault-", delete=False) as f:
+        f.write(code)
+    try:
+        exe = _require_tarantool()
+        return subprocess.run([exe, f.name], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=timeout)
+    finally:
+        os.unlink(f.name)
 
 
 def _check(proc: subprocess.CompletedProcess, what: str) -> None:

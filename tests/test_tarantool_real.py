@@ -460,3 +460,73 @@ def test_missing_run_that_compaction_replaced_is_no_finding_and_tarantool_starts
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = tr.start_recovery(work)
     assert result.ok, result.error
+
+
+# --------------------------------------------------------------------------- the newest xlog, snapshots, work_dir
+
+
+def _run_nested(work: Path, lua: str) -> subprocess.CompletedProcess:
+    """Run Tarantool with memtx_dir = vinyl_dir = work_dir and wal_dir = work_dir/wal (a common box.cfg)."""
+    (work / "wal").mkdir(parents=True, exist_ok=True)
+    cfg = (f"box.cfg{{work_dir='{work}', wal_dir='wal', wal_max_size=600, checkpoint_count=1000, "
+           "checkpoint_interval=0, log_level=4}\n")
+    return tr.run_lua_code(cfg + lua, cwd=work)
+
+
+WRITE_20_AND_SNAPSHOT = ("box.schema.space.create('t'):create_index('pk')\n"
+                         "for i = 1, 20 do box.space.t:replace{i, string.rep('x', 60)} end\nbox.snapshot()\n")
+KILL_9 = "os.execute('kill -9 ' .. box.info.pid)\n"
+
+
+def _newest_snapshot_link(report) -> tuple[object, dict]:
+    (chain,) = report.chains
+    return chain, max(chain.snapshots, key=lambda s: vclock_sum({int(k): v for k, v in s["vclock"].items()}))
+
+
+def test_newest_xlog_is_never_covered_and_is_where_replay_starts(tmp_path):
+    # After box.snapshot() and a clean shutdown the newest xlog is empty, sealed, at the snapshot's vclock:
+    # all it holds is in the snapshot, yet Tarantool's next start writes into that very file, so no
+    # snapshot may cover it (retention would delete the WAL a restarted instance writes).
+    work = tmp_path / "work"
+    assert _run_nested(work, WRITE_20_AND_SNAPSHOT + "os.exit(0)\n").returncode == 0
+    restarted = copy_tree(work, tmp_path / "restarted")
+    report = verify_paths([work], jobs=1)
+    chain, snap = _newest_snapshot_link(report)
+    assert chain.findings == []
+    newest = Path(chain.xlogs[-1])
+    assert by_path(report)[newest.resolve()].rows == 0
+    assert newest.name == Path(snap["path"]).with_suffix(".xlog").name  # at the snapshot's vclock
+    assert snap["covers"] == chain.xlogs[:-1] and snap["replay_from"] == str(newest)
+
+    assert _run_nested(restarted, "for i = 21, 25 do box.space.t:replace{i} end\nos.exit(0)\n").returncode == 0
+    snap_lsn = vclock_sum({int(k): v for k, v in snap["vclock"].items()})
+    assert [r["lsn"] for r in tr.xlog_pairs_rows(restarted / "wal" / newest.name)] == \
+        list(range(snap_lsn + 1, snap_lsn + 6))
+
+    # Started again, no write, killed: the newest xlog is open and empty; replay still starts there.
+    assert _run_nested(work, KILL_9).returncode == -9
+    report = verify_paths([work], jobs=1)
+    chain, snap = _newest_snapshot_link(report)
+    assert by_path(report)[newest.resolve()].status == "open"
+    assert chain.findings == [] and snap["replay_from"] == str(newest) and str(newest) not in snap["covers"]
+
+
+def test_wal_dir_below_work_dir_is_one_chain_with_its_snapshots(tmp_path):
+    # work_dir holds the snapshots, wal_dir = work_dir/wal the xlogs: one data dir. Without the xlog that
+    # replay starts from, Tarantool refuses to start, and walvault must say why (snapshot_gap).
+    work = tmp_path / "work"
+    proc = _run_nested(work, WRITE_20_AND_SNAPSHOT + "for i = 21, 40 do box.space.t:replace{i, string.rep('y', 60)} end\n"
+                       + KILL_9)
+    assert proc.returncode == -9
+    report = verify_paths([work], jobs=1)
+    chain, snap = _newest_snapshot_link(report)
+    assert chain.findings == [] and Path(chain.path) == work / "wal"
+    assert {Path(s["path"]).parent for s in chain.snapshots} == {work} and len(chain.snapshots) == 2
+    (work / "wal" / Path(snap["replay_from"]).name).unlink()
+
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1, proc.stdout
+    (chain,) = json.loads(proc.stdout)["chains"]
+    assert "snapshot_gap" in [f["code"] for f in chain["findings"]]
+    refused = _run_nested(work, "os.exit(0)\n")
+    assert "Missing .xlog file" in refused.stderr + refused.stdout

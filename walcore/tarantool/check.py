@@ -209,21 +209,20 @@ def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: Fi
     if snap.vclock is None:
         return out
     name = Path(snap.path).name
-    for f in xlogs:
+    for i, f in enumerate(xlogs):
         end = f.end_vclock()
         if end is None:
             continue
-        if _leq(end, snap.vclock):
-            if f.status != "open":  # an open xlog may still grow: what it will hold, no snapshot covers yet
-                out["covers"].append(f.path)
+        # The newest xlog is never covered, open or sealed: Tarantool appends to it, and at its next start
+        # reopens the empty one a clean shutdown leaves, so what it will hold no snapshot covers yet.
+        if _leq(end, snap.vclock) and i < len(xlogs) - 1:
+            out["covers"].append(f.path)
         elif _leq(f.vclock, snap.vclock) and out["replay_from"] is None:
             out["replay_from"] = f.path
-    later = [f for f in xlogs if f.vclock is not None and not _leq(f.end_vclock(), snap.vclock)]
-    if out["replay_from"] is None and later:
-        first = later[0]
-        if _same(first.vclock, snap.vclock):
-            out["replay_from"] = first.path
-        else:
+    if out["replay_from"] is None:
+        later = [f for f in xlogs if f.vclock is not None and not _leq(f.vclock, snap.vclock)]
+        if later:
+            first = later[0]
             findings.add("snapshot_gap", None, f"after {name} at {format_vclock(snap.vclock)} the next xlog "
                          f"{Path(first.path).name} starts at {format_vclock(first.vclock)}: the xlogs between are "
                          "missing, so this snapshot cannot be replayed forward", first.path)

@@ -91,7 +91,8 @@ def _raise(error: OSError) -> None:
 
 def _group(files: list[Path]) -> list[DataDir]:
     """Group files into data dirs: a directory alone, or memtx_dir, wal_dir and vinyl_dir side by side
-    (their parent) when no kind is in two of them. Instances or copies of one kept side by side (each
+    (their parent) when no kind is in two of them — the parent's own files counted too, so that a work_dir
+    holding the snapshots joins a wal_dir below it. Instances or copies of one kept side by side (each
     directory with its own xlogs and snapshots) each stand alone.
     """
     by_dir: dict[Path, list[Path]] = {}
@@ -103,11 +104,14 @@ def _group(files: list[Path]) -> list[DataDir]:
     for d in by_dir:
         by_parent.setdefault(d.parent, []).append(d)
     groups: dict[Path, DataDir] = {}
-    for parent, dirs in by_parent.items():
-        kinds = [{kind_of(p)[0] for p in by_dir[d]} for d in dirs]
-        one_data_dir = len(dirs) > 1 and sum(map(len, kinds)) == len(set().union(*kinds))
+    key_of: dict[Path, Path] = {}  # directory -> the data dir it belongs to; parents are decided first
+    for parent in sorted(by_parent, key=lambda d: len(d.parts)):
+        dirs = by_parent[parent]
+        members = dirs + [parent] if key_of.get(parent) == parent else dirs
+        kinds = [{kind_of(p)[0] for p in by_dir[d]} for d in members]
+        one_data_dir = len(members) > 1 and sum(map(len, kinds)) == len(set().union(*kinds))
         for d in dirs:
-            key = parent if one_data_dir else d
+            key = key_of[d] = parent if one_data_dir else d
             group = groups.setdefault(key, DataDir(key))
             order = sorted(by_dir[d], key=lambda p: (name_number(p) is None, name_number(p) or 0, p.name))
             if xlogs := [p for p in order if kind_of(p)[0] == "xlog"]:
