@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from tarantool_bytes import (EOF_MAGIC, HEADER, ROW_MAGIC, ZROW_MAGIC, Blk, Framing, RawRow, block_rows, count_rows,
-                             framing, meta_size, replace_payload, split_rows)
+                             framing, replace_payload, split_rows)
 import walcore.verify as wverify
 from walcore.tarantool.meta import parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
