@@ -139,3 +139,18 @@ def tree_snapshot(root: Path) -> dict:
     st = Path(root).stat()
     out["."] = ("dir", st.st_mtime_ns, st.st_mode)
     return out
+
+
+def append_vylog_records(vylog: Path, bodies: list[dict]) -> int:
+    """Append one block holding the record bodies to a vylog, every byte before it kept, and leave the file
+    open as a live one is; returns the block's offset."""
+    import msgpack
+
+    from walcore.tarantool.block import EOF_MAGIC, encode_fixheader
+
+    data = vylog.read_bytes()
+    if data.endswith(EOF_MAGIC):
+        data = data[:-len(EOF_MAGIC)]
+    payload = b"".join(msgpack.packb({0: 2}) + msgpack.packb(body) for body in bodies)
+    vylog.write_bytes(data + encode_fixheader(False, payload) + payload)
+    return len(data)

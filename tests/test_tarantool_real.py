@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, require_tarantool, run_cli
+from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, require_tarantool, run_cli
 from tarantool_bytes import framing
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
 from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
@@ -449,6 +449,53 @@ def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instanc
     result = tr.start_recovery(work)
     assert not result.started, result.log
     assert newest_run.name in (result.error or ""), result.error
+
+
+def _vylog_report(report: dict, vylog: Path) -> dict:
+    return next(f for f in report["files"] if f["path"].endswith(vylog.name))
+
+
+def test_run_a_crash_cut_short_is_in_progress_and_tarantool_starts(real_instance, tmp_path):
+    # kill -9 during a dump: the vylog holds only PREPARE_RUN for the run, whose .run has no EOF marker yet.
+    # Tarantool deletes it unread at the next start; it is an unfinished write, not damage.
+    work = copy_tree(real_instance, tmp_path / "data")
+    vylog = sorted((work / "vinyl").glob("*.vylog"))[-1]
+    lsm_id = next((row.body[0x21][1].get(0, 0)) for _, row in read_rows(vylog)
+                  if row.body[0x21][0] == 0 and row.body[0x21][1].get(6) == 513 and row.body[0x21][1].get(5, 0) == 0)
+    append_vylog_records(vylog, [{0x21: (4, {0: lsm_id, 2: 100000})}])  # PREPARE_RUN of run 100000
+    written = _runs(work, 0)[-1].read_bytes()
+    cut = work / "vinyl" / "513" / "0" / f"{100000:020d}.run"
+    cut.write_bytes(written[:len(written) * 2 // 3])
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    f = next(f for f in json.loads(proc.stdout)["files"] if f["path"].endswith(cut.name))
+    assert f["status"] == "in_progress" and f["findings"], f
+    before = tr.start_recovery(copy_tree(real_instance, tmp_path / "untouched"))
+    result = tr.start_recovery(work)
+    assert result.ok and result.counts == before.counts, result.error
+
+
+def test_vylog_ahead_of_the_newest_snapshot_is_found_and_tarantool_refuses_to_start(real_instance, tmp_path):
+    work = copy_tree(real_instance, tmp_path / "data")
+    sorted((work / "memtx").glob("*.snap"))[-1].unlink()  # someone deleted the snapshot, not the vylog
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    f = _vylog_report(report, sorted((work / "vinyl").glob("*.vylog"))[-1])
+    assert [x["code"] for x in f["findings"]] == ["vylog_ahead_of_snapshot"] and f["status"] == "damaged"
+    result = tr.start_recovery(work)
+    assert not result.started and "Can't find snapshot" in (result.error or "") + result.log, result.error
+
+
+def test_vylog_tarantool_wrote_dropping_a_tree_twice_is_refused(tmp_path):
+    # A data dir Tarantool 2.6 wrote itself (tests/data/tarantool/README.md) and then refused to start on.
+    work = copy_tree(Path(__file__).parent / "data" / "tarantool" / "drop-lsm-twice", tmp_path / "data")
+    proc = run_cli("verify", "--json", work)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    f = _vylog_report(json.loads(proc.stdout), sorted((work / "vinyl").glob("*.vylog"))[-1])
+    assert [(x["code"], "LSM tree 77 twice" in x["message"]) for x in f["findings"]] == [("bad_vylog_record", True)]
+    result = tr.start_recovery(work)
+    assert not result.started and "LSM tree 77 deleted twice" in (result.error or "") + result.log, result.error
 
 
 def test_missing_run_that_compaction_replaced_is_no_finding_and_tarantool_starts(real_instance, tmp_path):

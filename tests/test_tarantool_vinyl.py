@@ -10,15 +10,12 @@ import json
 
 import pytest
 
-from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
-from tarantool_bytes import block_rows, framing, split_rows
+from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, run_cli
 from walcore.tarantool.check import check_vinyl, file_verdict
 from walcore.tarantool.layout import discover
-from walcore.tarantool.meta import MAX_META_SIZE, parse_meta
 from walcore.tarantool.vinyl import (CREATE_LSM, CREATE_RUN, DELETE_RANGE, DELETE_SLICE, DROP_LSM, DROP_RUN,
-                                     FORGET_RUN, INSERT_RANGE, INSERT_SLICE, PREPARE_LSM, REBOOTSTRAP, NeededRun,
-                                     VylogError, needed_runs)
-from walcore.tarantool.writer import TarantoolWriter
+                                     FORGET_RUN, INSERT_RANGE, INSERT_SLICE, PREPARE_LSM, PREPARE_RUN, REBOOTSTRAP,
+                                     VinylRun, VylogError, replay)
 from walcore.tarantool.xlog import scan_file
 
 LSM, RANGE, RUN, INDEX, SPACE, SLICE = 0, 1, 2, 5, 6, 8
@@ -40,14 +37,14 @@ def base() -> list[dict]:
     ]
 
 
-def needed(bodies: list[dict]):
-    runs = needed_runs((i * 100, b) for i, b in enumerate(bodies))
-    return None if runs is None else [(r.space_id, r.index_id, r.run_id, r.offset) for r in runs]
+def needed(bodies: list[dict], which: str = "needed"):
+    runs = replay((i * 100, b) for i, b in enumerate(bodies))
+    return None if runs is None else [(r.space_id, r.index_id, r.run_id, r.offset) for r in getattr(runs, which)]
 
 
 def test_runs_with_a_live_slice_are_needed():
     assert needed(base()) == [(512, 0, 3, 300), (512, 0, 4, 500), (512, 1, 7, 900)]
-    assert NeededRun(512, 1, 7, 0).file_names() == ("512/1/00000000000000000007.index",
+    assert VinylRun(512, 1, 7, 0).file_names() == ("512/1/00000000000000000007.index",
                                                     "512/1/00000000000000000007.run")
 
 
@@ -61,7 +58,8 @@ def test_compaction_replaces_runs():
 
 def test_dropped_index_and_deleted_range_need_nothing():
     assert needed(base() + [rec(DROP_LSM, lsm=5)]) == [(512, 0, 3, 300), (512, 0, 4, 500)]
-    assert needed(base() + [rec(DELETE_RANGE, range=6)]) == [(512, 0, 3, 300), (512, 0, 4, 500)]
+    assert needed(base() + [rec(DELETE_SLICE, slice=12), rec(DELETE_RANGE, range=6)]) == \
+        [(512, 0, 3, 300), (512, 0, 4, 500)]
 
 
 def test_index_being_built_is_not_judged():
@@ -70,6 +68,19 @@ def test_index_being_built_is_not_judged():
     log = base() + [rec(PREPARE_LSM, lsm=20, space=512, index=2), rec(INSERT_RANGE, lsm=20, range=21),
                     rec(CREATE_RUN, lsm=20, run=22), rec(INSERT_SLICE, range=21, run=22, slice=23)]
     assert needed(log) == needed(base())
+
+
+def test_prepared_runs_are_unfinished_until_created():
+    """A dump or compaction a crash cut short: PREPARE_RUN without CREATE_RUN. Recovery deletes its files."""
+    log = base() + [rec(PREPARE_RUN, lsm=1, run=30), rec(PREPARE_RUN, lsm=5, run=31), rec(CREATE_RUN, lsm=5, run=31)]
+    assert needed(log, "unfinished") == [(512, 0, 30, 1100)]
+    assert needed(log) == needed(base())
+    assert needed(log + [rec(FORGET_RUN, run=30)], "unfinished") == []
+
+
+def test_run_dropped_while_a_slice_uses_it_is_still_needed():
+    # Tarantool 2.6 starts on such a log (found by a review against real Tarantool) and loads the run.
+    assert needed(base() + [rec(DROP_RUN, run=3)]) == needed(base())
 
 
 def test_rebootstrap_is_not_judged():
@@ -81,7 +92,14 @@ def test_rebootstrap_is_not_judged():
     (rec(INSERT_SLICE, range=2, run=99, slice=30), 1100, "no such run"),
     (rec(CREATE_RUN, lsm=99, run=30), 1100, "LSM tree 99"),
     (rec(DROP_RUN, run=99), 1100, "run 99"),
-    (rec(DROP_RUN, run=3), 1100, "slice of a live range still uses it"),
+    # what vy_log.c's vy_recovery_* handlers refuse (ER_INVALID_VYLOG_FILE)
+    (rec(DELETE_RANGE, range=99), 1100, "range 99, which it does not hold"),
+    (rec(DELETE_RANGE, range=2), 1100, "range 2, which still has run slices"),
+    (rec(DELETE_SLICE, slice=99), 1100, "slice 99, which it does not hold"),
+    (rec(INSERT_RANGE, lsm=1, range=6), 1100, "range 6 twice"),
+    (rec(INSERT_SLICE, range=2, run=4, slice=12), 1100, "slice 12 twice"),
+    (rec(PREPARE_RUN, lsm=1, run=4), 1100, "prepares run 4, which it already holds"),
+    (rec(FORGET_RUN, run=99), 1100, "forgets run 99"),
     ({0x21: (CREATE_RUN, {LSM: 1, RUN: -1})}, 1100, "not an unsigned integer"),
     ({0x21: (CREATE_RUN, {"run": 1})}, 1100, "key that is not an integer"),
     ({0x21: [CREATE_RUN]}, 1100, "is not {0x21: [type"),
@@ -93,6 +111,25 @@ def test_records_tarantool_refuses(extra, offset, words):
         needed(base() + [extra])
     assert e.value.offset == offset
     assert words in str(e.value)
+
+
+@pytest.mark.parametrize("log, words", [
+    ([rec(DELETE_SLICE, slice=12), rec(DROP_LSM, lsm=5), rec(DROP_LSM, lsm=5)], "drops LSM tree 5 twice"),
+    ([rec(DELETE_SLICE, slice=12), rec(DROP_RUN, run=7), rec(CREATE_RUN, lsm=5, run=7)], "creates run 7, which it has dropped"),
+    ([rec(DELETE_SLICE, slice=12), rec(DROP_RUN, run=7), rec(DROP_RUN, run=7)], "drops run 7 twice"),
+    ([rec(DELETE_SLICE, slice=12), rec(FORGET_RUN, run=7), rec(DROP_RUN, run=7)], "drops run 7, which it does not hold"),
+    ([rec(DELETE_SLICE, slice=12), rec(FORGET_RUN, run=7), rec(INSERT_SLICE, range=6, run=7, slice=40)], "no such run"),
+])
+def test_record_sequences_tarantool_refuses(log, words):
+    with pytest.raises(VylogError) as e:
+        needed(base() + log)
+    assert e.value.offset == 1300 and words in str(e.value)
+
+
+def test_a_forgotten_run_id_may_be_created_again():
+    log = base() + [rec(DELETE_SLICE, slice=12), rec(FORGET_RUN, run=7), rec(CREATE_RUN, lsm=5, run=7),
+                    rec(INSERT_SLICE, range=6, run=7, slice=40)]
+    assert needed(log) == [(512, 0, 3, 300), (512, 0, 4, 500), (512, 1, 7, 1300)]
 
 
 # --------------------------------------------------------------------------- the bundled fixture
@@ -149,23 +186,10 @@ def test_fixture_only_the_newest_vylog_of_a_checked_dir_is_followed(tmp_path):
     assert [x["code"] for x in files[older.name]["findings"]] == ["missing_run_file"]
 
 
-def _append_records(vylog, bodies: list[dict]) -> int:
-    """Rewrite a vylog with one more block holding `bodies`, left open as a live one is; its offset."""
-    data = vylog.read_bytes()
-    meta = parse_meta(data[:MAX_META_SIZE])
-    w = TarantoolWriter(vylog, "VYLOG", instance=meta.instance, vclock=meta.vclock)
-    for b in framing(data).blocks:
-        w.write_block([(r.header, r.body) for r in split_rows(block_rows(data, b))])
-    offset = w.f.tell()
-    w.write_block([({0: 2}, body) for body in bodies])
-    w.close(eof=False)
-    return offset
-
-
 @require_shared
 def test_fixture_vylog_record_tarantool_refuses(tmp_path):
     root = copy_tree(TARANTOOL_FIXTURES / "features", tmp_path / "features")
-    offset = _append_records(root / "vinyl" / NEWEST, [rec(INSERT_SLICE, range=1, run=99, slice=100)])
+    offset = append_vylog_records(root / "vinyl" / NEWEST, [rec(INSERT_SLICE, range=1, run=99, slice=100)])
     rc, files = _verify(root)
     assert rc == 1
     assert [(x["code"], x["offset"]) for x in files[NEWEST]["findings"]] == [("bad_vylog_record", offset)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..findings import FindingList
 from .layout import DataDir, kind_of, name_number
 from .meta import Vclock, format_vclock, vclock_sum
-from .vinyl import VylogError, needed_runs
+from .vinyl import VylogError, replay
 from .xlog import SEALED_KINDS, FileScan, read_rows
 
 
@@ -230,20 +230,33 @@ def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: Fi
 
 
 def check_vinyl(data_dir: DataDir, reports: dict[str, TarantoolFile], walked: set[str]) -> None:
-    """Check that the run files the newest vylog needs exist; what is missing is a finding of that vylog.
+    """Check the newest vylog as recovery reads it; what stops recovery is a finding of that vylog.
 
-    Only when its vinyl dir was checked as a directory (`walked` holds the real paths of those): a vylog
-    given alone is checked as a file, and older vylogs name runs that garbage collection may have removed
-    since, rightly. A damaged vylog is not followed: its own findings say enough.
+    It must not be newer than the newest snapshot of its data dir. When its vinyl dir was checked as a
+    directory (`walked` holds the real paths of those), every run it needs must exist, and the files of
+    runs it only prepared (a dump or compaction a crash cut short, deleted unread at the next start) are
+    in progress, not damage. A vylog given alone is checked as a file, and older vylogs name runs that
+    garbage collection may have removed since, rightly. A damaged vylog is not followed: its own
+    findings say enough.
     """
     if not data_dir.vylogs:
         return
     newest = data_dir.vylogs[-1]
     vylog = reports[str(newest)]
-    if vylog.status not in ("ok", "open") or os.path.realpath(newest.parent) not in walked:
+    if vylog.status not in ("ok", "open"):
+        return
+    snap = reports[str(data_dir.snaps[-1])] if data_dir.snaps else None
+    if snap is not None and snap.vclock is not None and vylog.vclock is not None \
+            and not _leq(vylog.vclock, snap.vclock):
+        vylog.findings.add("vylog_ahead_of_snapshot", None,
+                           f"the newest vylog is at {format_vclock(vylog.vclock)}, past the newest snapshot "
+                           f"{Path(snap.path).name} at {format_vclock(snap.vclock)}: its snapshot is missing, and "
+                           "Tarantool does not start (Can't find snapshot)")
+        vylog.mark_damaged()
+    if os.path.realpath(newest.parent) not in walked:
         return
     try:
-        needed = needed_runs((pos, row.body) for pos, row in read_rows(newest, stop=vylog.size))
+        runs = replay((pos, row.body) for pos, row in read_rows(newest, stop=vylog.size))
     except VylogError as e:
         vylog.findings.add("bad_vylog_record", e.offset, f"{e}: Tarantool refuses this vylog")
         vylog.mark_damaged()
@@ -252,10 +265,18 @@ def check_vinyl(data_dir: DataDir, reports: dict[str, TarantoolFile], walked: se
         vylog.findings.add("unreadable_file", None, f"cannot read the vylog again to follow its runs: {e}")
         vylog.mark_damaged()
         return
-    for run in needed or ():
+    if runs is None:
+        return
+    for run in runs.needed:
         for name in run.file_names():
             if not (newest.parent / name).is_file():
                 vylog.findings.add("missing_run_file", run.offset,
                                    f"run {run.run_id} of space {run.space_id}, index {run.index_id} is in use, but "
                                    f"{name} is missing: Tarantool cannot start on this vinyl dir")
                 vylog.mark_damaged()
+    by_real_path = {os.path.realpath(f.path): f for f in reports.values()}
+    for run in runs.unfinished:
+        for name in run.file_names():
+            f = by_real_path.get(os.path.realpath(newest.parent / name))
+            if f is not None and f.status == "damaged":
+                f.status = "in_progress"

@@ -5,7 +5,9 @@ starts with every live object, so the newest one alone tells what recovery loads
 that is created and not dropped, every run a slice of one of its ranges points at. vy_lsm_recover
 opens `<vinyl_dir>/<space_id>/<index_id>/<run_id>.index` and `.run` of each, and Tarantool does not
 start when one is missing (tarantool-files.md). Runs that are dropped but not yet forgotten only wait
-for garbage collection: their files may be gone.
+for garbage collection: their files may be gone. A run prepared but never created is a dump or compaction
+a crash cut short: recovery deletes its files unread. A record vy_log.c refuses (a tree dropped twice, a
+range, slice or run deleted that the log does not hold, ...) stops Tarantool: it is a VylogError here.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ class VylogError(ValueError):
 
 
 @dataclass(frozen=True)
-class NeededRun:
+class VinylRun:
     space_id: int
     index_id: int
     run_id: int
-    offset: int  # of the block holding the record that created the run
+    offset: int  # of the block holding the record that created the run (prepared it, if unfinished)
 
     def file_names(self) -> tuple[str, str]:
         base = f"{self.space_id}/{self.index_id}/{self.run_id:020d}"
@@ -52,8 +54,16 @@ class _Lsm:
 @dataclass
 class _Run:
     lsm_id: int
-    created_at: int  # block offsets of the records that created and dropped (or forgot) it
-    dropped_at: int | None = None
+    created_at: int  # block offset of the record that created it (or prepared it, while unfinished)
+    committed: bool  # CREATE_RUN seen (PREPARE_RUN alone: a dump or compaction still being written)
+    dropped: bool = False
+    forgotten: bool = False  # FORGET_RUN: gone from the log, as if never created
+
+
+@dataclass
+class VylogRuns:
+    needed: list[VinylRun]  # every run a live range's slice uses: recovery opens its files
+    unfinished: list[VinylRun]  # prepared, never created: recovery deletes its files unread
 
 
 def _record(offset: int, body) -> tuple[int, dict]:
@@ -74,15 +84,16 @@ def _id(fields: dict, key: int, offset: int, what: str) -> int:
     return value
 
 
-def needed_runs(records) -> list[NeededRun] | None:
-    """The runs recovery loads, from (block offset, row body) pairs of one vylog in order.
+def replay(records) -> VylogRuns | None:
+    """The runs of one vylog, from (block offset, row body) pairs in order.
 
     None when the log holds a rebootstrap record: what it leaves live is not judged here.
     Raises VylogError at the first record recovery would refuse.
     """
     lsms: dict[int, _Lsm] = {}
     ranges: dict[int, int] = {}  # range id -> LSM id
-    runs: dict[int, _Run] = {}  # a forgotten run stays, as dropped (run ids are never reused)
+    range_slices: dict[int, int] = {}  # range id -> how many slices it holds
+    runs: dict[int, _Run] = {}  # forgotten ones too, so that a slice can still name its LSM tree
     slices: dict[int, tuple[int, int]] = {}  # slice id -> (range id, run id)
     for offset, body in records:
         rtype, fields = _record(offset, body)
@@ -99,43 +110,75 @@ def needed_runs(records) -> list[NeededRun] | None:
             lsm_id = _id(fields, LSM_ID, offset, "lsm id")
             if lsm_id not in lsms:
                 raise VylogError(offset, f"vylog drops LSM tree {lsm_id}, which it never created")
-            if rtype == DROP_LSM:
-                lsms[lsm_id].dropped = True
-            else:
+            if rtype == FORGET_LSM:
                 del lsms[lsm_id]
+            elif lsms[lsm_id].dropped:
+                raise VylogError(offset, f"vylog drops LSM tree {lsm_id} twice")
+            else:
+                lsms[lsm_id].dropped = True
         elif rtype == INSERT_RANGE:
             lsm_id = _id(fields, LSM_ID, offset, "lsm id")
+            range_id = _id(fields, RANGE_ID, offset, "range id")
             if lsm_id not in lsms:
                 raise VylogError(offset, f"vylog inserts a range into LSM tree {lsm_id}, which it never created")
-            ranges[_id(fields, RANGE_ID, offset, "range id")] = lsm_id
+            if range_id in ranges:
+                raise VylogError(offset, f"vylog inserts range {range_id} twice")
+            ranges[range_id] = lsm_id
+            range_slices[range_id] = 0
         elif rtype == DELETE_RANGE:
-            ranges.pop(_id(fields, RANGE_ID, offset, "range id"), None)
+            range_id = _id(fields, RANGE_ID, offset, "range id")
+            if range_id not in ranges:
+                raise VylogError(offset, f"vylog deletes range {range_id}, which it does not hold")
+            if range_slices[range_id]:
+                raise VylogError(offset, f"vylog deletes range {range_id}, which still has run slices")
+            del ranges[range_id], range_slices[range_id]
         elif rtype in (PREPARE_RUN, CREATE_RUN):
             lsm_id = _id(fields, LSM_ID, offset, "lsm id")
+            run_id = _id(fields, RUN_ID, offset, "run id")
             if lsm_id not in lsms:
                 raise VylogError(offset, f"vylog adds a run to LSM tree {lsm_id}, which it never created")
-            runs[_id(fields, RUN_ID, offset, "run id")] = _Run(lsm_id, offset)
+            run = runs.get(run_id)
+            if run is not None and run.forgotten:
+                run = None
+            if run is not None and (rtype == PREPARE_RUN or run.dropped):
+                raise VylogError(offset, f"vylog {'prepares' if rtype == PREPARE_RUN else 'creates'} run {run_id}, "
+                                 + ("which it has dropped" if run.dropped else "which it already holds"))
+            if run is None:
+                runs[run_id] = _Run(lsm_id, offset, rtype == CREATE_RUN)
+            elif rtype == CREATE_RUN:
+                run.committed, run.created_at = True, offset
         elif rtype in (DROP_RUN, FORGET_RUN):
             run_id = _id(fields, RUN_ID, offset, "run id")
-            if run_id not in runs:
-                raise VylogError(offset, f"vylog drops run {run_id}, which it never created")
-            runs[run_id].dropped_at = offset
+            run = runs.get(run_id)
+            if run is None or run.forgotten:
+                raise VylogError(offset, f"vylog {'drops' if rtype == DROP_RUN else 'forgets'} run {run_id}, "
+                                 "which it does not hold")
+            if rtype == DROP_RUN and run.dropped:
+                raise VylogError(offset, f"vylog drops run {run_id} twice")
+            run.dropped = True
+            run.forgotten = rtype == FORGET_RUN
         elif rtype == INSERT_SLICE:
             range_id = _id(fields, RANGE_ID, offset, "range id")
             run_id = _id(fields, RUN_ID, offset, "run id")
-            if range_id not in ranges or run_id not in runs:
+            slice_id = _id(fields, SLICE_ID, offset, "slice id")
+            if range_id not in ranges or run_id not in runs or runs[run_id].forgotten:
                 raise VylogError(offset, f"vylog inserts a slice of run {run_id} into range {range_id}, "
                                  "but the log has no such " + ("range" if range_id not in ranges else "run"))
-            slices[_id(fields, SLICE_ID, offset, "slice id")] = (range_id, run_id)
+            if slice_id in slices:
+                raise VylogError(offset, f"vylog inserts slice {slice_id} twice")
+            slices[slice_id] = (range_id, run_id)
+            range_slices[range_id] += 1
         elif rtype == DELETE_SLICE:
-            slices.pop(_id(fields, SLICE_ID, offset, "slice id"), None)
-    needed: dict[int, NeededRun] = {}
+            slice_id = _id(fields, SLICE_ID, offset, "slice id")
+            if slice_id not in slices:
+                raise VylogError(offset, f"vylog deletes slice {slice_id}, which it does not hold")
+            range_slices[slices.pop(slice_id)[0]] -= 1
+    needed: dict[int, VinylRun] = {}
     for range_id, run_id in slices.values():
-        lsm = lsms.get(ranges.get(range_id, -1))
-        if lsm is None or not lsm.created or lsm.dropped or run_id in needed:
-            continue
-        run = runs[run_id]
-        if run.dropped_at is not None:
-            raise VylogError(run.dropped_at, f"vylog drops run {run_id}, but a slice of a live range still uses it")
-        needed[run_id] = NeededRun(lsm.space_id, lsm.index_id, run_id, run.created_at)
-    return sorted(needed.values(), key=lambda r: r.run_id)
+        lsm = lsms.get(ranges[range_id])
+        # A run dropped while a live slice still uses it is loaded all the same (Tarantool 2.6 starts on it).
+        if lsm is not None and lsm.created and not lsm.dropped and run_id not in needed:
+            needed[run_id] = VinylRun(lsm.space_id, lsm.index_id, run_id, runs[run_id].created_at)
+    unfinished = [VinylRun(lsms[r.lsm_id].space_id, lsms[r.lsm_id].index_id, run_id, r.created_at)
+                  for run_id, r in runs.items() if not (r.committed or r.forgotten) and r.lsm_id in lsms]
+    return VylogRuns(sorted(needed.values(), key=lambda r: r.run_id), unfinished)
