@@ -96,9 +96,7 @@ def run_lua_code(code: str, *, cwd: Path, timeout: float = DEFAULT_TIMEOUT) -> s
     with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="walvault-", delete=False) as f:
         f.write(code)
     try:
-        exe = _require_tarantool()
-        return subprocess.run([exe, f.name], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
+        return _run_lua(f.name, [], cwd=cwd, timeout=timeout)  # LUA_DIR / an absolute path is that path
     finally:
         os.unlink(f.name)
 

@@ -432,6 +432,10 @@ def _runs(instance: Path, index: int) -> list[Path]:
     return sorted((instance / "vinyl" / "513" / str(index)).glob("*.run"))
 
 
+def _file_report(report: dict, path: Path) -> dict:
+    return next(f for f in report["files"] if f["path"].endswith(path.name))
+
+
 @pytest.mark.parametrize("suffix", [".run", ".index"])
 def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instance, tmp_path, suffix):
     work = copy_tree(real_instance, tmp_path / "data")
@@ -441,7 +445,7 @@ def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instanc
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     vylog = sorted((work / "vinyl").glob("*.vylog"))[-1]
-    f = next(f for f in report["files"] if f["path"].endswith(vylog.name))
+    f = _file_report(report, vylog)
     assert f["status"] == "damaged"
     assert [(x["code"], x["message"].split(" is missing")[0].rsplit(" ", 1)[-1]) for x in f["findings"]] == \
         [("missing_run_file", f"513/0/{newest_run.name}")]
@@ -449,10 +453,6 @@ def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instanc
     result = tr.start_recovery(work)
     assert not result.started, result.log
     assert newest_run.name in (result.error or ""), result.error
-
-
-def _vylog_report(report: dict, vylog: Path) -> dict:
-    return next(f for f in report["files"] if f["path"].endswith(vylog.name))
 
 
 def test_run_a_crash_cut_short_is_in_progress_and_tarantool_starts(real_instance, tmp_path):
@@ -468,7 +468,7 @@ def test_run_a_crash_cut_short_is_in_progress_and_tarantool_starts(real_instance
     cut.write_bytes(written[:len(written) * 2 // 3])
     proc = run_cli("verify", "--json", work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    f = next(f for f in json.loads(proc.stdout)["files"] if f["path"].endswith(cut.name))
+    f = _file_report(json.loads(proc.stdout), cut)
     assert f["status"] == "in_progress" and f["findings"], f
     before = tr.start_recovery(copy_tree(real_instance, tmp_path / "untouched"))
     result = tr.start_recovery(work)
@@ -481,7 +481,7 @@ def test_vylog_ahead_of_the_newest_snapshot_is_found_and_tarantool_refuses_to_st
     proc = run_cli("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    f = _vylog_report(report, sorted((work / "vinyl").glob("*.vylog"))[-1])
+    f = _file_report(report, sorted((work / "vinyl").glob("*.vylog"))[-1])
     assert [x["code"] for x in f["findings"]] == ["vylog_ahead_of_snapshot"] and f["status"] == "damaged"
     result = tr.start_recovery(work)
     assert not result.started and "Can't find snapshot" in (result.error or "") + result.log, result.error
@@ -492,7 +492,7 @@ def test_vylog_tarantool_wrote_dropping_a_tree_twice_is_refused(tmp_path):
     work = copy_tree(Path(__file__).parent / "data" / "tarantool" / "drop-lsm-twice", tmp_path / "data")
     proc = run_cli("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    f = _vylog_report(json.loads(proc.stdout), sorted((work / "vinyl").glob("*.vylog"))[-1])
+    f = _file_report(json.loads(proc.stdout), sorted((work / "vinyl").glob("*.vylog"))[-1])
     assert [(x["code"], "LSM tree 77 twice" in x["message"]) for x in f["findings"]] == [("bad_vylog_record", True)]
     result = tr.start_recovery(work)
     assert not result.started and "LSM tree 77 deleted twice" in (result.error or "") + result.log, result.error
