@@ -154,3 +154,61 @@ def append_vylog_records(vylog: Path, bodies: list[dict]) -> int:
     payload = b"".join(msgpack.packb({0: 2}) + msgpack.packb(body) for body in bodies)
     vylog.write_bytes(data + encode_fixheader(False, payload) + payload)
     return len(data)
+
+
+# -- repositories: the same tests over a local path and over S3 (moto's server on 127.0.0.1)
+
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "walvault-test-key", "AWS_SECRET_ACCESS_KEY": "walvault-test-secret-value",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> str:
+    """A real S3 HTTP API (moto's threaded server) on 127.0.0.1; credentials in the environment."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    for key, value in S3_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+class RepoTarget:
+    """Where a test's repository lives: `url` and `options` for Repository, `cli` for walvault's arguments."""
+
+    def __init__(self, kind: str, url: str, options: dict):
+        self.kind, self.url, self.options = kind, url, options
+
+    @property
+    def cli(self) -> list[str]:
+        args = ["--repo", self.url]
+        for key, value in self.options.items():
+            args += ["--repo-option", f"{key}={value}"]
+        return args
+
+    def repository(self, create: bool = True):
+        from walcore.repository import Repository
+
+        return Repository(self.url, self.options, create=create)
+
+
+_bucket_counter = iter(range(1_000_000))
+
+
+@pytest.fixture(params=["local", "s3"])
+def repo_target(request, tmp_path) -> RepoTarget:
+    """A fresh, empty repository: a local directory, then a bucket of the loopback S3 server."""
+    if request.param == "local":
+        return RepoTarget("local", str(tmp_path / "repo"), {})
+    endpoint = request.getfixturevalue("s3_endpoint")
+    import s3fs
+
+    bucket = f"walvault-{os.getpid()}-{next(_bucket_counter)}"
+    s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(bucket)
+    return RepoTarget("s3", f"s3://{bucket}/repo", {"endpoint_url": endpoint})

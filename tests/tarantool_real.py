@@ -379,6 +379,44 @@ def _last_error_line(log: str) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- backups
+
+
+def _dirs_cfg(workdir: Path) -> dict:
+    return {"memtx_dir": str(workdir / "memtx"), "wal_dir": str(workdir / "wal"), "vinyl_dir": str(workdir / "vinyl"),
+            "work_dir": str(workdir)}
+
+
+def write_more(workdir: Path, *, rows: int, snapshot: bool, seed: int, wal_max_size: int = 16384,
+               crash: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Write more to a data dir made by generate_instance (lua/more_writes.lua): memtx, vinyl and local rows,
+    single and multi-statement transactions, with a snapshot half way when asked; SIGKILL at the end when
+    `crash`."""
+    workdir = Path(workdir).resolve()
+    cfg = {**_dirs_cfg(workdir), "rows": rows, "snapshot": snapshot, "seed": seed, "wal_max_size": wal_max_size,
+           "crash": crash}
+    proc = _run_lua("more_writes.lua", [json.dumps(cfg)], cwd=workdir, timeout=timeout)
+    if proc.returncode != (-9 if crash else 0):
+        raise TarantoolError(f"more_writes in {workdir} failed: tarantool exited with {proc.returncode}",
+                             returncode=proc.returncode, log=(proc.stderr or "") + (proc.stdout or ""))
+
+
+def dump_data_dir(workdir: Path, *, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """Start Tarantool on a copy of a data dir and return {"vclock": {int: int}, "spaces": {name: [rows]}} —
+    every row of every user space in primary key order. Raises TarantoolError when it does not start."""
+    workdir = Path(workdir).resolve()
+    with tempfile.TemporaryDirectory(prefix="walvault-dump-") as tmp:
+        copy = Path(tmp) / "data"
+        shutil.copytree(workdir, copy)
+        out = Path(tmp) / "dump.json"
+        proc = _run_lua("dump.lua", [json.dumps({**_dirs_cfg(copy), "out": str(out)})], cwd=copy, timeout=timeout)
+        data = json.loads(out.read_text()) if out.exists() else {}
+    if not data.get("started"):
+        raise TarantoolError(f"tarantool did not start on a copy of {workdir}: {data.get('error')}",
+                             returncode=proc.returncode, log=(proc.stderr or "") + (proc.stdout or ""))
+    return {"vclock": _int_map(data["vclock"]), "spaces": data["spaces"], "instance_uuid": data["instance_uuid"]}
+
+
 __all__ = [
     "TARANTOOL",
     "TarantoolError",
@@ -389,4 +427,6 @@ __all__ = [
     "xlog_pairs_summary",
     "start_recovery",
     "time_xlog_pairs",
+    "write_more",
+    "dump_data_dir",
 ]

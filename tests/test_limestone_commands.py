@@ -20,7 +20,7 @@ from conftest import LIMESTONE_FIXTURES as FIXTURES
 from conftest import limestone_readme_table, require_limestone, run_cli, tree_snapshot
 from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
-from walcore.rotate import RotateRefused, rotate
+from walcore.command.rotate import RotateRefused, rotate
 
 README = FIXTURES / "README.md"
 MANIFEST = "limestone-manifest.json"

@@ -40,9 +40,9 @@ from limestone_model import (ADD, CLEAR, EPOCH_RECORD, OK, PUT, PUT_BLOB, REMOVE
 from walcore.limestone import pwal, writer
 from walcore.limestone.scan import scan_pwal
 from walcore.limestone.writer import LogDir
-from walcore.repair import RepairRefused, apply_repair, plan_repair
-from walcore.state import StateRefused, directory_state
-from walcore.verify import verify_paths
+from walcore.command.repair import RepairRefused, apply_repair, plan_repair
+from walcore.command.state import StateRefused, directory_state
+from walcore.command.verify import verify_paths
 
 
 N_SEEDS = 300

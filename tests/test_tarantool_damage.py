@@ -20,11 +20,11 @@ import pytest
 
 from tarantool_bytes import (EOF_MAGIC, HEADER, ROW_MAGIC, ZROW_MAGIC, Blk, Framing, RawRow, block_rows, count_rows,
                              framing, replace_payload, split_rows)
-import walcore.verify as wverify
+import walcore.command.verify as wverify
 from walcore.tarantool.meta import parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.verify import verify_paths
+from walcore.command.verify import verify_paths
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIXTURES = SHARED / "fixtures" / "tarantool"

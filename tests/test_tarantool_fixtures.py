@@ -21,7 +21,7 @@ from walcore.tarantool.meta import MAX_META_SIZE, encode_meta, format_vclock, pa
 from walcore.tarantool.row import RowWalker, summarize_rows
 from walcore.tarantool.writer import dml_header, encode_row, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.verify import verify_paths
+from walcore.command.verify import verify_paths
 
 SUFFIXES = (".xlog", ".snap", ".vylog", ".run", ".index")
 UUIDS = {"features": "aaaaaaaa-bbbb-4ccc-8ddd-000000000001",

@@ -21,7 +21,7 @@ from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
 from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
 from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.verify import verify_paths
+from walcore.command.verify import verify_paths
 
 pytestmark = require_tarantool
 

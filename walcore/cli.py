@@ -1,8 +1,10 @@
 """walvault: the command line.
 
-Exit codes, for every command: 0 done and intact; 1 findings (or, for repair and rotate, refused
-because of what was found); 2 nothing could be checked or done (a path is missing or unreadable,
-holds no WAL files, is in use by a running limestone, or the command line is wrong).
+Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
+rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
+directory, a damaged stored object, a lease held by another backup); 2 nothing could be checked or done
+(a path is missing or unreadable, holds no WAL files, is in use by a running limestone, the repository or
+a running Tarantool cannot be reached, or the command line is wrong).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in (("inspect", "list what is there: every file, its vclock or epochs, rows, ranges"),
                             ("verify", "check that every block, row, entry and chain link is intact")):
         cmd = sub.add_parser(name, help=help_text, description=help_text)
-        cmd.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
+        if name == "verify":
+            cmd.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                             help="files or directories; with --repo: the backup to verify (an id or latest; "
+                             "default: every backup and the archive)")
+            _repo_arguments(cmd, required=False)
+        else:
+            cmd.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
         cmd.add_argument("--json", action="store_true", help="print one JSON object instead of text")
         cmd.add_argument("--jobs", type=int, default=None, metavar="N",
                          help="worker processes (default: one per core)")
@@ -55,11 +63,54 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("dir", type=Path, metavar="DIR")
     cmd.add_argument("--format", choices=("tsv",), default="tsv",
                      help="tsv: storage_id<TAB>key_hex<TAB>value_hex per live key, sorted")
+    cmd = sub.add_parser("archive", help="copy the sealed files of sources into the repository, each verified first")
+    cmd.add_argument("paths", nargs="+", type=Path, metavar="SOURCE", help="Tarantool data dirs, limestone dirs")
+    _repo_arguments(cmd)
+    _work_arguments(cmd)
+    cmd = sub.add_parser("backup", help="a full or incremental backup of one source, proven restorable",
+                         description="Back up one Tarantool data dir or limestone log directory: a manifest of "
+                         "every file a restore needs, each stored zstd-compressed with its SHA-256.")
+    cmd.add_argument("source", type=Path, metavar="SOURCE")
+    _repo_arguments(cmd)
+    cmd.add_argument("--type", choices=("full", "incremental"), default="full")
+    cmd.add_argument("--connect", metavar="URI",
+                     help="a running Tarantool ([user:password@]host:port): back up through box.backup.start()")
+    cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                     help="wait this long for another backup or expiry of the source to finish (default: fail)")
+    _work_arguments(cmd)
+    cmd = sub.add_parser("backups", help="list the repository's backups, oldest first")
+    _repo_arguments(cmd)
+    cmd.add_argument("--json", action="store_true")
+    cmd = sub.add_parser("restore", help="restore a backup into an empty directory (optionally to a point in time)")
+    cmd.add_argument("backup", metavar="BACKUP", help="a backup id, or latest")
+    cmd.add_argument("target", type=Path, metavar="TARGET", help="an empty or missing directory")
+    _repo_arguments(cmd)
+    cmd.add_argument("--to", metavar="TIME|POSITION",
+                     help="Tarantool: a vclock ({1: 120}) or a time (ISO 8601, or @unix seconds); limestone: an "
+                     "epoch")
+    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return parser
 
 
+def _repo_arguments(cmd, required: bool = True) -> None:
+    cmd.add_argument("--repo", required=required, metavar="URL",
+                     help="the repository: a path, s3://bucket/prefix, or any fsspec URL")
+    cmd.add_argument("--repo-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="an fsspec storage option (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+
+
+def _work_arguments(cmd) -> None:
+    cmd.add_argument("--level", type=int, default=3, metavar="N", help="zstd level, 1..19 (default 3)")
+    cmd.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel workers (default: one per core)")
+    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress lines on stderr (default: when stderr is a terminal)")
+
+
 # What stderr says first when a command that writes or trusts a directory does not go ahead.
-_NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state"}
+_NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state", "archive": "not archived",
+             "backup": "not backed up", "restore": "not restored", "backups": "cannot list"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,30 +121,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
     sys.stdout.reconfigure(errors="backslashreplace")
+    from .repository import RepositoryError
+    from .repository.lease import LeaseBusy
+    from .repository.storage import UnsafeName
+    from .tarantool.live import LiveError as TarantoolLiveError
+
+    not_done = _NOT_DONE.get(args.command, "cannot check")
     try:
+        if args.command == "verify" and args.repo:
+            return _verify_repo(args)
         if args.command in ("inspect", "verify"):
             return _verify(args)
-        if args.command == "rotate":
-            return _rotate(args)
-        if args.command == "repair":
-            return _repair(args)
-        return _state(args)
-    except OSError as e:
-        print(f"walvault: {_NOT_DONE.get(args.command, 'cannot check')}: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
-    except LiveError as e:
-        print(f"walvault: {_NOT_DONE[args.command]}: {e}", file=sys.stderr)
+        return globals()[f"_{args.command}"](args)
+    except (LeaseBusy, UnsafeName) as e:
+        print(f"walvault: {not_done}: {e}", file=sys.stderr)
+        return EXIT_FINDINGS
+    except (OSError, LiveError, RepositoryError, TarantoolLiveError) as e:
+        print(f"walvault: {not_done}: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     except Refused as e:
-        print(f"walvault: {_NOT_DONE[args.command]}: {e}", file=sys.stderr)
+        print(f"walvault: {not_done}: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
 
 
 def _verify(args) -> int:
+    if not args.paths:
+        print("walvault: verify needs a PATH (or --repo URL to verify a repository)", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
     if args.jobs is not None and args.jobs < 1:
         print("walvault: --jobs must be at least 1", file=sys.stderr)
         return EXIT_CANNOT_CHECK
-    from .verify import verify_paths
+    from .command.verify import verify_paths
 
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
@@ -129,7 +187,7 @@ def _limestone_dir(path: Path) -> bool:
 
 
 def _rotate(args) -> int:
-    from .rotate import rotate
+    from .command.rotate import rotate
 
     if args.min_bytes < 0:
         print("walvault: --min-bytes must not be negative", file=sys.stderr)
@@ -150,7 +208,7 @@ def _rotate(args) -> int:
 
 
 def _repair(args) -> int:
-    from .repair import apply_repair, plan_repair
+    from .command.repair import apply_repair, plan_repair
 
     if args.cut and not args.apply:
         print("walvault: --cut goes with --apply (without --apply nothing is changed anyway)", file=sys.stderr)
@@ -186,12 +244,134 @@ def _repair(args) -> int:
 
 def _state(args) -> int:
     from .limestone.state import format_tsv
-    from .state import directory_state
+    from .command.state import directory_state
 
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
     sys.stdout.write(format_tsv(directory_state(args.dir)))
     return EXIT_OK
+
+
+def _progress(args) -> bool:
+    return sys.stderr.isatty() if args.progress is None else args.progress
+
+
+def _repository(args, create: bool = False):
+    from .repository import Repository
+    from .repository.storage import parse_options
+
+    return Repository(args.repo, parse_options(args.repo_option), create=create)
+
+
+def _check_work_arguments(args) -> bool:
+    if not 1 <= args.level <= 19 or (args.jobs is not None and args.jobs < 1):
+        print("walvault: --level is 1..19 and --jobs at least 1", file=sys.stderr)
+        return False
+    return True
+
+
+def _archive(args) -> int:
+    from .command.archive import archive
+
+    if not _check_work_arguments(args):
+        return EXIT_CANNOT_CHECK
+    repo = _repository(args, create=True)
+    result = archive(args.paths, repo, level=args.level, jobs=args.jobs, progress=_progress(args))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        for what, paths in (("archived", result.stored), ("already archived", result.already),
+                            ("not sealed, not archived", result.not_sealed)):
+            for path in paths:
+                print(f"{what}: {path}")
+        for refused in result.refused:
+            print(f"refused (damaged): {refused['path']}: "
+                  + "; ".join(f"{f['code']} at {f['offset']}: {f['message']}" for f in refused["findings"][:5]))
+        for c in result.conflicts:
+            print(f"CONFLICT: {c['path']} was archived before with other bytes (sha256 {c['archived_sha256'][:12]}); "
+                  f"the new bytes are kept as {c['kept_as']}")
+    return EXIT_OK if result.ok else EXIT_FINDINGS
+
+
+def _backup(args) -> int:
+    from .command.backup import backup
+
+    if not _check_work_arguments(args):
+        return EXIT_CANNOT_CHECK
+    repo = _repository(args, create=True)
+    result = backup(args.source, repo, incremental=args.type == "incremental", connect=args.connect,
+                    level=args.level, jobs=args.jobs, progress=_progress(args), wait=args.wait)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        m = result.manifest
+        for note in result.notes:
+            print(f"note: {note}")
+        for leftover in result.removed_leftovers:
+            print(f"removed the leftovers of interrupted backup {leftover}")
+        print(f"backup {m.id} ({m.type}{', parent ' + m.parent if m.parent else ''}) of {m.family} {m.instance}: "
+              f"{len(m.files)} files, {m.bytes:,} bytes, {m.stored_bytes:,} stored; restores to {m.position}")
+    return EXIT_OK
+
+
+def _backups(args) -> int:
+    from .command.repo_verify import list_backups
+
+    backups = list_backups(_repository(args))
+    if args.json:
+        _print_json({"backups": backups})
+        return EXIT_OK
+    for b in backups:
+        parent = f" <- {b['parent']}" if b["parent"] else ""
+        size = f"{b['files']} files, {b['bytes']:,} bytes ({b['stored_bytes']:,} stored)" if b["files"] is not None else ""
+        print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
+              f"{b['position'] or ''}{parent}")
+    if not backups:
+        print("no backups")
+    return EXIT_OK
+
+
+def _restore(args) -> int:
+    from .command.restore import restore
+
+    repo = _repository(args)
+    result = restore(repo, args.backup, args.target, to=args.to, progress=_progress(args))
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        for note in result.notes:
+            print(f"note: {note}")
+        print(f"restored backup {result.backup} into {result.target}: {result.files} files, {result.bytes:,} bytes"
+              + (f" ({result.reused} kept from an interrupted run)" if result.reused else ""))
+        if result.point:
+            print(f"point in time: {result.point}")
+    return EXIT_OK
+
+
+def _verify_repo(args) -> int:
+    from .command.repo_verify import verify_repository
+
+    if len(args.paths) > 1:
+        print("walvault: verify --repo takes at most one BACKUP", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    repo = _repository(args)
+    report = verify_repository(repo, str(args.paths[0]) if args.paths else None, progress=_progress(args))
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        for b in report.backups:
+            print(f"backup {b['id']} ({b['family']} {b['instance']}): {b['status']}")
+            for f in b["findings"]:
+                print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
+        for a in report.archive:
+            print(f"archive {a['family']} {a['instance']}: {a['files']} files, {a['status']}")
+            for f in a["findings"]:
+                print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
+        for leftover in report.leftovers:
+            print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
+        print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; verdict: "
+              f"{'INTACT' if report.intact else 'DAMAGED'}")
+    return EXIT_OK if report.intact else EXIT_FINDINGS
 
 
 def _print_json(obj) -> None:

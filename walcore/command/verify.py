@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .limestone import check as limestone_check
-from .limestone.check import LimestoneDir, LimestoneFile
-from .limestone.layout import is_limestone_dir
-from .limestone.layout import kind_of as limestone_kind
-from .limestone.scan import scan_pwal
-from .tarantool.layout import discover, kind_of
+from ..limestone import check as limestone_check
+from ..limestone.check import LimestoneDir, LimestoneFile
+from ..limestone.layout import is_limestone_dir
+from ..limestone.layout import kind_of as limestone_kind
+from ..limestone.scan import scan_pwal
+from ..tarantool.layout import discover, kind_of
 
 if TYPE_CHECKING:  # the Tarantool reader (crc32c, zstandard) is imported only when there are Tarantool files
-    from .tarantool.check import Chain, TarantoolFile
-    from .tarantool.xlog import FileScan
+    from ..tarantool.check import Chain, TarantoolFile
+    from ..tarantool.xlog import FileScan
 
 # A file larger than this is split so that both cores work on it.
 SPLIT_SIZE = 32 << 20
@@ -63,7 +63,7 @@ def _units(size: int, jobs: int) -> list[tuple[int | None, int | None]]:
 def _run_unit(unit: tuple):
     if unit[0] == "limestone":
         return scan_pwal(unit[1], unit[2])
-    from .tarantool.xlog import scan_file
+    from ..tarantool.xlog import scan_file
 
     _, path, start, stop = unit
     return scan_file(path, start=start, stop=stop)
@@ -71,7 +71,7 @@ def _run_unit(unit: tuple):
 
 def _join(path: str, parts: list[tuple[int | None, int | None, FileScan]]) -> FileScan:
     """Merge the scans of one file's ranges; re-scan from where two ranges do not meet."""
-    from .tarantool.xlog import merge_spans, scan_file
+    from ..tarantool.xlog import merge_spans, scan_file
 
     parts.sort(key=lambda p: -1 if p[0] is None else p[0])
     whole = parts[0][2]
@@ -133,30 +133,8 @@ def _find(paths: list[Path]):
     return layout, sorted(unique.values())
 
 
-def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:
-    """Verify files and directories. Raises FileNotFoundError/PermissionError when a path cannot be read."""
-    layout, roots = _find(paths)
-    plans = [limestone_check.prepare(root) for root in roots]
-    jobs = jobs or os.cpu_count() or 1
-    sizes = {str(p): p.stat().st_size for p in layout.files}
-    work = []
-    for p in layout.files:
-        kind = kind_of(p)
-        if kind and kind[1]:
-            continue
-        for start, stop in _units(sizes[str(p)], jobs):
-            work.append(("tarantool", str(p), start, stop))
-    for plan in plans:
-        for p in plan.pwal_paths:
-            sizes[str(p)] = p.stat().st_size
-            work.append(("limestone", str(p), plan.report.durable_epoch))
-
-    def unit_bytes(unit) -> int:
-        if unit[0] == "tarantool":
-            return (unit[3] or sizes[unit[1]]) - (unit[2] or 0)
-        return sizes[unit[1]]
-
-    tracker = Progress(sum(unit_bytes(u) for u in work), progress)
+def _run_work(work: list[tuple], unit_bytes, jobs: int, tracker: Progress) -> dict[str, list]:
+    """Run work units, on a pool of processes when there is more than one unit and job; results by path."""
     results: dict[str, list] = {}
     if jobs > 1 and len(work) > 1:
         from concurrent.futures import ProcessPoolExecutor, as_completed  # costs 20 ms: only when used
@@ -171,9 +149,57 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
         for unit in work:
             results.setdefault(unit[1], []).append((unit, _run_unit(unit)))
             tracker.advance(unit_bytes(unit))
+    return results
+
+
+def _tarantool_units(paths: list[Path], sizes: dict[str, int], jobs: int) -> list[tuple]:
+    work = []
+    for p in paths:
+        kind = kind_of(p)
+        if kind and kind[1]:
+            continue
+        for start, stop in _units(sizes[str(p)], jobs):
+            work.append(("tarantool", str(p), start, stop))
+    return work
+
+
+def _unit_bytes(sizes: dict[str, int]):
+    def unit_bytes(unit) -> int:
+        if unit[0] == "tarantool":
+            return (unit[3] or sizes[unit[1]]) - (unit[2] or 0)
+        return sizes[unit[1]]
+    return unit_bytes
+
+
+def scan_tarantool(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> dict[str, TarantoolFile]:
+    """The verdict on each Tarantool file seen alone (no chain checks), by str(path), scanned over processes."""
+    from ..tarantool.check import file_verdict, in_progress_file
+
+    jobs = jobs or os.cpu_count() or 1
+    sizes = {str(p): p.stat().st_size for p in paths}
+    work = _tarantool_units(paths, sizes, jobs)
+    unit_bytes = _unit_bytes(sizes)
+    results = _run_work(work, unit_bytes, jobs, Progress(sum(map(unit_bytes, work)), progress))
+    return {str(p): file_verdict(_join(str(p), [(u[2], u[3], r) for u, r in results[str(p)]]))
+            if str(p) in results else in_progress_file(p, sizes[str(p)]) for p in paths}
+
+
+def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:
+    """Verify files and directories. Raises FileNotFoundError/PermissionError when a path cannot be read."""
+    layout, roots = _find(paths)
+    plans = [limestone_check.prepare(root) for root in roots]
+    jobs = jobs or os.cpu_count() or 1
+    sizes = {str(p): p.stat().st_size for p in layout.files}
+    work = _tarantool_units(layout.files, sizes, jobs)
+    for plan in plans:
+        for p in plan.pwal_paths:
+            sizes[str(p)] = p.stat().st_size
+            work.append(("limestone", str(p), plan.report.durable_epoch))
+    unit_bytes = _unit_bytes(sizes)
+    results = _run_work(work, unit_bytes, jobs, Progress(sum(map(unit_bytes, work)), progress))
     reports: dict[str, TarantoolFile] = {}
     if layout.files:
-        from .tarantool.check import check_chains, check_vinyl, file_verdict, in_progress_file
+        from ..tarantool.check import check_chains, check_vinyl, file_verdict, in_progress_file
     for p in layout.files:
         key = str(p)
         if key in results:

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .limestone.check import check_dir
-from .limestone.epoch import EPOCH_NAME
-from .findings import Refused
-from .fsutil import fsync_dir
-from .limestone.layout import exclusive_lock, kind_of, rotated_name
+from ..limestone.check import check_dir
+from ..limestone.epoch import EPOCH_NAME
+from ..findings import Refused
+from ..fsutil import fsync_dir
+from ..limestone.layout import exclusive_lock, kind_of, rotated_name
 
 
 class RotateRefused(Refused):

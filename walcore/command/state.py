@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .findings import Refused
-from .limestone.check import finish, prepare
-from .limestone.state import build_state
+from ..findings import Refused
+from ..limestone.check import finish, prepare
+from ..limestone.state import build_state
 
 
 class StateRefused(Refused):

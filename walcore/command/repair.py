@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
-from .limestone.check import check_dir
-from .findings import Refused
-from .fsutil import fsync_dir, read_chunks, write_atomic
-from .limestone.layout import exclusive_lock, kind_of, rotated_name
-from .limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
+from ..limestone.catalog import CATALOG_BACKUP, CATALOG_NAME
+from ..limestone.check import check_dir
+from ..findings import Refused
+from ..fsutil import fsync_dir, read_chunks, write_atomic
+from ..limestone.layout import exclusive_lock, kind_of, rotated_name
+from ..limestone.pwal import CANCELED_HEADER, SNIPPET_HEADER
 
 
 class RepairRefused(Refused):

@@ -1,0 +1,241 @@
+"""The archive command: sealed files of each source copied into the repository under their own names.
+
+Sealed means that the database will never write to the file again: Tarantool's snapshots, xlogs other
+than the newest, vylogs other than the newest, finished run and index files; limestone's rotated pwal and
+epoch files and blobs. The newest xlog and vylog, an active `pwal_NNNN`, `epoch` and `*.inprogress` files
+are never archived. The compacted file, the catalog and the manifest are rewritten in place by limestone,
+so each content of theirs is archived under `<name>@<first 12 hex of its SHA-256>`.
+
+Each file is verified by walcore first; a damaged one is refused with its findings and not stored.
+The same name with the same bytes again is a no-op; the same name with other bytes is a conflict: the new
+bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is reported.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..repository import Repository, SourceChanged, utc_now
+from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
+from ..repository.storage import UnsafeName
+from .backup import Progress
+
+RECORD_SUFFIX = ".json"
+VERSIONED_KINDS = ("compacted", "catalog", "manifest")
+
+
+@dataclass
+class ArchiveResult:
+    stored: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    not_sealed: list[str] = field(default_factory=list)
+    refused: list[dict] = field(default_factory=list)  # {"path", "findings"}
+    conflicts: list[dict] = field(default_factory=list)  # {"path", "archived_sha256", "sha256", "kept_as"}
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.conflicts
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Item:
+    path: Path
+    family: str
+    instance: str
+    name: str
+    kind: str
+    verdict: object
+
+
+def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntry | None]:
+    """Every archive record of a source (None for one that cannot be read)."""
+    prefix = f"{repo.source_dir(family, instance)}/archive"
+    out = []
+    for name in repo.storage.list(prefix):
+        if name.endswith(".zst" + RECORD_SUFFIX):
+            out.append(_load_record(repo, name))
+    return out
+
+
+def _load_record(repo: Repository, name: str) -> FileEntry | None:
+    try:
+        return FileEntry.from_json(decode_checked(repo.storage.read_bytes(name), name))
+    except (FileNotFoundError, ManifestError, UnsafeName):
+        return None
+
+
+def archive(sources: list[Path], repo: Repository, *, level: int = 3, jobs: int | None = None,
+            progress: bool = False) -> ArchiveResult:
+    from .verify import verify_paths
+
+    result = ArchiveResult()
+    report = verify_paths([Path(s) for s in sources], jobs=jobs, progress=progress)
+    items = _tarantool_items(report, result) + _limestone_items(report, result)
+    tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        list(pool.map(lambda item: _store(repo, item, result, level, tracker), items))
+    for field_name in ("stored", "already", "not_sealed"):
+        getattr(result, field_name).sort()
+    return result
+
+
+def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
+    from ..tarantool.layout import kind_of
+
+    files = {f.path: f for f in report.files if f.to_json()["family"] == "tarantool"}
+    chains = {c.path: c for c in report.chains}
+    items = []
+    newest = set()
+    for chain in chains.values():
+        if chain.xlogs:
+            newest.add(chain.xlogs[-1])
+    # The data dir of each file: the common root of its kind's directories (what verify grouped together).
+    by_dir: dict[str, str] = {}
+    instance_of_dir: dict[str, str] = {}
+    for f in files.values():
+        if f.instance:
+            instance_of_dir.setdefault(str(Path(f.path).parent), f.instance)
+    vylogs = sorted((f for f in files.values() if f.kind == "vylog"), key=lambda f: Path(f.path).name)
+    for f in vylogs[-1:]:
+        newest.add(f.path)
+    for f in files.values():
+        path = Path(f.path)
+        if f.status == "in_progress" or path.name.endswith(".inprogress"):
+            result.not_sealed.append(f.path)
+            continue
+        if f.path in newest:
+            result.not_sealed.append(f.path)
+            continue
+        if f.status == "damaged":
+            result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
+            continue
+        if f.status != "ok":
+            result.not_sealed.append(f.path)
+            continue
+        root = _data_root(path, f.kind)
+        instance = f.instance or instance_of_dir.get(str(root)) or _instance_near(root, files)
+        if instance is None:
+            result.refused.append({"path": f.path, "findings": [{"code": "no_instance", "offset": None,
+                                   "message": "no file beside it names its instance"}]})
+            continue
+        by_dir[f.path] = str(root)
+        items.append(_Item(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
+                           kind_of(path)[0], f))
+    return items
+
+
+def _data_root(path: Path, kind: str) -> Path:
+    """The data dir a file belongs to: memtx/, wal/ and vinyl/ side by side count as one, their parent."""
+    d = path.parent
+    if kind in ("run", "index"):
+        d = d.parent.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
+        path = d / "x.vylog"
+    if d.name in ("memtx", "wal", "vinyl") and any((d.parent / n).is_dir() for n in ("memtx", "wal", "vinyl")
+                                                  if n != d.name):
+        return d.parent
+    return d
+
+
+def _instance_near(root: Path, files: dict) -> str | None:
+    for f in files.values():
+        if f.instance and Path(f.path).is_relative_to(root):
+            return f.instance
+    return None
+
+
+def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
+    import hashlib
+
+    items = []
+    sealed = ("pwal_rotated", "epoch_rotated", "blob") + VERSIONED_KINDS
+    for d in report.dirs:
+        root = Path(d.path)
+        if d.status == "cannot_check" or d.manifest is None:
+            result.refused.append({"path": d.path, "findings": [x.to_json() for x in d.findings]})
+            continue
+        instance = d.manifest.instance_uuid or "path-" + hashlib.sha256(
+            os.fsencode(os.path.realpath(root))).hexdigest()[:16]
+        for f in report.files:
+            if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
+                continue
+            if f.kind not in sealed:
+                result.not_sealed.append(f.path)
+                continue
+            if f.status == "damaged":
+                result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
+                continue
+            items.append(_Item(Path(f.path), "limestone", instance, Path(os.path.relpath(f.path, root)).as_posix(),
+                               f.kind, f))
+    return items
+
+
+def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress) -> None:
+    base = f"{repo.source_dir(item.family, item.instance)}/archive"
+    name = item.name
+    if item.kind in VERSIONED_KINDS:
+        name = f"{name}@{_sha256(item.path)[:12]}"
+    record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
+    existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
+    if existing is not None and existing.size == item.path.stat().st_size and existing.sha256 == _sha256(item.path):
+        result.already.append(str(item.path))
+        tracker.advance(0)
+        return
+    object_name = f"{base}/{name}.zst"
+    if existing is not None:
+        sha = _sha256(item.path)
+        object_name = f"{base}/{name}.conflict-{sha[:12]}.zst"
+        record_name = object_name + RECORD_SUFFIX
+    try:
+        stored = repo.put_object(object_name, item.path, level=level)
+    except SourceChanged as e:
+        result.refused.append({"path": str(item.path), "findings": [{"code": "changed", "offset": None,
+                                                                     "message": str(e)}]})
+        return
+    verdict = _verdict_record(item)
+    entry = FileEntry(name=item.name, kind=item.kind, size=stored.size, sha256=stored.sha256, stored=object_name,
+                      stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
+                      mutable=False, range=_range(item), verification=verdict)
+    repo.storage.write_bytes(record_name, encode_checked({**entry.__dict__, "archived": utc_now(),
+                                                          "source": str(item.path)}))
+    if item.family == "tarantool" and verdict.get("status") == "ok":
+        repo.ledger_put("tarantool", item.instance, stored.sha256, verdict)
+    if existing is not None:
+        result.conflicts.append({"path": str(item.path), "archived_sha256": existing.sha256,
+                                 "sha256": stored.sha256, "kept_as": object_name})
+    else:
+        result.stored.append(str(item.path))
+    tracker.advance(stored.size)
+
+
+def _verdict_record(item: _Item) -> dict:
+    if item.family == "tarantool":
+        from ..tarantool.backup_set import verdict_record
+
+        return {**verdict_record(item.verdict), "checked_by": "scan"}
+    record = item.verdict.to_json()
+    del record["path"]
+    return {**record, "checked_by": "scan"}
+
+
+def _range(item: _Item) -> dict:
+    if item.family == "tarantool":
+        from .backup_tarantool import _vclock_range
+
+        return _vclock_range(item.verdict)
+    return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            h.update(data)
+    return h.hexdigest()

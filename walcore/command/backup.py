@@ -1,0 +1,216 @@
+"""The backup command: one source (a Tarantool data dir or a limestone log directory) into the repository.
+
+Order of work, so that a backup is either whole and proven or absent:
+1. take the source's lease, remove what an interrupted backup of it left (files without a manifest);
+2. choose the set (the family's rules) and, for an incremental, its parent chain;
+3. store each file not already held by the parent chain — read once, hashing the source bytes and the
+   stored bytes, zstd-compressed, on all cores; sealed files the parent chain holds (same name and size:
+   sealed files never change) are referenced, mutable ones (the newest xlog, an active pwal, `epoch`) are
+   read again and referenced only when their bytes are the same;
+4. verify: a file whose SHA-256 the ledger knows as verified is not read again; others are scanned; then
+   the family's set checks (chain, snapshot, vinyl; the limestone directory verdict) run on the set;
+5. write the manifest (copy, then main): only then does the backup exist.
+Any refusal or error removes what this backup stored.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..findings import Refused
+from ..repository import Repository, Stored, utc_now, walvault_version
+from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, save_checked
+
+LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
+
+
+@dataclass
+class Candidate:
+    """A file to back up: where it is, its name in the backup, and how to treat it."""
+
+    path: Path
+    name: str
+    kind: str
+    mutable: bool
+    limit: int | None = None  # store only this many bytes (an open file's whole blocks)
+    entry: FileEntry | None = None  # filled once stored or referenced
+    verdict: object | None = None  # TarantoolFile | LimestoneFile
+    checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
+
+
+@dataclass
+class BackupResult:
+    manifest: BackupManifest
+    notes: list[str] = field(default_factory=list)
+    removed_leftovers: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        m = self.manifest
+        return {"id": m.id, "type": m.type, "parent": m.parent, "family": m.family, "source": m.source,
+                "files": len(m.files), "bytes": m.bytes, "stored_bytes": m.stored_bytes, "position": m.position,
+                "started": m.started, "finished": m.finished, "notes": self.notes,
+                "removed_leftovers": self.removed_leftovers}
+
+
+class Progress:
+    """files, bytes and rate on stderr, every few seconds, when enabled."""
+
+    def __init__(self, files: int, total: int, enabled: bool, what: str):
+        self.files, self.total, self.enabled, self.what = files, total, enabled, what
+        self.done_files = self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def advance(self, nbytes: int) -> None:
+        self.done_files += 1
+        self.done += nbytes
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= 2 or self.done_files == self.files):
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9) / 1e6
+            print(f"walvault: {self.what} {self.done_files}/{self.files} files, {self.done / 1e6:,.0f} of "
+                  f"{self.total / 1e6:,.0f} MB ({rate:,.0f} MB/s)", file=sys.stderr, flush=True)
+
+
+def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupManifest | None) -> str:
+    """pgBackRest's labels: `YYYYMMDD-HHMMSSF` for a full backup, `<full>_YYYYMMDD-HHMMSSI` for an incremental.
+    A clock set back must not sort a new backup before older ones: the label then moves past the newest."""
+    existing = repo.backup_ids(family, instance)
+    now = time.time()
+    while True:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+        label = f"{stamp}F" if parent is None else f"{parent.id.split('_')[0]}_{stamp}I"
+        if all(_stamp(label) > _stamp(e) for e in existing):
+            return label
+        now += 1
+
+
+def _stamp(backup_id: str) -> str:
+    return backup_id.split("_")[-1][:15]
+
+
+def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,
+           level: int = 3, jobs: int | None = None, progress: bool = False, wait: float = 0.0) -> BackupResult:
+    from ..limestone.layout import is_limestone_dir
+
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source}: no such directory")
+    family = "limestone" if is_limestone_dir(source) else "tarantool"
+    if family == "limestone" and connect:
+        raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
+                      "online-backup copy or a stopped datastore", "cannot_check")
+    if family == "tarantool":
+        from .backup_tarantool import TarantoolPlan
+
+        plan = TarantoolPlan(source, connect)
+    else:
+        from .backup_limestone import LimestonePlan
+
+        plan = LimestonePlan(source)
+    with repo.lease(family, plan.instance, "backup", wait=wait):
+        removed = _remove_leftovers(repo, family, plan.instance)
+        parent = None
+        chain: list[BackupManifest] = []
+        if incremental:
+            parent = _latest(repo, family, plan.instance)
+            if parent is None:
+                raise Refused(f"no full backup of {family} instance {plan.instance} to build an incremental on: "
+                              "take a full backup first", "refused")
+            chain = repo.chain(parent)
+        started = utc_now()
+        with plan:
+            candidates = plan.candidates(parent)
+            backup_id = new_backup_id(repo, family, plan.instance, parent)
+            prefix = repo.backup_dir(family, plan.instance, backup_id)
+            try:
+                result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, jobs, progress)
+            except BaseException:
+                repo.storage.remove_tree(prefix)
+                raise
+        result.removed_leftovers = removed
+        result.notes = plan.notes + result.notes
+        return result
+
+
+def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | None:
+    records = [repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance)]
+    done = [r.manifest for r in records if r.manifest is not None]
+    return max(done, key=lambda m: (m.id, m.finished)) if done else None
+
+
+def _remove_leftovers(repo: Repository, family: str, instance: str) -> list[str]:
+    removed = []
+    for backup_id in repo.backup_ids(family, instance):
+        record = repo.load_backup(family, instance, backup_id)
+        if not record.complete:
+            repo.storage.remove_tree(repo.backup_dir(family, instance, backup_id))
+            removed.append(backup_id)
+    return removed
+
+
+def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
+         prefix: str, started: str, level: int, jobs: int | None, progress: bool) -> BackupResult:
+    held = {}  # name -> the newest entry of the parent chain holding it
+    for manifest in chain:
+        for entry in manifest.files:
+            held[entry.name] = (manifest, entry)
+    jobs = jobs or os.cpu_count() or 1
+    to_store = []
+    for c in candidates:
+        old = held.get(c.name)
+        size = c.limit if c.limit is not None else c.path.stat().st_size
+        if old and not c.mutable and not old[1].mutable and old[1].size == size:
+            c.entry = _reference(old[0], old[1])
+        else:
+            to_store.append(c)
+    tracker = Progress(len(to_store), sum(c.limit or c.path.stat().st_size for c in to_store), progress, "stored")
+
+    def store(c: Candidate) -> None:
+        stored = repo.put_object(f"{prefix}/{c.name}.zst", c.path, limit=c.limit, level=level)
+        old = held.get(c.name)
+        if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size:
+            repo.storage.remove(f"{prefix}/{c.name}.zst")  # the same bytes are held already
+            c.entry = _reference(old[0], old[1])
+        else:
+            c.entry = _own(c, f"{prefix}/{c.name}.zst", stored)
+        tracker.advance(stored.size)
+
+    # Threads suffice: reading, SHA-256 and zstd all release the GIL.
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(store, to_store))
+    checks = plan.verify(repo, candidates, jobs, progress)
+    position = checks.pop("position")
+    if chain and not _not_behind(plan.family, position, chain[-1].position):
+        raise Refused(f"the source is at {position}, behind its parent backup {chain[-1].id} at "
+                      f"{chain[-1].position}: it is not the same history", "refused")
+    for c in candidates:
+        c.entry.verification = plan.verification(c)
+    manifest = BackupManifest(
+        id=backup_id, type="incremental" if chain else "full", parent=chain[-1].id if chain else None,
+        family=plan.family, source=plan.source_info(), walvault=walvault_version(), started=started,
+        finished=utc_now(), position=position, compression={"type": "zstd", "level": level},
+        files=[c.entry for c in candidates], checks=checks)
+    save_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
+    return BackupResult(manifest)
+
+
+def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:
+    return FileEntry(**{**entry.__dict__, "reference": entry.reference or manifest.id})
+
+
+def _own(c: Candidate, stored_name: str, stored: Stored) -> FileEntry:
+    return FileEntry(name=c.name, kind=c.kind, size=stored.size, sha256=stored.sha256, stored=stored_name,
+                     stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
+                     mutable=c.mutable, range={}, verification={})
+
+
+def _not_behind(family: str, position: dict, parent: dict) -> bool:
+    if family == "limestone":
+        return position.get("epoch", 0) >= parent.get("epoch", 0)
+    mine, theirs = position.get("vclock", {}), parent.get("vclock", {})
+    return all(mine.get(k, 0) >= v for k, v in theirs.items())

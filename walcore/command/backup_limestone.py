@@ -1,0 +1,97 @@
+"""Backing up a limestone log directory: every file limestone reads (never data/, compaction_temp/, ctrl/),
+refused while a limestone holds it or while it does not verify ok."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from ..findings import Refused
+from ..repository import Repository
+from ..repository.manifest import BackupManifest
+from .backup import Candidate
+
+
+class LimestonePlan:
+    family = "limestone"
+
+    def __init__(self, root: Path):
+        from ..limestone.check import prepare
+
+        self.root = root
+        self.notes: list[str] = []
+        plan = prepare(root)
+        manifest = plan.report.manifest
+        if manifest is None:
+            raise Refused(f"{root}: limestone cannot read its manifest: "
+                          + "; ".join(f.message for f in plan.report.findings), "cannot_check")
+        if plan.report.live:
+            raise Refused(f"{root} is held by a running limestone: back up the copy its online backup hands out, "
+                          "or stop it first", "cannot_check")
+        self.instance = manifest.instance_uuid or _path_instance(root)
+        if not manifest.instance_uuid:
+            self.notes.append(f"the manifest (format {manifest.format_version}) names no instance_uuid: the "
+                              f"backup is kept under {self.instance}, derived from the directory's path")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
+        from ..limestone.layout import DERIVED, kind_of
+
+        out = []
+        for dirpath, dirs, names in os.walk(self.root):
+            rel_dir = Path(os.path.relpath(dirpath, self.root))
+            if rel_dir == Path("."):
+                dirs[:] = [d for d in dirs if d == "blob"]
+            for n in sorted(names):
+                rel = (rel_dir / n).as_posix() if rel_dir != Path(".") else n
+                kind = kind_of(n) if rel_dir == Path(".") else ("blob" if n.endswith(".blob") else None)
+                if kind is None or rel.split("/")[0] in DERIVED:
+                    continue
+                out.append(Candidate(Path(dirpath) / n, rel, kind,
+                                     kind in ("pwal", "epoch", "compacted", "catalog", "manifest")))
+        return sorted(out, key=lambda c: c.name)
+
+    def verify(self, repo: Repository, candidates: list[Candidate], jobs: int, progress: bool) -> dict:
+        from .verify import verify_paths
+
+        report = verify_paths([self.root], jobs=jobs, progress=progress)
+        d = report.dirs[0]
+        if d.live:
+            raise Refused(f"{self.root}: a limestone started on it during the backup", "cannot_check")
+        if d.status != "ok" or d.findings:
+            why = "; ".join(f"{f.code}: {f.message}" for f in d.findings[:5]) or d.status
+            hint = " (walvault repair DIR --apply mends it)" if d.status == "repairable" else ""
+            raise Refused(f"{self.root} is {d.status}{hint}: {why}", "damaged" if d.status != "cannot_check"
+                          else "cannot_check")
+        by_path = {os.path.realpath(f.path): f for f in report.files}
+        for c in candidates:
+            c.verdict = by_path.get(os.path.realpath(c.path))
+            if c.verdict is not None and c.verdict.status == "damaged":
+                raise Refused(f"{c.path}: " + "; ".join(f.message for f in c.verdict.findings[:3]), "damaged")
+        return {"position": {"epoch": d.durable_epoch}, "directory": d.to_json()}
+
+    def verification(self, c: Candidate) -> dict:
+        if c.verdict is None:  # blobs: present, and referred to or not; their bytes have no structure to check
+            return {"status": "ok", "kind": c.kind, "checked_by": "presence"}
+        record = c.verdict.to_json()
+        del record["path"]
+        record["checked_by"] = "scan"
+        if c.verdict.epoch_range:
+            c.entry.range = {"epochs": c.verdict.epoch_range}
+        return record
+
+    def source_info(self) -> dict:
+        return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
+                "live": False, "connect": None}
+
+
+def _path_instance(root: Path) -> str:
+    import hashlib
+
+    return "path-" + hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:16]

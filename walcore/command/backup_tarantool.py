@@ -1,0 +1,152 @@
+"""Backing up a Tarantool data dir: the set (tarantool.backup_set), the newest xlog spooled so that what is
+stored is what was verified, a running instance through box.backup.start()/stop(), the ledger."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from ..findings import Refused
+from ..repository import Repository
+from ..repository.manifest import BackupManifest
+from .backup import LEDGER_VERDICTS, Candidate
+
+
+class TarantoolPlan:
+    family = "tarantool"
+
+    def __init__(self, root: Path, connect: str | None):
+        from ..tarantool.backup_set import instance_of
+
+        self.root, self.connect = root, connect
+        self.notes: list[str] = []
+        self.session = None
+        self.checkpoint = None
+        self.spool: Path | None = None
+        self.instance = instance_of(root)
+        if connect is None:
+            self.notes.append(f"{root} is backed up as a stopped instance's data dir (no --connect given)")
+
+    def __enter__(self):
+        if self.connect:
+            from ..tarantool.live import backup_session
+
+            self.session = backup_session(self.connect)
+            self.checkpoint = self.session.__enter__()
+            if self.checkpoint.instance_uuid != self.instance:
+                raise Refused(f"the instance at {self._connect_display()} is {self.checkpoint.instance_uuid}, but "
+                              f"{self.root} holds {self.instance}", "refused")
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.session is not None:
+                self.session.__exit__(*exc)  # box.backup.stop(), also when the copy failed
+        finally:
+            if self.spool is not None:
+                shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _connect_display(self) -> str:
+        if not self.connect:
+            return ""
+        from ..tarantool.live import redact_uri
+
+        return redact_uri(self.connect)
+
+    def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
+        from ..tarantool.backup_set import select
+        from ..tarantool.check import file_verdict
+        from ..tarantool.xlog import scan_file
+
+        since = None
+        if parent is not None:
+            xlogs = [e.name for e in parent.files if e.kind == "xlog"]
+            since = xlogs[-1] if xlogs else None
+        self.set = select(self.root, since_xlog=since, checkpoint=self.checkpoint.files if self.checkpoint else None)
+        self.notes += self.set.notes
+        out = []
+        for f in self.set.files:
+            c = Candidate(f.path, f.name, f.kind, f.mutable)
+            if f.mutable:
+                # The newest xlog may grow while it is read: copy what it holds now to a spool, judge that copy,
+                # and store its whole blocks, so that what is stored is exactly what was verified.
+                self.spool = self.spool or Path(tempfile.mkdtemp(prefix="walvault-spool-"))
+                copy = self.spool / Path(f.name).name
+                _copy_prefix(f.path, copy)
+                c.path = copy
+                c.verdict = file_verdict(scan_file(copy))
+                if c.verdict.status == "open" and c.verdict.findings == []:
+                    from ..tarantool.xlog import scan_file as scan
+
+                    c.limit = scan(copy).span.end_pos
+            out.append(c)
+        return out
+
+    def verify(self, repo: Repository, candidates: list[Candidate], jobs: int, progress: bool) -> dict:
+        from ..tarantool.backup_set import judge, verdict_from_record
+        from .verify import scan_tarantool
+
+        unknown = []
+        for c in candidates:
+            if c.verdict is not None:
+                continue
+            record = c.entry.verification if c.entry.reference else None
+            record = record or (repo.ledger_get("tarantool", self.instance, c.entry.sha256) or {}).get("verdict")
+            if record and record.get("status") in LEDGER_VERDICTS and record.get("size") == c.entry.size:
+                c.verdict = verdict_from_record(str(c.path), record)
+                c.checked_by = "ledger"
+            else:
+                unknown.append(c)
+        scanned = scan_tarantool([c.path for c in unknown], jobs=jobs, progress=progress)
+        for c in unknown:
+            c.verdict = scanned[str(c.path)]
+            c.checked_by = "scan"
+        reports = {}
+        for c in candidates:
+            c.verdict.path = str(c.path)
+            reports[str(self._source_path(c))] = c.verdict
+            c.verdict.path = str(self._source_path(c))
+        checks = judge(self.set, reports)
+        for c in unknown:
+            if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
+                from ..tarantool.backup_set import verdict_record
+
+                repo.ledger_put("tarantool", self.instance, c.entry.sha256, verdict_record(c.verdict))
+        return {"position": {"vclock": checks.pop("position")}, **checks}
+
+    def _source_path(self, c: Candidate) -> Path:
+        return next(f.path for f in self.set.files if f.name == c.name)
+
+    def verification(self, c: Candidate) -> dict:
+        from ..tarantool.backup_set import verdict_record
+
+        record = verdict_record(c.verdict)
+        record["checked_by"] = getattr(c, "checked_by", "scan")
+        c.entry.range = _vclock_range(c.verdict)
+        return record
+
+    def source_info(self) -> dict:
+        return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
+                "live": self.connect is not None, "connect": self._connect_display() or None}
+
+
+def _vclock_range(f) -> dict:
+    if f.vclock is None:
+        return {}
+    end = f.end_vclock() if f.kind == "xlog" else f.vclock
+    return {"vclock": [{str(k): v for k, v in sorted(f.vclock.items())},
+                       {str(k): v for k, v in sorted(end.items())}]}
+
+
+def _copy_prefix(src: Path, dst: Path) -> None:
+    size = src.stat().st_size
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        left = size
+        while left > 0:
+            data = fin.read(min(1 << 20, left))
+            if not data:
+                break
+            fout.write(data)
+            left -= len(data)

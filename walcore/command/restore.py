@@ -1,0 +1,152 @@
+"""The restore command: a backup (with its parent chain) materialized in the family's native layout.
+
+The files are written into a hidden sibling of the target, `.<target>.walvault-restore`, each checked
+against its recorded hashes before it is kept; the sibling is renamed to the target only when everything is
+there. An interrupted restore leaves that sibling: run again, and the files already there whose hash
+matches are kept. A target that exists and is not empty is refused.
+
+Point in time (`--to`): Tarantool — the newest backup whose snapshot is at or before the point, the xlogs
+after it (from every backup of the instance and the archive), the one holding the point cut after the last
+whole transaction at or before it; limestone — the backup's files with the durable epoch set to the point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..findings import Refused
+from ..fsutil import fsync_dir
+from ..repository import ObjectDamaged, Repository, RepositoryError
+from ..repository.manifest import BackupManifest, FileEntry
+from ..repository.storage import check_name
+from .backup import Progress
+
+
+@dataclass
+class RestoreResult:
+    backup: str
+    target: str
+    files: int
+    bytes: int
+    reused: int = 0  # files an interrupted run had written already
+    point: dict | None = None  # what a point-in-time restore reached
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _staging(target: Path) -> Path:
+    return target.parent / f".{target.name}.walvault-restore"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            h.update(data)
+    return h.hexdigest()
+
+
+def _inside(root: Path, name: str) -> Path:
+    check_name(name)
+    path = root / name
+    real_root = os.path.realpath(root)
+    if not os.path.realpath(path).startswith(real_root + os.sep):
+        raise Refused(f"the manifest names {name!r}, which leads out of the restore directory", "damaged")
+    return path
+
+
+def _layout_name(manifest: BackupManifest, entry: FileEntry) -> str:
+    """Where a file goes: its source name; a limestone blob kept flat goes to blob/dir_NN/ as limestone reads it."""
+    if manifest.family == "limestone" and entry.kind == "blob" and "/" not in entry.name:
+        blob_id = int(entry.name.split(".")[0], 16)
+        return f"blob/dir_{blob_id % 100:02d}/{entry.name}"
+    return entry.name
+
+
+def materialize(repo: Repository, entries: list[tuple[str, FileEntry]], root: Path, progress: Progress) -> int:
+    """Write each (name, entry) under root from the repository, checked; returns how many were there already."""
+    reused = 0
+    for name, entry in entries:
+        path = _inside(root, name)
+        if path.is_file() and path.stat().st_size == entry.size and _sha256(path) == entry.sha256:
+            reused += 1
+            progress.advance(entry.size)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".walvault-part")
+        try:
+            with open(part, "wb") as f:
+                for chunk in repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
+                                              stored_sha256=entry.stored_sha256):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        progress.advance(entry.size)
+    return reused
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, _names in os.walk(root):
+        fsync_dir(Path(dirpath))
+
+
+def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = None,
+            progress: bool = False) -> RestoreResult:
+    target = Path(target)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise Refused(f"{target} exists and is not an empty directory: nothing was written", "refused")
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"{target.parent}: no such directory")
+    record = repo.find(backup_id)
+    manifest = record.manifest
+    chain = repo.chain(manifest)
+    ids = {m.id for m in chain}
+    for entry in manifest.files:
+        if entry.reference is not None and entry.reference not in ids:
+            raise Refused(f"{entry.name} refers to backup {entry.reference}, which is not in the chain of "
+                          f"{manifest.id}", "damaged")
+    staging = _staging(target)
+    staging.mkdir(exist_ok=True)
+    notes = [f"the manifest's main file was not used: {record.problem}"] if record.problem else []
+    point_info = None
+    try:
+        if to is None:
+            entries = [(_layout_name(manifest, e), e) for e in manifest.files]
+            tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
+            reused = materialize(repo, entries, staging, tracker)
+        elif manifest.family == "tarantool":
+            from .restore_pitr import tarantool_point
+
+            reused, point_info, entries = tarantool_point(repo, manifest, to, staging, progress)
+        else:
+            from .restore_pitr import limestone_point
+
+            reused, point_info, entries = limestone_point(repo, manifest, to, staging, progress)
+        _fsync_tree(staging)
+        if target.exists():
+            target.rmdir()
+        os.rename(staging, target)
+        fsync_dir(target.parent)
+    except (ObjectDamaged, Refused, RepositoryError) as e:
+        # A failure we can name: nothing half-written stays (an interrupted process leaves the staging to resume).
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, ObjectDamaged):
+            raise Refused(f"backup {manifest.id} cannot be restored: {e}", "damaged") from None
+        raise
+    return RestoreResult(manifest.id, str(target), len(entries), sum(e.size for _, e in entries), reused,
+                         point_info, notes)
+
+
+def print_progress_default() -> bool:
+    return sys.stderr.isatty()

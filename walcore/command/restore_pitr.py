@@ -1,0 +1,140 @@
+"""Point-in-time restores: which stored files reach a point, and how they are cut there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ..findings import Refused
+from ..repository import Repository
+from ..repository.manifest import BackupManifest, FileEntry
+from .backup import Progress
+from .restore import _layout_name, materialize
+
+
+def _vclock(obj) -> dict[int, int]:
+    return {int(k): int(v) for k, v in (obj or {}).items()}
+
+
+def _leq(a: dict[int, int], b: dict[int, int]) -> bool:
+    return all(v <= b.get(k, 0) for k, v in a.items() if v)
+
+
+def archived_entries(repo: Repository, family: str, instance: str) -> list[FileEntry]:
+    """The records of every archived file of a source (their bytes are checked when read)."""
+    from .archive import load_archived
+
+    return [entry for entry in load_archived(repo, family, instance) if entry is not None]
+
+
+def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
+    from ..tarantool.pitr import PointError, cut_chain, parse_point
+
+    try:
+        point = parse_point(to)
+    except ValueError as e:
+        raise Refused(f"--to {to!r}: {e}", "refused") from None
+    backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.family == "tarantool"
+               and r.instance == newest.instance and r.manifest.finished <= newest.finished]
+
+    def snap_vclock(m: BackupManifest) -> dict[int, int]:
+        return _vclock(m.checks.get("snapshot", {}).get("vclock"))
+
+    def before(m: BackupManifest) -> bool:
+        if point.vclock is not None:
+            return _leq(snap_vclock(m), point.vclock)
+        # the snapshot was taken before the backup started: a backup started at or before the point is a base
+        return _epoch_seconds(m.started) <= point.time
+
+    bases = [m for m in backups if before(m)]
+    if not bases:
+        raise Refused(f"no backup of {newest.instance} has a snapshot at or before {point.describe()}: no base "
+                      "to restore from", "refused")
+    base = max(bases, key=lambda m: (m.finished, m.id))
+    start = snap_vclock(base)
+    # The log after the base: xlogs of every backup of the instance and of the archive; of several versions of
+    # one name (a newest xlog stored while it grew) the longest.
+    xlogs: dict[str, FileEntry] = {}
+    for entry in [e for m in backups for e in m.files] + archived_entries(repo, "tarantool", newest.instance):
+        if entry.kind == "xlog" and entry.verification.get("vclock") is not None:
+            name = Path(entry.name).name
+            if name not in xlogs or entry.size > xlogs[name].size:
+                xlogs[name] = entry
+    ordered = [xlogs[n] for n in sorted(xlogs)]
+    chain = _chain_from(ordered, start)
+    base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
+    wal_dir = Path(next((e.name for e in base.files if e.kind == "xlog"), "wal/x")).parent.as_posix()
+    entries = [(_layout_name(base, e), e) for e in base_files]
+    log_dir = staging / ".walvault-log"
+    log_entries = [(Path(e.name).name, e) for e in chain]
+    tracker = Progress(len(entries) + len(chain), sum(e.size for _, e in entries + log_entries), progress,
+                       "restored")
+    reused = materialize(repo, entries, staging, tracker)
+    log_dir.mkdir(exist_ok=True)
+    reused += materialize(repo, log_entries, log_dir, tracker)
+    out = staging / wal_dir
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    try:
+        result = cut_chain([log_dir / name for name, _ in log_entries], out, point, start_vclock=start)
+    except PointError as e:
+        raise Refused(f"cannot restore to {point.describe()}: {e}", "refused") from None
+    shutil.rmtree(log_dir)
+    info = {"point": point.describe(), "base": base.id, "xlogs": result.files, "cut": result.cut_file,
+            "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
+    return reused, info, entries
+
+
+def _chain_from(xlogs: list[FileEntry], start: dict[int, int]) -> list[FileEntry]:
+    """The unbroken run of xlogs replay needs from a snapshot at `start`: from the last one beginning at or
+    before it, each next one starting where the previous one's successor says it does."""
+    firsts = [i for i, e in enumerate(xlogs) if _leq(_vclock(e.verification["vclock"]), start)]
+    if not firsts:
+        return []
+    chain = [xlogs[firsts[-1]]]
+    for e in xlogs[firsts[-1] + 1:]:
+        prev = _vclock(e.verification.get("prev_vclock"))
+        if prev != _vclock(chain[-1].verification["vclock"]):
+            break  # a gap: the log ends here, and a point past it is refused by the cut
+        chain.append(e)
+    return chain
+
+
+def _epoch_seconds(stamp: str) -> float:
+    import calendar
+    import time
+
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
+    from ..limestone.catalog import CATALOG_NAME, parse_catalog
+    from ..limestone.epoch import EPOCH_NAME
+    from ..limestone.writer import durable_epoch
+
+    text = to.removeprefix("epoch:")
+    if not text.isdigit():
+        raise Refused(f"--to {to!r}: a limestone point is an epoch number (limestone records no time per epoch)",
+                      "refused")
+    epoch = int(text)
+    reached = manifest.position.get("epoch", 0)
+    if epoch > reached:
+        raise Refused(f"backup {manifest.id} reaches epoch {reached}, before the point {epoch}", "refused")
+    entries = [(_layout_name(manifest, e), e) for e in manifest.files]
+    tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
+    reused = materialize(repo, entries, staging, tracker)
+    catalog = staging / CATALOG_NAME
+    if catalog.is_file():
+        folded = parse_catalog(catalog.read_bytes()).max_epoch_id
+        if epoch < folded:
+            raise Refused(f"the compacted file folds every epoch up to {folded}: the state at epoch {epoch} is not "
+                          "in this backup", "refused")
+    tmp = staging / f".{EPOCH_NAME}.walvault-tmp"
+    with open(tmp, "wb") as f:
+        f.write(durable_epoch(epoch))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, staging / EPOCH_NAME)
+    return reused, {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch}, entries

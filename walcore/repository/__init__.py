@@ -1,0 +1,278 @@
+"""The backup repository: storage, info and manifests, leases, stored objects and the verification ledger.
+
+Layout under the root (names are what `Repository` builds; nothing else is written there):
+
+    walvault.repo(.copy)                              format version, checksummed
+    locks/<family>-<instance>.lease                   one backup or expiry of a source at a time
+    <family>/<instance>/backups/<id>/<name>.zst       a backup's own files, zstd-compressed
+    <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
+    <family>/<instance>/archive/<name>.zst            archived sealed files
+    <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
+    <family>/<instance>/ledger/<sha256>.json          what verifying those bytes found (so they are not re-read)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .lease import DEFAULT_TTL, Lease, acquire
+from .manifest import (MANIFEST_NAME, BackupManifest, ManifestError, decode_checked, encode_checked, ensure_info,
+                       load_checked, read_info)
+from .storage import RepositoryError, Storage, UnsafeName, check_name
+
+FAMILIES = ("tarantool", "limestone")
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_BACKUP_ID = re.compile(r"\d{8}-\d{6}F(_\d{8}-\d{6}I)?")
+READ_CHUNK = 1 << 20
+
+
+def walvault_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("walvault")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class ObjectDamaged(RepositoryError):
+    """A stored object whose bytes do not match what its manifest or record says."""
+
+
+class SourceChanged(RepositoryError):
+    """A source file changed while it was copied: its copy is not trusted."""
+
+
+@dataclass
+class Stored:
+    size: int
+    sha256: str
+    stored_size: int
+    stored_sha256: str
+
+
+@dataclass
+class BackupRecord:
+    """A backup found in the repository: its manifest, or why it could not be read."""
+
+    family: str
+    instance: str
+    id: str
+    manifest: BackupManifest | None
+    problem: str | None = None  # the manifest's main file was damaged (the copy was used), or neither is good
+    complete: bool = True  # False: files without a manifest (an interrupted backup's leftovers)
+
+
+def check_instance(instance: str) -> str:
+    if not isinstance(instance, str) or not _INSTANCE.fullmatch(instance):
+        raise UnsafeName(f"refused instance name {instance!r}")
+    return instance
+
+
+class Repository:
+    def __init__(self, url: str, options: dict | None = None, *, create: bool = False):
+        self.storage = Storage(url, options)
+        self.display = self.storage.display
+        if create:
+            self.info = ensure_info(self.storage, utc_now(), walvault_version())
+        else:
+            self.info = read_info(self.storage)
+            if self.info is None:
+                raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): "
+                                      "run a backup or archive into it first")
+
+    # -- names
+
+    @staticmethod
+    def source_dir(family: str, instance: str) -> str:
+        if family not in FAMILIES:
+            raise UnsafeName(f"unknown family {family!r}")
+        return f"{family}/{check_instance(instance)}"
+
+    def backup_dir(self, family: str, instance: str, backup_id: str) -> str:
+        if not _BACKUP_ID.fullmatch(backup_id):
+            raise UnsafeName(f"refused backup id {backup_id!r}")
+        return f"{self.source_dir(family, instance)}/backups/{backup_id}"
+
+    def lease(self, family: str, instance: str, command: str, *, wait: float = 0.0,
+              ttl: float = DEFAULT_TTL) -> Lease:
+        return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.lease", command, ttl=ttl, wait=wait)
+
+    # -- objects
+
+    def put_object(self, name: str, path: Path, *, limit: int | None = None, level: int = 3,
+                   threads: int = 0) -> Stored:
+        """Store the bytes of a source file (its first `limit` bytes when given), zstd-compressed, hashing
+        both sides; SourceChanged when the file changed meanwhile (its size, or its mtime for a whole copy)."""
+        import zstandard
+
+        before = os.stat(path)
+        src_hash, out_hash = hashlib.sha256(), hashlib.sha256()
+        counts = [0, 0]
+        compressor = zstandard.ZstdCompressor(level=level, threads=threads).compressobj()
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                left = limit if limit is not None else None
+                while left is None or left > 0:
+                    data = f.read(READ_CHUNK if left is None else min(READ_CHUNK, left))
+                    if not data:
+                        break
+                    if left is not None:
+                        left -= len(data)
+                    src_hash.update(data)
+                    counts[0] += len(data)
+                    out = compressor.compress(data)
+                    if out:
+                        out_hash.update(out)
+                        counts[1] += len(out)
+                        yield out
+            out = compressor.flush()
+            out_hash.update(out)
+            counts[1] += len(out)
+            yield out
+
+        self.storage.write(name, chunks())
+        after = os.stat(path)
+        expected = limit if limit is not None else before.st_size
+        if counts[0] != expected or (limit is None and (after.st_size, after.st_mtime_ns) != (before.st_size,
+                                                                                              before.st_mtime_ns)):
+            self.storage.remove(name)
+            raise SourceChanged(f"{path} changed while it was copied ({before.st_size} bytes before, {counts[0]} "
+                                f"read, {after.st_size} after): its copy is not trusted")
+        return Stored(counts[0], src_hash.hexdigest(), counts[1], out_hash.hexdigest())
+
+    def read_object(self, stored: str, *, size: int, sha256: str, stored_sha256: str) -> Iterator[bytes]:
+        """The original bytes of a stored object, streamed; ObjectDamaged (after the last chunk) when its stored
+        bytes, its size or its content hash differ from what is recorded. Nothing is trusted before that."""
+        import zstandard
+
+        out_hash, in_hash = hashlib.sha256(), hashlib.sha256()
+        total = 0
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        try:
+            for chunk in self.storage.iter_bytes(stored):
+                in_hash.update(chunk)
+                data = decompressor.decompress(chunk)
+                if data:
+                    total += len(data)
+                    if total > size:
+                        raise ObjectDamaged(f"{stored}: holds more than the {size} bytes recorded")
+                    out_hash.update(data)
+                    yield data
+        except zstandard.ZstdError as e:
+            raise ObjectDamaged(f"{stored}: not a whole zstd stream ({e})") from None
+        except FileNotFoundError:
+            raise ObjectDamaged(f"{stored}: missing") from None
+        if in_hash.hexdigest() != stored_sha256:
+            raise ObjectDamaged(f"{stored}: its stored bytes do not match their SHA-256")
+        if not decompressor.eof:
+            raise ObjectDamaged(f"{stored}: the zstd stream is cut short")
+        if total != size:
+            raise ObjectDamaged(f"{stored}: holds {total} bytes, {size} recorded")
+        if out_hash.hexdigest() != sha256:
+            raise ObjectDamaged(f"{stored}: its content does not match its SHA-256")
+
+    # -- backups
+
+    def sources(self) -> list[tuple[str, str]]:
+        return [(family, instance) for family in FAMILIES for instance in self.storage.list_dirs(family)
+                if _INSTANCE.fullmatch(instance)]
+
+    def backup_ids(self, family: str, instance: str) -> list[str]:
+        return [d for d in self.storage.list_dirs(f"{self.source_dir(family, instance)}/backups")
+                if _BACKUP_ID.fullmatch(d)]
+
+    def load_backup(self, family: str, instance: str, backup_id: str) -> BackupRecord:
+        prefix = self.backup_dir(family, instance, backup_id)
+        try:
+            loaded = load_checked(self.storage, f"{prefix}/{MANIFEST_NAME}")
+        except FileNotFoundError:
+            return BackupRecord(family, instance, backup_id, None, "no manifest: an interrupted backup's leftovers",
+                                complete=False)
+        except (ManifestError, UnsafeName) as e:
+            return BackupRecord(family, instance, backup_id, None, str(e))
+        try:
+            manifest = BackupManifest.from_json(loaded.obj)
+        except (ManifestError, UnsafeName) as e:
+            return BackupRecord(family, instance, backup_id, None, f"{loaded.used}: {e}")
+        if (manifest.id, manifest.family, manifest.instance) != (backup_id, family, instance):
+            return BackupRecord(family, instance, backup_id, None,
+                                f"{loaded.used} describes {manifest.family}/{manifest.instance} backup {manifest.id}, "
+                                "not the one it is stored as")
+        problem = f"{loaded.problem}; {loaded.used} was used" if loaded.problem else None
+        return BackupRecord(family, instance, backup_id, manifest, problem)
+
+    def backups(self) -> list[BackupRecord]:
+        """Every backup of every source, oldest first (by id, then finish time)."""
+        records = [self.load_backup(f, i, b) for f, i in self.sources() for b in self.backup_ids(f, i)]
+        return sorted(records, key=lambda r: (r.id, r.manifest.finished if r.manifest else ""))
+
+    def find(self, backup_id: str) -> BackupRecord:
+        """A backup by id, or `latest` (the newest complete backup); RepositoryError when there is none."""
+        records = [r for r in self.backups() if r.manifest is not None]
+        if backup_id == "latest":
+            if not records:
+                raise RepositoryError(f"the repository {self.display} holds no backup")
+            return max(records, key=lambda r: (r.manifest.finished, r.id))
+        found = [r for r in self.backups() if r.id == backup_id]
+        if not found:
+            raise RepositoryError(f"no backup {backup_id} in the repository {self.display}")
+        if len(found) > 1:
+            raise RepositoryError(f"backup id {backup_id} names backups of several sources")
+        record = found[0]
+        if record.manifest is None:
+            raise RepositoryError(f"backup {backup_id} cannot be used: {record.problem}")
+        return record
+
+    def chain(self, manifest: BackupManifest) -> list[BackupManifest]:
+        """The backup and its parents, full first; RepositoryError when a parent is missing or unreadable."""
+        chain = [manifest]
+        while chain[0].parent is not None:
+            record = self.load_backup(manifest.family, manifest.instance, chain[0].parent)
+            if record.manifest is None:
+                raise RepositoryError(f"backup {chain[0].id} needs its parent {chain[0].parent}, which cannot be "
+                                      f"read: {record.problem}")
+            if len(chain) > 10000 or record.manifest in chain:
+                raise RepositoryError(f"backup {manifest.id}: its parent chain loops")
+            chain.insert(0, record.manifest)
+        if chain[0].type != "full":
+            raise RepositoryError(f"backup {manifest.id}: its chain does not start with a full backup")
+        return chain
+
+    # -- the ledger: what verifying a file's bytes found, by their SHA-256
+
+    def ledger_name(self, family: str, instance: str, sha256: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise UnsafeName(f"refused ledger key {sha256!r}")
+        return f"{self.source_dir(family, instance)}/ledger/{sha256}.json"
+
+    def ledger_get(self, family: str, instance: str, sha256: str) -> dict | None:
+        try:
+            data = self.storage.read_bytes(self.ledger_name(family, instance, sha256))
+            return decode_checked(data, "ledger entry")
+        except (FileNotFoundError, ManifestError):
+            return None
+
+    def ledger_put(self, family: str, instance: str, sha256: str, verdict: dict) -> None:
+        self.storage.write_bytes(self.ledger_name(family, instance, sha256),
+                                 encode_checked({"sha256": sha256, "verdict": verdict, "by": walvault_version()}))
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, sort_keys=True)
+
+
+__all__ = ["Repository", "RepositoryError", "ObjectDamaged", "SourceChanged", "BackupRecord", "Stored",
+           "check_name", "utc_now", "walvault_version"]

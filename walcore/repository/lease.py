@@ -1,0 +1,143 @@
+"""A lease in the repository: one backup or expiry of a source at a time.
+
+The lease is an object created only if absent (O_EXCL locally, a conditional PUT on an object store),
+holding who took it and until when. Its holder renews it while it works; a lease past its time, or
+one whose holder process is gone from this host, is stale and may be broken. Locally a stale lease is
+broken by an atomic rename, so two processes cannot both break it; on an object store by a delete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from .storage import RepositoryError, Storage
+
+DEFAULT_TTL = 60.0
+
+
+class LeaseBusy(RepositoryError):
+    """Another live process holds the lease."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Lease:
+    storage: Storage
+    name: str
+    holder: str
+    command: str
+    ttl: float
+    _stop: threading.Event | None = None
+    _thread: threading.Thread | None = None
+    broke: str | None = None  # what the stale lease we broke said, for the report
+
+    def _body(self) -> bytes:
+        now = time.time()
+        return json.dumps({"holder": self.holder, "command": self.command, "host": socket.gethostname(),
+                           "pid": os.getpid(), "taken": now, "expires": now + self.ttl}).encode()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                current = json.loads(self.storage.read_bytes(self.name))
+                if current.get("holder") != self.holder:
+                    return  # broken by someone who judged us dead: nothing left to renew
+                self.storage.write_bytes(self.name, self._body())
+            except (OSError, ValueError, RepositoryError):
+                continue  # try again at the next beat; the lease holds until it expires
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+        try:
+            current = json.loads(self.storage.read_bytes(self.name))
+        except (OSError, ValueError, RepositoryError):
+            return
+        if current.get("holder") == self.holder:
+            self.storage.remove(self.name)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def describe(info: dict) -> str:
+    left = info.get("expires", 0) - time.time()
+    return (f"{info.get('command', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')}, "
+            f"expires in {left:.0f} s)")
+
+
+def stale(info: dict) -> bool:
+    if info.get("expires", 0) < time.time():
+        return True
+    return info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) \
+        and not _pid_alive(info["pid"])
+
+
+def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_TTL, wait: float = 0.0) -> Lease:
+    """Take the lease `name`, waiting up to `wait` seconds for a live holder; LeaseBusy when it stays held."""
+    lease = Lease(storage, name, uuid.uuid4().hex, command, ttl)
+    deadline = time.monotonic() + wait
+    while True:
+        if storage.create(name, lease._body()):
+            break
+        try:
+            info = json.loads(storage.read_bytes(name))
+        except FileNotFoundError:
+            continue  # released meanwhile
+        except ValueError:
+            info = {}  # a torn or foreign lease: judge it by its age alone
+            try:
+                info = {"expires": 0} if _age(storage, name) > ttl else {"expires": time.time() + ttl}
+            except OSError:
+                continue
+        if stale(info):
+            if _break(storage, name):
+                lease.broke = describe(info)
+            continue
+        if time.monotonic() >= deadline:
+            raise LeaseBusy(f"{name} is held by {describe(info)}: another backup or expiry of this source is "
+                            "running")
+        time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+    lease._stop = threading.Event()
+    lease._thread = threading.Thread(target=lease._renew_loop, name="walvault-lease", daemon=True)
+    lease._thread.start()
+    return lease
+
+
+def _age(storage: Storage, name: str) -> float:
+    return time.time() - storage.fs.modified(storage.full(name)).timestamp()
+
+
+def _break(storage: Storage, name: str) -> bool:
+    if storage.local:
+        return storage.rename(name, f"{name}.broken-{uuid.uuid4().hex[:8]}") and _drop_broken(storage, name)
+    storage.remove(name)
+    return True
+
+
+def _drop_broken(storage: Storage, name: str) -> bool:
+    prefix = name.rsplit("/", 1)[0] if "/" in name else ""
+    base = name.rsplit("/", 1)[-1]
+    for other in storage.list(prefix) if prefix else []:
+        if other.rsplit("/", 1)[-1].startswith(base + ".broken-"):
+            storage.remove(other)
+    return True

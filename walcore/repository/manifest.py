@@ -1,0 +1,183 @@
+"""The repository's info and the backup manifest (as pgBackRest's info layer).
+
+Each is JSON carrying a SHA-256 of its own canonical form, saved twice: `<name>.copy` first, then
+`<name>` (the commit point). A reader takes the main file when its checksum holds, else the copy, and
+says which. A backup without a readable manifest does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from .storage import RepositoryError, Storage, check_name
+
+REPO_FORMAT = 1
+INFO_NAME = "walvault.repo"
+MANIFEST_NAME = "backup.manifest"
+COPY_SUFFIX = ".copy"
+
+
+class ManifestError(RepositoryError):
+    """A manifest or info file that cannot be read or does not hold together."""
+
+
+def _canonical(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def encode_checked(obj: dict) -> bytes:
+    body = {k: v for k, v in obj.items() if k != "checksum"}
+    digest = hashlib.sha256(_canonical(body)).hexdigest()
+    return json.dumps({**body, "checksum": digest}, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def decode_checked(data: bytes, what: str) -> dict:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{what} is not JSON: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("checksum"), str):
+        raise ManifestError(f"{what} has no checksum")
+    body = {k: v for k, v in obj.items() if k != "checksum"}
+    if hashlib.sha256(_canonical(body)).hexdigest() != obj["checksum"]:
+        raise ManifestError(f"{what} does not match its checksum: it was changed or damaged")
+    return body
+
+
+def save_checked(storage: Storage, name: str, obj: dict) -> None:
+    data = encode_checked(obj)
+    storage.write_bytes(name + COPY_SUFFIX, data)
+    storage.write_bytes(name, data)
+
+
+@dataclass
+class Loaded:
+    obj: dict
+    used: str  # the name read: the main file or its copy
+    problem: str | None = None  # why the main file was not used
+
+
+def load_checked(storage: Storage, name: str) -> Loaded:
+    """The main file, else its copy (saying why); ManifestError when neither is good, FileNotFoundError when
+    neither exists."""
+    problems = []
+    for candidate in (name, name + COPY_SUFFIX):
+        try:
+            data = storage.read_bytes(candidate)
+        except FileNotFoundError:
+            problems.append(f"{candidate} is missing")
+            continue
+        try:
+            obj = decode_checked(data, candidate)
+        except ManifestError as e:
+            problems.append(str(e))
+            continue
+        return Loaded(obj, candidate, problems[0] if problems else None)
+    if all(p.endswith("is missing") for p in problems):
+        raise FileNotFoundError(f"{name}: no such manifest")
+    raise ManifestError("; ".join(problems))
+
+
+# -- the repository info
+
+
+def read_info(storage: Storage) -> dict | None:
+    try:
+        info = load_checked(storage, INFO_NAME).obj
+    except FileNotFoundError:
+        return None
+    fmt = info.get("format")
+    if not isinstance(fmt, int):
+        raise ManifestError(f"{INFO_NAME} has no format version")
+    if fmt > REPO_FORMAT:
+        raise ManifestError(f"the repository {storage.display} has format {fmt}, newer than this walvault reads "
+                            f"({REPO_FORMAT}): use a newer walvault")
+    return info
+
+
+def ensure_info(storage: Storage, now: str, version: str) -> dict:
+    """The repository's info, created on first use."""
+    info = read_info(storage)
+    if info is None:
+        info = {"format": REPO_FORMAT, "created": now, "created_by": f"walvault {version}"}
+        save_checked(storage, INFO_NAME, info)
+    return info
+
+
+# -- the backup manifest
+
+
+@dataclass
+class FileEntry:
+    """One file of a backup: its source name (relative to the source directory) and where its bytes live."""
+
+    name: str
+    kind: str
+    size: int
+    sha256: str
+    stored: str  # the repository object holding the bytes, zstd-compressed
+    stored_size: int
+    stored_sha256: str
+    reference: str | None  # the backup (of the parent chain) whose object this is; None: this backup's own
+    mutable: bool  # written to after this backup (the newest xlog, an active pwal, epoch): stored whole each time
+    range: dict  # {"vclock": [from, to]} or {"epochs": [min, max]}; {} when the file has none
+    verification: dict  # {"status", "findings", "checked_by": "scan"|"ledger"}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> FileEntry:
+        try:
+            entry = cls(**{k: obj[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"a file entry is incomplete: {e}") from None
+        check_name(entry.name)
+        check_name(entry.stored)
+        return entry
+
+
+@dataclass
+class BackupManifest:
+    id: str
+    type: str  # full | incremental
+    parent: str | None
+    family: str  # tarantool | limestone
+    source: dict  # {"instance", "path", "host", "live", "connect"}
+    walvault: str
+    started: str
+    finished: str
+    position: dict  # {"vclock": {...}} or {"epoch": n}: what a restore of this backup holds
+    compression: dict
+    files: list[FileEntry] = field(default_factory=list)
+    checks: dict = field(default_factory=dict)  # the set's verdict: chain, snapshot, vinyl / directory status
+    format: int = REPO_FORMAT
+
+    @property
+    def instance(self) -> str:
+        return self.source["instance"]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> BackupManifest:
+        if obj.get("format", 0) > REPO_FORMAT:
+            raise ManifestError(f"backup manifest format {obj.get('format')} is newer than this walvault reads")
+        try:
+            fields = {k: obj[k] for k in cls.__dataclass_fields__ if k not in ("files",)}
+            files = [FileEntry.from_json(f) for f in obj["files"]]
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"the backup manifest is incomplete: {e}") from None
+        for entry in files:
+            if not isinstance(entry.size, int) or entry.size < 0:
+                raise ManifestError(f"{entry.name}: bad size {entry.size!r}")
+        return cls(files=files, **fields)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes this backup added to the repository (not those it references)."""
+        return sum(f.stored_size for f in self.files if f.reference is None)

@@ -1,0 +1,367 @@
+"""The repository's storage: one root addressed by a URL, through fsspec (as pgBackRest's src/storage/).
+
+A plain path (or `file://`) is a local directory; `s3://bucket/prefix` needs s3fs; any other fsspec
+protocol works with its package. Every name given here is relative to the root and checked before use:
+nothing outside the root is ever read or written, whatever a manifest says. Writes are atomic: locally
+a temporary file, fsync, rename and a directory fsync; on an object store one PUT (an object appears
+whole or not at all), aborted on error.
+
+Credentials come from the options or the environment and are never printed: every error leaving this
+module passes through `redact`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import PurePosixPath
+
+from ..fsutil import fsync_dir
+
+
+class RepositoryError(RuntimeError):
+    """The repository cannot be used as asked; the message names why (with secrets removed)."""
+
+
+class UnsafeName(RepositoryError):
+    """A name that would leave the repository root (`..`, absolute, a symlink out)."""
+
+
+_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key", re.I)
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING")
+# Shorter values are not searched for: replacing them would garble the rest of a message.
+_MIN_SECRET = 6
+
+
+def _secrets(options: dict) -> list[str]:
+    found = [os.environ[k] for k in _SECRET_ENV if os.environ.get(k)]
+
+    def walk(obj, key=""):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, str(k))
+        elif isinstance(obj, str) and _SECRET_KEY.search(key) and not key.endswith("key_id"):
+            found.append(obj)
+
+    walk(options)
+    return sorted({s for s in found if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+
+
+def redact_url(url: str) -> str:
+    """A URL without its user info's password and without query values that look secret."""
+    url = re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url)
+    return re.sub(r"([?&][^=&]*(?:secret|password|token|key)[^=&]*=)[^&]*", r"\1***", url, flags=re.I)
+
+
+def parse_options(pairs: Iterable[str]) -> dict:
+    """`KEY=VALUE` pairs (`--repo-option`) as fsspec storage options; `a.b=c` nests, values are JSON when they parse."""
+    options: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise RepositoryError(f"a repository option is KEY=VALUE, not {pair.split('=')[0]!r}...")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        *parents, last = key.split(".")
+        node = options
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = parsed
+    return options
+
+
+def check_name(name: str) -> str:
+    """A repository-relative name, refused when it could leave the root."""
+    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+        raise UnsafeName(f"refused repository name {name!r}: empty, or holds a NUL or a backslash")
+    p = PurePosixPath(name)
+    if p.is_absolute() or any(part in ("..", ".", "") for part in name.split("/")):
+        raise UnsafeName(f"refused repository name {name!r}: it is absolute or leaves its directory")
+    return str(p)
+
+
+class Storage:
+    """The repository root. Names are relative, '/'-separated."""
+
+    def __init__(self, url: str, options: dict | None = None):
+        import fsspec
+
+        self.url = url
+        self.display = redact_url(url)
+        self.options = dict(options or {})
+        env_options = os.environ.get("WALVAULT_REPO_OPTIONS")
+        if env_options:
+            try:
+                self.options = {**json.loads(env_options), **self.options}
+            except ValueError:
+                raise RepositoryError("WALVAULT_REPO_OPTIONS is not a JSON object") from None
+        self._secrets = _secrets(self.options)
+        protocol, path = fsspec.core.split_protocol(url)
+        self.local = protocol in (None, "file", "local")
+        try:
+            if self.local:
+                self.fs = fsspec.filesystem("file")
+                self.root = os.path.abspath(path)
+            else:
+                self.fs = fsspec.filesystem(protocol, **self.options)
+                self.root = self.fs._strip_protocol(url).rstrip("/")
+        except (ImportError, ValueError, TypeError) as e:
+            raise RepositoryError(self.redact(f"cannot open repository {self.display}: {e}")) from None
+
+    # -- errors
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return redact_url(text) if self.url in text else text
+
+    def error(self, what: str, e: BaseException) -> RepositoryError:
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+        return RepositoryError(self.redact(f"{what} in repository {self.display}: {detail}"))
+
+    # -- names
+
+    def full(self, name: str) -> str:
+        name = check_name(name)
+        full = f"{self.root}/{name}"
+        if self.local:
+            real_root = os.path.realpath(self.root)
+            real = os.path.realpath(full)
+            if real != real_root and not real.startswith(real_root + os.sep):
+                raise UnsafeName(f"refused repository name {name!r}: a symlink leads out of the repository")
+        return full
+
+    # -- reads
+
+    def exists(self, name: str) -> bool:
+        try:
+            return self.fs.exists(self.full(name))
+        except UnsafeName:
+            raise
+        except Exception as e:
+            raise self.error(f"cannot look up {name}", e) from None
+
+    def read_bytes(self, name: str, limit: int = 64 << 20) -> bytes:
+        """A small object whole (a manifest, a lease); one larger than `limit` is refused."""
+        try:
+            with self.fs.open(self.full(name), "rb") as f:
+                data = f.read(limit + 1)
+        except FileNotFoundError:
+            raise
+        except UnsafeName:
+            raise
+        except Exception as e:
+            raise self.error(f"cannot read {name}", e) from None
+        if len(data) > limit:
+            raise RepositoryError(f"{name} in repository {self.display} is larger than {limit} bytes")
+        return data
+
+    def iter_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """An object's bytes in chunks of bounded size."""
+        try:
+            f = self.fs.open(self.full(name), "rb")
+        except (FileNotFoundError, UnsafeName):
+            raise
+        except Exception as e:
+            raise self.error(f"cannot read {name}", e) from None
+        with f:
+            while True:
+                try:
+                    data = f.read(chunk)
+                except Exception as e:
+                    raise self.error(f"cannot read {name}", e) from None
+                if not data:
+                    return
+                yield data
+
+    def size(self, name: str) -> int:
+        try:
+            return int(self.fs.size(self.full(name)))
+        except (FileNotFoundError, UnsafeName):
+            raise
+        except Exception as e:
+            raise self.error(f"cannot stat {name}", e) from None
+
+    def list(self, prefix: str) -> list[str]:
+        """Every object name under a directory prefix (recursive), relative to the root, sorted."""
+        base = self.full(prefix)
+        try:
+            found = self.fs.find(base, withdirs=False)
+        except FileNotFoundError:
+            return []
+        except Exception as e:
+            raise self.error(f"cannot list {prefix}", e) from None
+        root = self.root.rstrip("/") + "/"
+        names = []
+        for p in found:
+            p = p if not self.local else p.replace(os.sep, "/")
+            if p.startswith(root):
+                names.append(p[len(root):])
+        return sorted(names)
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The names of the directories right under a prefix (for an object store: common prefixes)."""
+        base = self.full(prefix)
+        try:
+            entries = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as e:
+            raise self.error(f"cannot list {prefix}", e) from None
+        return sorted(PurePosixPath(e["name"]).name for e in entries if e.get("type") == "directory")
+
+    # -- writes
+
+    def write(self, name: str, chunks: Iterable[bytes]) -> int:
+        """Store an object from chunks, atomically; returns its size."""
+        full = self.full(name)
+        if self.local:
+            return self._write_local(full, chunks)
+        written = 0
+        try:
+            f = self.fs.open(full, "wb")
+        except Exception as e:
+            raise self.error(f"cannot write {name}", e) from None
+        try:
+            for chunk in chunks:
+                f.write(chunk)
+                written += len(chunk)
+        except BaseException as e:
+            _discard(f)
+            if isinstance(e, Exception) and not isinstance(e, RepositoryError):
+                raise self.error(f"cannot write {name}", e) from None
+            raise
+        try:
+            f.close()
+        except Exception as e:
+            raise self.error(f"cannot write {name}", e) from None
+        return written
+
+    def _write_local(self, full: str, chunks: Iterable[bytes]) -> int:
+        parent = os.path.dirname(full)
+        self._makedirs(parent)
+        tmp = os.path.join(parent, f".{os.path.basename(full)}.{uuid.uuid4().hex[:8]}.walvault-tmp")
+        written = 0
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    written += len(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, full)
+            fsync_dir(parent)
+        except BaseException as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise self.error(f"cannot write {os.path.relpath(full, self.root)}", e) from None
+            raise
+        return written
+
+    def _makedirs(self, path: str) -> None:
+        """mkdir -p, fsyncing each parent that gained an entry (a new directory must survive a crash too)."""
+        missing = []
+        while not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise self.error(f"cannot create {os.path.relpath(d, self.root)}", e) from None
+            fsync_dir(os.path.dirname(d))
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.write(name, [data])
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Create an object only if none has that name (the lease); False when one exists already."""
+        full = self.full(name)
+        if self.local:
+            parent = os.path.dirname(full)
+            self._makedirs(parent)
+            try:
+                fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            except OSError as e:
+                raise self.error(f"cannot create {name}", e) from None
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(parent)
+            return True
+        try:
+            self.fs.pipe_file(full, data, mode="create")
+        except FileExistsError:
+            return False
+        except Exception as e:
+            if "PreconditionFailed" in str(e) or "412" in str(e):
+                return False
+            raise self.error(f"cannot create {name}", e) from None
+        return True
+
+    def rename(self, name: str, new_name: str) -> bool:
+        """Move an object; False when it is gone already. Locally atomic (used to break a stale lease once)."""
+        src, dst = self.full(name), self.full(new_name)
+        try:
+            if self.local:
+                os.rename(src, dst)
+            else:
+                self.fs.mv(src, dst)
+        except FileNotFoundError:
+            return False
+        except Exception as e:
+            raise self.error(f"cannot rename {name}", e) from None
+        return True
+
+    def remove(self, name: str) -> None:
+        try:
+            self.fs.rm_file(self.full(name))
+        except FileNotFoundError:
+            pass
+        except UnsafeName:
+            raise
+        except Exception as e:
+            raise self.error(f"cannot remove {name}", e) from None
+
+    def remove_tree(self, prefix: str) -> None:
+        """Remove every object under a prefix (a backup's leftovers)."""
+        for name in self.list(prefix):
+            self.remove(name)
+        if self.local:
+            full = self.full(prefix)
+            for root, dirs, _files in os.walk(full, topdown=False):
+                for d in dirs:
+                    try:
+                        os.rmdir(os.path.join(root, d))
+                    except OSError:
+                        pass
+            try:
+                os.rmdir(full)
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+                    raise self.error(f"cannot remove {prefix}", e) from None
+
+
+def _discard(f) -> None:
+    """Drop an unfinished object write so that nothing of it appears (s3fs: abort the multipart upload)."""
+    try:
+        if hasattr(f, "discard"):
+            f.discard()
+        f.closed = True
+    except Exception:  # the write failed already; its error is the one to report
+        pass

@@ -1,0 +1,173 @@
+"""Talk to a running Tarantool over iproto: pin a checkpoint with box.backup.start() while its files are copied.
+
+A running instance deletes old checkpoints (checkpoint_count) and compacts vinyl runs on its own, so the
+files of a checkpoint can vanish mid-copy. box.backup.start() pins the newest checkpoint and names its files
+(the .snap, and for vinyl the .vylog and every .run/.index it needs) until box.backup.stop(). The pin is
+global to the instance, not tied to the connection, so `backup_session` stops it whatever happens in the
+body. The PyPI `tarantool` connector is imported only here, when a live instance is asked for.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import kind_of, name_number
+from .meta import Vclock
+
+SCHEME = "tarantool://"
+_USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^:@/]*:)(?P<password>.*)@(?P<tail>[^@]*)")
+
+# One round trip, so that the vclock and the directories describe the instance as the pin was taken. The pin
+# is undone here if reading the state fails, because the client would not know whether to stop it.
+_START = """
+local files = box.backup.start()
+local ok, state = pcall(function()
+    local checkpoints = {}
+    for _, c in ipairs(box.info.gc().checkpoints) do
+        table.insert(checkpoints, {signature = c.signature, vclock = c.vclock})
+    end
+    return {vclock = box.info.vclock, uuid = box.info.uuid, cwd = require('fio').cwd(),
+            memtx_dir = box.cfg.memtx_dir, wal_dir = box.cfg.wal_dir, vinyl_dir = box.cfg.vinyl_dir,
+            checkpoints = checkpoints}
+end)
+if not ok then
+    box.backup.stop()
+    error(state)
+end
+return files, state
+"""
+
+
+class LiveError(RuntimeError):
+    """A live instance could not be reached or refused a call; the message carries the URI redacted."""
+
+
+@dataclass
+class Checkpoint:
+    """The checkpoint box.backup.start() pinned, and where the instance keeps its files."""
+
+    files: list[Path]  # absolute: the .snap, and for vinyl the .vylog and .run/.index files
+    vclock: Vclock  # box.info.vclock as the pin was taken: the xlogs must reach at least this far
+    snapshot_vclock: Vclock | None  # the vclock of the .snap among `files`
+    instance_uuid: str
+    dirs: dict[str, Path]  # absolute memtx_dir, wal_dir, vinyl_dir, work_dir
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with its password replaced by ***, fit for messages and logs."""
+    m = _USERINFO.fullmatch(uri)
+    return f"{m['head']}***@{m['tail']}" if m else uri
+
+
+def _parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
+    """(host, port, user, password) from [tarantool://][user[:password]@]host:port."""
+    rest = uri.removeprefix(SCHEME)
+    userinfo, at, hostport = rest.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    host, _, port = hostport.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:3301
+    if not host or not port.isdigit() or (at and not user):
+        raise LiveError(f"{redact_uri(uri)}: not a Tarantool URI ([tarantool://][user[:password]@]host:port)")
+    return host, int(port), (user or None), (password if colon else None)
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost error's message: the connector wraps errors in errors and shows (code, message) tuples."""
+    while inner := exc.__cause__ or next((a for a in exc.args if isinstance(a, BaseException)), None):
+        exc = inner
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(getattr(exc, "message", "") or exc or type(exc).__name__)
+
+
+def _connect(uri: str, timeout: float):
+    host, port, user, password = _parse_uri(uri)
+    try:
+        import tarantool
+    except ImportError:
+        raise LiveError("talking to a running Tarantool needs the `tarantool` package (pip install tarantool)"
+                        ) from None
+    try:
+        # No schema fetch: a backup user needs only 'execute', not read access to the system spaces.
+        # No reconnects: a dropped connection is reported, not hidden behind a silent new session.
+        return tarantool.Connection(host, port, user=user, password=password, connection_timeout=timeout,
+                                    socket_timeout=timeout, reconnect_max_attempts=0, fetch_schema=False)
+    except (tarantool.Error, OSError) as e:
+        raise LiveError(f"{redact_uri(uri)}: cannot connect: {_reason(e)}") from None
+
+
+def _eval(conn, uri: str, code: str, what: str) -> list:
+    """Run Lua `code`; a failure becomes a LiveError naming `what` (a lost connection says so)."""
+    import tarantool
+
+    try:
+        return conn.eval(code).data
+    except tarantool.NetworkError as e:
+        raise LiveError(f"{redact_uri(uri)}: {what}: connection lost: {_reason(e)}") from None
+    except (tarantool.Error, OSError) as e:
+        raise LiveError(f"{redact_uri(uri)}: {what} failed: {_reason(e)}") from None
+
+
+def _vclock(value) -> Vclock:
+    """{id: lsn} from a Lua vclock table, which msgpack sends as a map, or as an array when its keys are 1..n."""
+    if isinstance(value, list):
+        return {i: int(lsn) for i, lsn in enumerate(value, start=1) if lsn is not None}
+    return {int(k): int(v) for k, v in value.items()}
+
+
+def _checkpoint(files: list, state: dict) -> Checkpoint:
+    """Paths come relative to the instance's current directory, which box.cfg made its work_dir."""
+    work_dir = Path(state["cwd"])
+    paths = [work_dir / f for f in files]
+    snaps = [p for p in paths if kind_of(p) == ("snap", False)]
+    vclocks = {c["signature"]: _vclock(c["vclock"]) for c in state["checkpoints"]}
+    return Checkpoint(
+        files=paths,
+        vclock=_vclock(state["vclock"]),
+        snapshot_vclock=vclocks.get(name_number(snaps[0])) if snaps else None,
+        instance_uuid=state["uuid"],
+        dirs={"memtx_dir": work_dir / state["memtx_dir"], "wal_dir": work_dir / state["wal_dir"],
+              "vinyl_dir": work_dir / state["vinyl_dir"], "work_dir": work_dir},
+    )
+
+
+@contextmanager
+def backup_session(uri: str, *, timeout: float = 30.0) -> Iterator[Checkpoint]:
+    """Pin the newest checkpoint of the instance at `uri` for the body; box.backup.stop() on any exit.
+
+    `uri` is [tarantool://][user[:password]@]host:port; the user needs 'execute' on 'universe'. `timeout`
+    bounds the connection and each call. Raises LiveError when the instance cannot be reached, a backup is
+    already in progress there, or stopping fails (its files then stay pinned until someone stops it).
+    """
+    conn = _connect(uri, timeout)
+    try:
+        try:
+            files, state = _eval(conn, uri, _START, "box.backup.start()")
+        except LiveError as e:
+            if "already in progress" in str(e):
+                raise LiveError(f"{redact_uri(uri)}: a backup is already in progress on this instance "
+                                "(another client's, or one never stopped: box.backup.stop() there ends it)"
+                                ) from None
+            if "connection lost" in str(e):
+                raise LiveError(f"{e}; the instance may have pinned its checkpoint all the same: see "
+                                "box.info.gc() there, and box.backup.stop() if no backup is running") from None
+            raise
+        try:
+            yield _checkpoint(files, state)
+        finally:
+            _eval(conn, uri, "box.backup.stop()", "box.backup.stop()")
+    finally:
+        conn.close()
+
+
+def current_vclock(uri: str, *, timeout: float = 30.0) -> Vclock:
+    """box.info.vclock of the instance at `uri` now."""
+    conn = _connect(uri, timeout)
+    try:
+        return _vclock(_eval(conn, uri, "return box.info.vclock", "box.info.vclock")[0])
+    finally:
+        conn.close()
