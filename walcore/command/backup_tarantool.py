@@ -3,6 +3,7 @@ stored is what was verified, a running instance through box.backup.start()/stop(
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -57,8 +58,6 @@ class TarantoolPlan:
 
     def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
         from ..tarantool.backup_set import select
-        from ..tarantool.check import file_verdict
-        from ..tarantool.xlog import scan_file
 
         since = None
         if parent is not None:
@@ -71,18 +70,31 @@ class TarantoolPlan:
             c = Candidate(f.path, f.name, f.kind, f.mutable)
             if f.mutable:
                 # The newest xlog may grow while it is read: copy what it holds now to a spool, judge that copy,
-                # and store its whole blocks, so that what is stored is exactly what was verified.
+                # and store exactly what was judged.
                 self.spool = self.spool or Path(tempfile.mkdtemp(prefix="walvault-spool-"))
-                copy = self.spool / Path(f.name).name
-                _copy_prefix(f.path, copy)
-                c.path = copy
-                c.verdict = file_verdict(scan_file(copy))
-                if c.verdict.status == "open" and c.verdict.findings == []:
-                    from ..tarantool.xlog import scan_file as scan
-
-                    c.limit = scan(copy).span.end_pos
+                c.path = self.spool / Path(f.name).name
+                _copy_prefix(f.path, c.path)
+                c.verdict = self._whole_blocks(c.path, f.name)
             out.append(c)
         return out
+
+    def _whole_blocks(self, copy: Path, name: str):
+        """The verdict on a copy of the newest xlog, cut after its last whole block when it ends inside one: a
+        running instance was writing that block as it was copied, or a crash tore it (Tarantool discards such a
+        tail too). Any other finding stays, and refuses the backup."""
+        from ..tarantool.check import file_verdict
+        from ..tarantool.xlog import scan_file
+
+        verdict = file_verdict(scan_file(copy))
+        torn = [x for x in verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
+        if torn and len(torn) == len(verdict.findings):
+            cut = min(x.offset for x in torn)
+            size = copy.stat().st_size
+            os.truncate(copy, cut)
+            verdict = file_verdict(scan_file(copy))
+            self.notes.append(f"{name} ends inside a block at byte {cut} (being written, or torn by a crash): "
+                              f"the {size - cut} bytes after its last whole block are not stored")
+        return verdict
 
     def verify(self, repo: Repository, candidates: list[Candidate], jobs: int, progress: bool) -> dict:
         from ..tarantool.backup_set import judge, verdict_from_record
@@ -103,11 +115,10 @@ class TarantoolPlan:
         for c in unknown:
             c.verdict = scanned[str(c.path)]
             c.checked_by = "scan"
-        reports = {}
+        reports = {}  # the set's checks judge the files where they are in the source
         for c in candidates:
-            c.verdict.path = str(c.path)
-            reports[str(self._source_path(c))] = c.verdict
             c.verdict.path = str(self._source_path(c))
+            reports[c.verdict.path] = c.verdict
         checks = judge(self.set, reports)
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..findings import Refused
 from .check import TarantoolFile, check_chains, check_vinyl
-from .layout import DataDir, discover, kind_of, name_number
+from .layout import DataDir, discover, kind_of
 from .meta import MAX_META_SIZE, MetaError, Vclock, format_vclock, parse_meta
 from .vinyl import VylogError, replay
 from .xlog import read_rows
@@ -159,17 +159,14 @@ def judge(tset: TarantoolSet, reports: dict[str, TarantoolFile]) -> dict:
     xlogs = by_kind.get("xlog", [])
     data_dir = DataDir(tset.root, {xlogs[0].parent: xlogs} if xlogs else {}, by_kind.get("snap", []),
                        by_kind.get("vylog", []))
-    problems = [f"{Path(p).name}: {f.status}: " + "; ".join(x.message for x in f.findings[:3])
-                for p, f in reports.items() if f.status not in ("ok", "open")]
-    vinyl_dirs = {os.path.realpath(p.parent) for p in by_kind.get("vylog", [])}
-    check_vinyl(data_dir, reports, vinyl_dirs)
-    problems += [f"{Path(p).name}: " + "; ".join(x.message for x in f.findings[:3])
-                 for p, f in reports.items() if f.status == "damaged" and not any(p in q for q in problems)]
+    check_vinyl(data_dir, reports, {os.path.realpath(p.parent) for p in by_kind.get("vylog", [])})
     chains = check_chains(data_dir, reports) if xlogs else []
-    for chain in chains:
-        problems += [x.message for x in chain.findings if x.code != "damaged_file"]
+    problems = [f"{Path(p).name} is {f.status}: " + "; ".join(f"{x.code} at {x.offset}: {x.message}"
+                                                           for x in f.findings[:3])
+                for p, f in reports.items() if f.status not in ("ok", "open")]
+    problems += [x.message for chain in chains for x in chain.findings if x.code != "damaged_file"]
     snap = reports[str(tset.snapshot.path)]
-    snapshot = chains[0].snapshots[0] if chains else {"path": str(tset.snapshot.path), "covers": [], "replay_from": None}
+    snapshot = chains[0].snapshots[0] if chains else {"covers": [], "replay_from": None}
     if xlogs and snapshot["replay_from"] is None and not _leq(reports[str(xlogs[-1])].end_vclock() or {},
                                                               snap.vclock or {}):
         problems.append(f"no xlog continues from the snapshot at {format_vclock(snap.vclock)}")
@@ -180,7 +177,8 @@ def judge(tset: TarantoolSet, reports: dict[str, TarantoolFile]) -> dict:
         end = reports[str(xlogs[-1])].end_vclock()
         position = {k: max(end.get(k, 0), snap.vclock.get(k, 0)) for k in set(end) | set(snap.vclock)}
     return {"position": {str(k): v for k, v in sorted(position.items())},
-            "snapshot": {"name": _rel(tset.root, tset.snapshot.path), "vclock": snapshot.get("vclock"),
+            "snapshot": {"name": _rel(tset.root, tset.snapshot.path),
+                         "vclock": {str(k): v for k, v in sorted(snap.vclock.items())},
                          "replay_from": snapshot["replay_from"] and _rel(tset.root, Path(snapshot["replay_from"])),
                          "covers": [_rel(tset.root, Path(p)) for p in snapshot["covers"]]},
             "chain": "ok" if xlogs else "no xlogs",
@@ -205,5 +203,4 @@ def verdict_from_record(path: str, record: dict) -> TarantoolFile:
                          {int(c): list(r) for c, r in record.get("lsns", {}).items()})
 
 
-__all__ = ["SetFile", "TarantoolSet", "select", "judge", "instance_of", "verdict_record", "verdict_from_record",
-           "name_number"]
+__all__ = ["SetFile", "TarantoolSet", "select", "judge", "instance_of", "verdict_record", "verdict_from_record"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from .layout import kind_of, name_number
 from .meta import Vclock
 
-SCHEME = "tarantool://"
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^:@/]*:)(?P<password>.*)@(?P<tail>[^@]*)")
 
 # One round trip, so that the vclock and the directories describe the instance as the pin was taken. The pin
@@ -65,12 +65,13 @@ def redact_uri(uri: str) -> str:
 
 def _parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
     """(host, port, user, password) from [tarantool://][user[:password]@]host:port."""
-    rest = uri.removeprefix(SCHEME)
+    scheme = _SCHEME.match(uri)
+    rest = uri[scheme.end():] if scheme else uri
     userinfo, at, hostport = rest.rpartition("@")
     user, colon, password = userinfo.partition(":")
     host, _, port = hostport.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")  # [::1]:3301
-    if not host or not port.isdigit() or (at and not user):
+    if (scheme and scheme[1].lower() != "tarantool") or not host or not port.isdigit() or (at and not user):
         raise LiveError(f"{redact_uri(uri)}: not a Tarantool URI ([tarantool://][user[:password]@]host:port)")
     return host, int(port), (user or None), (password if colon else None)
 
@@ -93,7 +94,8 @@ def _connect(uri: str, timeout: float):
                         ) from None
     try:
         # No schema fetch: a backup user needs only 'execute', not read access to the system spaces.
-        # No reconnects: a dropped connection is reported, not hidden behind a silent new session.
+        # reconnect_max_attempts=0: after a dropped connection a call reconnects once (the pin is global, so
+        # box.backup.stop() still works on a new session) instead of retrying ten times.
         return tarantool.Connection(host, port, user=user, password=password, connection_timeout=timeout,
                                     socket_timeout=timeout, reconnect_max_attempts=0, fetch_schema=False)
     except (tarantool.Error, OSError) as e:
