@@ -6,16 +6,16 @@ import json
 
 import tarantool_real as tr
 from conftest import require_tarantool, run_cli
-from test_tarantool_live import PASSWORD, covers, live  # noqa: F401 (the fixture)
+import test_tarantool_live
+from test_tarantool_live import PASSWORD, USER, covers
 
 pytestmark = require_tarantool
+live = test_tarantool_live.live  # the writing instance on a loopback port (a fixture)
 
 
 def _call_mark(live, key: int) -> None:
     """Commit a row the backup must hold (the instance's setuid function: our user may only execute)."""
     import tarantool
-
-    from test_tarantool_live import USER
 
     conn = tarantool.Connection("127.0.0.1", live.port, user=USER, password=PASSWORD, fetch_schema=False)
     try:
@@ -24,7 +24,7 @@ def _call_mark(live, key: int) -> None:
         conn.close()
 
 
-def test_live_backup_restores_everything_committed_before_it_began(live, tmp_path):  # noqa: F811
+def test_live_backup_restores_everything_committed_before_it_began(live, tmp_path):
     _call_mark(live, 999999)
     before = {int(k): v for k, v in live.eval("return box.info.vclock")[0].items()}
     repo = tmp_path / "repo"
@@ -48,7 +48,7 @@ def test_live_backup_restores_everything_committed_before_it_began(live, tmp_pat
     assert len(dump["spaces"]["vin"]) > 0
 
 
-def test_live_backup_of_another_instances_dir_is_refused(live, tmp_path):  # noqa: F811
+def test_live_backup_of_another_instances_dir_is_refused(live, tmp_path):
     other = tmp_path / "other"
     tr.generate_instance(other, scale=1, snapshots=1)
     proc = run_cli("backup", other, "--repo", tmp_path / "repo", "--connect", live.uri)
