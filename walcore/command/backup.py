@@ -41,6 +41,7 @@ class Candidate:
     entry: FileEntry | None = None  # filled once stored or referenced
     verdict: object | None = None  # TarantoolFile | LimestoneFile
     checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
+    mtime_ns: int | None = None  # of the source file, when it was listed
 
 
 @dataclass
@@ -163,8 +164,12 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     to_store = []
     for c in candidates:
         old = held.get(c.name)
-        size = c.limit if c.limit is not None else c.path.stat().st_size
-        if old and not c.mutable and not old[1].mutable and old[1].size == size:
+        st = c.path.stat()
+        c.mtime_ns = st.st_mtime_ns
+        # A sealed file never changes: the same name, size and modification time (as pgBackRest compares them)
+        # say it is the one the parent chain holds. Another history reusing a name differs in its mtime.
+        if old and not c.mutable and not old[1].mutable and (old[1].size, old[1].mtime_ns) == (st.st_size,
+                                                                                             st.st_mtime_ns):
             c.entry = _reference(old[0], old[1])
         else:
             to_store.append(c)
@@ -206,7 +211,7 @@ def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:
 def _own(c: Candidate, stored_name: str, stored: Stored) -> FileEntry:
     return FileEntry(name=c.name, kind=c.kind, size=stored.size, sha256=stored.sha256, stored=stored_name,
                      stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
-                     mutable=c.mutable, range={}, verification={})
+                     mutable=c.mutable, range={}, verification={}, mtime_ns=c.mtime_ns)
 
 
 def _not_behind(family: str, position: dict, parent: dict) -> bool:

@@ -124,11 +124,12 @@ class FileEntry:
     mutable: bool  # written to after this backup (the newest xlog, an active pwal, epoch): stored whole each time
     range: dict  # {"vclock": [from, to]} or {"epochs": [min, max]}; {} when the file has none
     verification: dict  # {"status", "findings", "checked_by": "scan"|"ledger"}
+    mtime_ns: int | None = None  # the source file's modification time: with name and size, what says it is unchanged
 
     @classmethod
     def from_json(cls, obj: dict) -> FileEntry:
         try:
-            entry = cls(**{k: obj[k] for k in cls.__dataclass_fields__})
+            entry = cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj or k != "mtime_ns"})
         except (KeyError, TypeError) as e:
             raise ManifestError(f"a file entry is incomplete: {e}") from None
         check_name(entry.name)

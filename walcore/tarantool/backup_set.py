@@ -117,7 +117,9 @@ def select(root: Path, *, since_xlog: str | None = None, checkpoint: list[Path] 
     files += chosen
     if vylogs:
         vylog = vylogs[-1]
-        files.append(SetFile(vylog, _rel(root, vylog), "vylog", False))
+        # The newest vylog of a stopped data dir is appended to by the next dump; the one box.backup.start()
+        # names is sealed (rotated after the checkpoint).
+        files.append(SetFile(vylog, _rel(root, vylog), "vylog", checkpoint is None))
         for name in _needed_runs(vylog):
             files.append(SetFile(vylog.parent / name, _rel(root, vylog.parent / name), kind_of(Path(name))[0], False))
     elif any(kind_of(p) and kind_of(p)[0] in ("run", "index") for p in _walk_files(root)):
