@@ -55,13 +55,27 @@ class TarantoolWriter:
     def write_block(self, rows: list[tuple[dict, dict | None]], *, compressed: bool | None = None) -> None:
         """Write one block; compressed as Tarantool decides (>= 2048 bytes) unless told."""
         pack = self.packer.pack
-        payload = b"".join(pack(h) + (pack(b) if b is not None else b"") for h, b in rows)
+        self.write_rows(b"".join(pack(h) + (pack(b) if b is not None else b"") for h, b in rows),
+                        compressed=compressed)
+
+    def write_rows(self, payload: bytes, *, compressed: bool | None = None) -> None:
+        """Write one block of rows already encoded: another file's row bytes go in unchanged (a decode and
+        re-encode could change them, e.g. msgpack str and bin)."""
         if compressed is None:
             compressed = len(payload) + FIXHEADER_SIZE >= ZSTD_THRESHOLD
         if compressed:
             payload = compress(payload)
         self.f.write(encode_fixheader(compressed, payload))
         self.f.write(payload)
+
+    def write_raw(self, blocks: bytes) -> None:
+        """Append whole blocks copied from another file: headers and (compressed) payloads as they are."""
+        self.f.write(blocks)
+
+    def abort(self) -> None:
+        """Drop the unfinished file: only its temporary name ever existed."""
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
 
     def close(self, *, eof: bool = True) -> Path:
         if eof:
@@ -80,8 +94,7 @@ class TarantoolWriter:
         if exc_type is None:
             self.close()
         else:
-            self.f.close()
-            self.tmp.unlink(missing_ok=True)
+            self.abort()
 
 
 def file_name(vclock: Vclock, suffix: str) -> str:

@@ -1,0 +1,83 @@
+"""Point-in-time restores of real Tarantool through the CLI: a vclock and a time between two backups, each
+restored, started, and compared row by row with the data dir as it was at that moment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+import tarantool_real as tr
+from conftest import require_tarantool, run_cli
+
+pytestmark = require_tarantool
+
+
+@pytest.fixture(scope="module")
+def two_backups(tmp_path_factory):
+    """A full backup, then writes up to moment M (kept as a copy, and the time just after it), more writes
+    crossing a snapshot and many xlogs after a restart, and an incremental backup."""
+    root = tmp_path_factory.mktemp("pitr")
+    src, repo = root / "src", root / "repo"
+    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=1)
+    assert run_cli("backup", src, "--repo", repo).returncode == 0
+    tr.write_more(src, rows=800, snapshot=False, seed=1)
+    moment = root / "moment"
+    shutil.copytree(src, moment)
+    time.sleep(0.3)
+    after_moment = time.time()
+    time.sleep(0.3)
+    tr.write_more(src, rows=1500, snapshot=True, seed=2)
+    proc = run_cli("backup", src, "--repo", repo, "--type", "incremental")
+    assert proc.returncode == 0, proc.stderr
+    return {"repo": repo, "src": src, "expected": tr.dump_data_dir(moment), "time": after_moment,
+            "end": tr.dump_data_dir(src)}
+
+
+def _restore_to(two_backups, point: str, target):
+    proc = run_cli("restore", "latest", target, "--repo", two_backups["repo"], "--to", point, "--json")
+    assert "Traceback" not in proc.stderr
+    return proc
+
+
+def test_restore_to_a_vclock_between_backups(two_backups, tmp_path):
+    vclock = two_backups["expected"]["vclock"]
+    point = "{" + ", ".join(f"{k}: {v}" for k, v in sorted(vclock.items())) + "}"
+    proc = _restore_to(two_backups, point, tmp_path / "r")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert {int(k): v for k, v in result["point"]["vclock"].items()} == vclock
+    dump = tr.dump_data_dir(tmp_path / "r")
+    assert dump["vclock"] == vclock
+    assert dump["spaces"] == two_backups["expected"]["spaces"]
+    assert dump["spaces"] != two_backups["end"]["spaces"], "the point is before the end"
+
+
+def test_restore_to_a_time_between_backups(two_backups, tmp_path):
+    proc = _restore_to(two_backups, f"@{two_backups['time']:.3f}", tmp_path / "r")
+    assert proc.returncode == 0, proc.stderr
+    dump = tr.dump_data_dir(tmp_path / "r")
+    assert dump["vclock"] == two_backups["expected"]["vclock"]
+    assert dump["spaces"] == two_backups["expected"]["spaces"]
+
+
+def test_restore_to_the_end_equals_the_latest_backup(two_backups, tmp_path):
+    vclock = two_backups["end"]["vclock"]
+    point = ",".join(f"{k}:{v}" for k, v in sorted(vclock.items()))
+    proc = _restore_to(two_backups, point, tmp_path / "r")
+    assert proc.returncode == 0, proc.stderr
+    assert tr.dump_data_dir(tmp_path / "r") == two_backups["end"]
+
+
+@pytest.mark.parametrize("point, reason", [("@1000", "no backup"), ("past the end", "ends"),
+                                           ("not a point", "--to")])
+def test_unreachable_points_are_refused(two_backups, tmp_path, point, reason):
+    if point == "past the end":
+        end = two_backups["end"]["vclock"]
+        point = ",".join(f"{k}:{v + 1000 if k == 1 else v}" for k, v in sorted(end.items()))
+    proc = _restore_to(two_backups, point, tmp_path / "r")
+    assert proc.returncode == 1, proc.stderr
+    assert reason in proc.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / ".r.walvault-restore").exists()
