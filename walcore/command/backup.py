@@ -37,7 +37,6 @@ class Candidate:
     name: str
     kind: str
     mutable: bool
-    limit: int | None = None  # store only this many bytes (an open file's whole blocks)
     entry: FileEntry | None = None  # filled once stored or referenced
     verdict: object | None = None  # TarantoolFile | LimestoneFile
     checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
@@ -173,10 +172,10 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
             c.entry = _reference(old[0], old[1])
         else:
             to_store.append(c)
-    tracker = Progress(len(to_store), sum(c.limit or c.path.stat().st_size for c in to_store), progress, "stored")
+    tracker = Progress(len(to_store), sum(c.path.stat().st_size for c in to_store), progress, "stored")
 
     def store(c: Candidate) -> None:
-        stored = repo.put_object(f"{prefix}/{c.name}.zst", c.path, limit=c.limit, level=level)
+        stored = repo.put_object(f"{prefix}/{c.name}.zst", c.path, level=level)
         old = held.get(c.name)
         if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size:
             repo.storage.remove(f"{prefix}/{c.name}.zst")  # the same bytes are held already

@@ -1,5 +1,9 @@
 """Backing up a limestone log directory: every file limestone reads (never data/, compaction_temp/, ctrl/),
-refused while a limestone holds it or while it does not verify ok."""
+refused while a limestone holds it or while it does not verify ok.
+
+From the choice of files to the end of the check, the backup holds limestone's own lock (flock LOCK_EX on the
+manifest), as rotate and repair do: a limestone that started meanwhile could otherwise change the files
+between their copies and the check, which reads the source after the copies were made."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ class LimestonePlan:
 
         self.root = root
         self.notes: list[str] = []
+        self._lock = None
         plan = prepare(root)
         manifest = plan.report.manifest
         if manifest is None:
@@ -35,10 +40,15 @@ class LimestonePlan:
                               f"backup is kept under {self.instance}, derived from the directory's path")
 
     def __enter__(self):
+        from ..limestone.layout import exclusive_lock
+
+        self._lock = exclusive_lock(self.root)
+        self._lock.__enter__()  # LiveError when a limestone took the directory since __init__
         return self
 
     def __exit__(self, *exc):
-        return None
+        lock, self._lock = self._lock, None
+        return lock.__exit__(*exc) if lock is not None else None
 
     def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
         from ..limestone.layout import DERIVED, kind_of
@@ -62,12 +72,17 @@ class LimestonePlan:
 
         report = verify_paths([self.root], jobs=jobs, progress=progress)
         d = report.dirs[0]
-        if d.live:
-            raise Refused(f"{self.root}: a limestone started on it during the backup", "cannot_check")
+        # The check sees the directory as in use: by this backup's own lock, which no limestone can hold meanwhile.
+        d.live = False
         if d.status != "ok" or d.findings:
-            why = "; ".join(f"{f.code}: {f.message}" for f in d.findings[:5]) or d.status
+            # the directory's findings, then its files' (a nondurable snippet or a broken tail is a file's)
+            found = [f"{f.code}: {f.message}" for f in d.findings] + [
+                f"{os.path.relpath(v.path, self.root)}: {f.code} at {f.offset}: {f.message}"
+                for v in report.files for f in v.findings]
+            why = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "") or d.status
             hint = " (walvault repair DIR --apply mends it)" if d.status == "repairable" else ""
-            raise Refused(f"{self.root} is {d.status}{hint}: {why}", "damaged" if d.status != "cannot_check"
+            verdict = f"is {d.status}{hint}" if d.status != "ok" else "verifies ok but has findings"
+            raise Refused(f"{self.root} {verdict}: {why}", "damaged" if d.status != "cannot_check"
                           else "cannot_check")
         by_path = {os.path.realpath(f.path): f for f in report.files}
         for c in candidates:

@@ -110,12 +110,17 @@ def _epoch_seconds(stamp: str) -> float:
 
 
 def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
-    from ..limestone.catalog import CATALOG_NAME, parse_catalog
+    """The backup's files with `epoch` holding one durable record, the point. limestone cancels the snippets
+    past it (2 -> 6, in place) when it starts. Refused past the backup's durable epoch, and below what the
+    compacted file folds: limestone writes no epoch in it, so the state of an earlier epoch is not there."""
+    import re
+
+    from ..limestone.check import prepare
     from ..limestone.epoch import EPOCH_NAME
     from ..limestone.writer import durable_epoch
 
     text = to.removeprefix("epoch:")
-    if not text.isdigit():
+    if not re.fullmatch(r"[0-9]+", text):  # ASCII digits: str.isdigit() takes '²', which int() refuses
         raise Refused(f"--to {to!r}: a limestone point is an epoch number (limestone records no time per epoch)",
                       "refused")
     epoch = int(text)
@@ -125,16 +130,30 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
     entries = [(_layout_name(manifest, e), e) for e in manifest.files]
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
-    catalog = staging / CATALOG_NAME
-    if catalog.is_file():
-        folded = parse_catalog(catalog.read_bytes()).max_epoch_id
+    notes = []
+    # The catalog limestone reads: compaction_catalog, or its .back when that one is missing or unreadable.
+    catalog = prepare(staging).catalog
+    if catalog is not None:
+        # MAX_EPOCH_ID is the epoch at the compaction's rotation; a session of a later epoch may still have been
+        # writing into a file rotated then, and the compaction folds it once durable: the files the compacted
+        # file covers say how far it reaches.
+        ranges = {Path(e.name).name: e.range.get("epochs") for e in manifest.files}
+        covered = [ranges[n][1] for n in catalog.detached_pwals if ranges.get(n)]
+        folded = max([catalog.max_epoch_id, *covered])
         if epoch < folded:
-            raise Refused(f"the compacted file folds every epoch up to {folded}: the state at epoch {epoch} is not "
-                          "in this backup", "refused")
+            raise Refused(f"the compacted file folds every epoch up to {folded} (compaction catalog MAX_EPOCH_ID "
+                          f"{catalog.max_epoch_id}, and the files it covers): the state at epoch {epoch} is not in "
+                          "this backup", "refused")
+        if gone := [n for n in catalog.detached_pwals if n not in ranges]:
+            notes.append(f"{len(gone)} files the compacted file covers are not in the backup: it may hold sessions "
+                         f"of epochs past MAX_EPOCH_ID {catalog.max_epoch_id} that were in flight at its rotation")
     tmp = staging / f".{EPOCH_NAME}.walvault-tmp"
     with open(tmp, "wb") as f:
         f.write(durable_epoch(epoch))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, staging / EPOCH_NAME)
-    return reused, {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch}, entries
+    info = {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch}
+    if notes:
+        info["notes"] = notes
+    return reused, info, entries
