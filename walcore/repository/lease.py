@@ -101,6 +101,8 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_T
             break
         try:
             info = json.loads(storage.read_bytes(name))
+            if not isinstance(info, dict):
+                raise ValueError("not a JSON object")
         except FileNotFoundError:
             continue  # released meanwhile
         except ValueError:

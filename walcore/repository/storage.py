@@ -35,6 +35,8 @@ _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key", re.I)
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING")
 # Shorter values are not searched for: replacing them would garble the rest of a message.
 _MIN_SECRET = 6
+# Reads of a small object that was replaced while read (a renewed lease), before its error is reported.
+_READ_ATTEMPTS = 3
 
 
 def _secrets(options: dict) -> list[str]:
@@ -53,7 +55,7 @@ def _secrets(options: dict) -> list[str]:
 
 def redact_url(url: str) -> str:
     """A URL without its user info's password and without query values that look secret."""
-    url = re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url)
+    url = re.sub(r"(//[^/@:]*):[^/?#]*@", r"\1:***@", url)  # to the netloc's last '@' (a password may hold one)
     return re.sub(r"([?&][^=&]*(?:secret|password|token|key)[^=&]*=)[^&]*", r"\1***", url, flags=re.I)
 
 
@@ -72,6 +74,8 @@ def parse_options(pairs: Iterable[str]) -> dict:
         node = options
         for p in parents:
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise RepositoryError(f"the repository option {key!r} nests under a value given before")
         node[last] = parsed
     return options
 
@@ -99,7 +103,7 @@ class Storage:
         if env_options:
             try:
                 self.options = {**json.loads(env_options), **self.options}
-            except ValueError:
+            except (ValueError, TypeError):
                 raise RepositoryError("WALVAULT_REPO_OPTIONS is not a JSON object") from None
         self._secrets = _secrets(self.options)
         protocol, path = fsspec.core.split_protocol(url)
@@ -109,7 +113,8 @@ class Storage:
                 self.fs = fsspec.filesystem("file")
                 self.root = os.path.abspath(path)
             else:
-                self.fs = fsspec.filesystem(protocol, **self.options)
+                # No listing cache: another process's new objects must be seen by the next list or exists.
+                self.fs = fsspec.filesystem(protocol, **{"use_listings_cache": False, **self.options})
                 self.root = self.fs._strip_protocol(url).rstrip("/")
         except (ImportError, ValueError, TypeError) as e:
             raise RepositoryError(self.redact(f"cannot open repository {self.display}: {e}")) from None
@@ -149,15 +154,18 @@ class Storage:
 
     def read_bytes(self, name: str, limit: int = 64 << 20) -> bytes:
         """A small object whole (a manifest, a lease); one larger than `limit` is refused."""
-        try:
-            with self.fs.open(self.full(name), "rb") as f:
-                data = f.read(limit + 1)
-        except FileNotFoundError:
-            raise
-        except UnsafeName:
-            raise
-        except Exception as e:
-            raise self.error(f"cannot read {name}", e) from None
+        full = self.full(name)
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                with self.fs.open(full, "rb") as f:
+                    data = f.read(limit + 1)
+                break
+            except FileNotFoundError:
+                raise
+            except Exception as e:
+                if _replaced_while_read(e) and attempt + 1 < _READ_ATTEMPTS:
+                    continue  # a lease renewed meanwhile: read its new version
+                raise self.error(f"cannot read {name}", e) from None
         if len(data) > limit:
             raise RepositoryError(f"{name} in repository {self.display} is larger than {limit} bytes")
         return data
@@ -230,11 +238,14 @@ class Storage:
             raise self.error(f"cannot write {name}", e) from None
         try:
             for chunk in chunks:
-                f.write(chunk)
+                try:
+                    f.write(chunk)
+                except Exception as e:
+                    raise self.error(f"cannot write {name}", e) from None
                 written += len(chunk)
         except BaseException as e:
             _discard(f)
-            if isinstance(e, Exception) and not isinstance(e, RepositoryError):
+            if isinstance(e, OSError):  # as locally: the chunks' other errors leave as they are
                 raise self.error(f"cannot write {name}", e) from None
             raise
         try:
@@ -355,6 +366,11 @@ class Storage:
             except OSError as e:
                 if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
                     raise self.error(f"cannot remove {prefix}", e) from None
+
+
+def _replaced_while_read(e: BaseException) -> bool:
+    """s3fs's FileExpired: the object changed between its look-up and its GET (the GET asks for the ETag seen)."""
+    return isinstance(e, OSError) and e.errno == errno.EBUSY
 
 
 def _discard(f) -> None:

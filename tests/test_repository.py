@@ -1,0 +1,676 @@
+"""The repository layer (walcore.repository) over a local directory and over S3 (moto's server on 127.0.0.1).
+
+Every test takes `repo_target`, so it runs on both, unless its name says `local_only` / `s3_only` (a symlink
+exists only on a posix path; a client that fails to connect only on S3) or it tests a pure function.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from conftest import RepoTarget, tree_snapshot
+from walcore.repository import ObjectDamaged, Repository, RepositoryError, SourceChanged
+from walcore.repository.lease import LeaseBusy, acquire
+from walcore.repository.manifest import (ManifestError, decode_checked, encode_checked, load_checked,
+                                         save_checked)
+from walcore.repository.storage import Storage, UnsafeName, parse_options, redact_url
+
+SECRET = "walvault-very-secret-123"
+S3_PART = 5 << 20  # the smallest part S3 accepts: a multi-part upload within a few MiB
+
+
+def storage_of(target: RepoTarget, **extra) -> Storage:
+    return Storage(target.url, {**target.options, **extra})
+
+
+def everything(storage: Storage) -> list:
+    """Every file and directory the test could have touched: the repository's parent directory locally, the
+    whole bucket on S3 (so that a write outside the root shows too)."""
+    if storage.local:
+        return sorted(tree_snapshot(Path(storage.root).parent).items())
+    return sorted(storage.fs.find(storage.root.split("/")[0], withdirs=True))
+
+
+# -- 1. names
+
+
+BAD_NAMES = ["..", "../escape", "a/../../escape", "/abs/escape", "a//b", "", "a/", "./a", "a/./b", "a\x00b", "a\\b"]
+OPERATIONS = {
+    "exists": lambda s, n: s.exists(n),
+    "read_bytes": lambda s, n: s.read_bytes(n),
+    "iter_bytes": lambda s, n: list(s.iter_bytes(n)),
+    "size": lambda s, n: s.size(n),
+    "list": lambda s, n: s.list(n),
+    "list_dirs": lambda s, n: s.list_dirs(n),
+    "write": lambda s, n: s.write(n, [b"x"]),
+    "write_bytes": lambda s, n: s.write_bytes(n, b"x"),
+    "create": lambda s, n: s.create(n, b"x"),
+    "remove": lambda s, n: s.remove(n),
+    "remove_tree": lambda s, n: s.remove_tree(n),
+    "rename_from": lambda s, n: s.rename(n, "kept"),
+    "rename_to": lambda s, n: s.rename("kept", n),
+}
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_unsafe_names_are_refused(repo_target, operation):
+    storage = storage_of(repo_target)
+    storage.write_bytes("kept", b"kept")
+    before = everything(storage)
+    for name in BAD_NAMES:
+        with pytest.raises(UnsafeName):
+            OPERATIONS[operation](storage, name)
+    assert everything(storage) == before
+    assert storage.read_bytes("kept") == b"kept"
+
+
+def test_unsafe_instance_and_backup_ids_are_refused(repo_target):
+    repo = repo_target.repository()
+    for instance in ("..", "a/b", "", ".hidden", "a\x00"):
+        with pytest.raises(UnsafeName):
+            repo.source_dir("tarantool", instance)
+    for backup_id in ("..", "20260101-000000F/..", "latest", "20260101-000000X"):
+        with pytest.raises(UnsafeName):
+            repo.backup_dir("tarantool", "inst", backup_id)
+    with pytest.raises(UnsafeName):
+        repo.source_dir("postgres", "inst")
+
+
+def test_symlink_leading_out_is_refused_local_only(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"outside bytes")
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "linkdir").symlink_to(outside)
+    (root / "linkfile").symlink_to(outside / "secret")
+    (root / "dangling").symlink_to(outside / "absent")
+    storage = Storage(str(root))
+    before = tree_snapshot(outside)
+    for name in ("linkdir/secret", "linkfile"):
+        for operation in ("exists", "read_bytes", "iter_bytes", "size", "remove"):
+            with pytest.raises(UnsafeName, match="symlink"):
+                OPERATIONS[operation](storage, name)
+    for name in ("linkdir/new", "linkdir/sub/new", "linkfile", "dangling"):
+        for operation in ("write", "write_bytes", "create"):
+            with pytest.raises(UnsafeName, match="symlink"):
+                OPERATIONS[operation](storage, name)
+    for operation in ("list", "list_dirs", "remove_tree"):
+        with pytest.raises(UnsafeName, match="symlink"):
+            OPERATIONS[operation](storage, "linkdir")
+    assert tree_snapshot(outside) == before
+    assert (outside / "secret").read_bytes() == b"outside bytes"
+
+
+def test_symlink_staying_inside_is_followed_local_only(tmp_path):
+    """The check is on where a name leads, not on symlinks as such."""
+    root = tmp_path / "repo"
+    storage = Storage(str(root))
+    storage.write_bytes("real/object", b"inside")
+    (root / "alias").symlink_to(root / "real")
+    assert storage.read_bytes("alias/object") == b"inside"
+
+
+# -- 2. atomic writes
+
+
+def test_write_failing_half_way_leaves_nothing(repo_target):
+    storage = storage_of(repo_target)
+    storage.write_bytes("objects/kept", b"kept bytes")
+
+    def chunks(error: Exception):
+        yield b"first half" * 1000
+        raise error
+
+    for name in ("objects/new", "objects/kept"):
+        with pytest.raises(ValueError, match="half way"):  # the source's own error, as it is
+            storage.write(name, chunks(ValueError("the source failed half way")))
+        with pytest.raises(RepositoryError, match=f"cannot write {name}.*Input/output error"):  # as the write's
+            storage.write(name, chunks(OSError(errno.EIO, "Input/output error")))
+    assert not storage.exists("objects/new")
+    assert storage.list("objects") == ["objects/kept"]
+    assert storage.read_bytes("objects/kept") == b"kept bytes"
+    if storage.local:  # and no temporary file either
+        assert os.listdir(Path(storage.root) / "objects") == ["kept"]
+
+
+def test_write_reads_back_identical(repo_target):
+    storage = storage_of(repo_target)
+    for name, chunks in (("small", [b"a", b"", b"bc"]), ("empty", []), ("deep/er/name", [bytes(range(256))])):
+        data = b"".join(chunks)
+        assert storage.write(name, chunks) == len(data)
+        assert storage.read_bytes(name) == data
+        assert b"".join(storage.iter_bytes(name, chunk=7)) == data
+        assert storage.size(name) == len(data)
+    assert storage.list("deep") == ["deep/er/name"]
+    assert storage.list_dirs("deep") == ["er"]
+
+
+def test_multi_mib_write_in_parts(repo_target):
+    """On S3 with 5 MiB parts: a three-part upload, read back whole; one failing after two parts leaves neither an
+    object nor an unfinished upload."""
+    storage = storage_of(repo_target, default_block_size=S3_PART) if repo_target.kind == "s3" \
+        else storage_of(repo_target)
+    data = os.urandom(3 * S3_PART - 12345)
+    mib = 1 << 20
+    assert storage.write("big/object", (data[i:i + mib] for i in range(0, len(data), mib))) == len(data)
+    assert storage.size("big/object") == len(data)
+    assert b"".join(storage.iter_bytes("big/object")) == data
+
+    def failing():
+        yield data[:S3_PART + 1]
+        yield data[S3_PART + 1:2 * S3_PART + 2]
+        raise ValueError("the source failed after two parts")
+
+    with pytest.raises(ValueError, match="two parts"):
+        storage.write("big/failed", failing())
+    assert storage.list("big") == ["big/object"]
+    if repo_target.kind == "s3":
+        bucket, key = storage.full("big/object").split("/", 1)
+        etag = storage.fs.call_s3("head_object", Bucket=bucket, Key=key)["ETag"]
+        assert etag.strip('"').endswith("-3"), f"not a three-part upload: ETag {etag}"
+        assert not storage.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads")
+
+
+# -- 3. exclusive create
+
+
+def test_create_is_exclusive(repo_target):
+    storage = storage_of(repo_target)
+    assert storage.create("locks/one", b"first")
+    assert not storage.create("locks/one", b"second")
+    assert storage.read_bytes("locks/one") == b"first"
+
+
+def test_create_has_one_winner_among_racers(repo_target):
+    """Exclusivity comes from the store (O_EXCL; S3's conditional PUT), not from a look before the write."""
+    storage = storage_of(repo_target)
+    racers = 8
+    start = threading.Barrier(racers)
+    won = [None] * racers
+
+    def race(i: int) -> None:
+        start.wait()
+        won[i] = storage.create("locks/raced", f"racer {i}".encode())
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert won.count(True) == 1, won
+    assert storage.read_bytes("locks/raced") == f"racer {won.index(True)}".encode()
+
+
+def test_objects_of_another_writer_are_seen_at_once(repo_target):
+    """A long-lived reader (a scheduler, a test) sees what other processes wrote since it last listed: s3fs's
+    listing cache must not hide them."""
+    reader = storage_of(repo_target)
+    other = storage_of(repo_target, skip_instance_cache=True)  # another process's client
+    other.write_bytes("dir/one/object", b"1")
+    assert reader.list_dirs("dir") == ["one"] and reader.list("dir/one") == ["dir/one/object"]
+    other.write_bytes("dir/two/object", b"2")
+    other.write_bytes("dir/one/later", b"3")
+    assert reader.list_dirs("dir") == ["one", "two"]
+    assert reader.list("dir/one") == ["dir/one/later", "dir/one/object"]
+    assert reader.exists("dir/one/later") and reader.read_bytes("dir/one/later") == b"3"
+    other.remove("dir/one/object")
+    assert not reader.exists("dir/one/object")
+
+
+def test_object_replaced_while_read_is_read_whole(repo_target, monkeypatch):
+    """A lease renewed (rewritten) while another process reads it: the reader gets one whole version, old or new,
+    never an error (on S3 the object changes between the look-up and the GET)."""
+    writer = storage_of(repo_target)
+    reader = storage_of(repo_target, skip_instance_cache=True)  # another process's client
+    old, new = b"old lease " * 10, b"renewed lease " * 30
+    writer.write_bytes("locks/lease", old)
+    open_first = reader.fs.open
+    replaced = []
+
+    def open_then_replaced(path, mode="rb", **kwargs):
+        f = open_first(path, mode, **kwargs)
+        if not replaced:
+            writer.write_bytes("locks/lease", new)
+            replaced.append(path)
+        return f
+
+    monkeypatch.setattr(reader.fs, "open", open_then_replaced)
+    assert reader.read_bytes("locks/lease") in (old, new)
+    assert replaced
+
+
+# -- 4. the repository's info
+
+
+def test_new_repository_writes_its_info_twice(repo_target):
+    repo = repo_target.repository(create=True)
+    main, copy = repo.storage.read_bytes("walvault.repo"), repo.storage.read_bytes("walvault.repo.copy")
+    assert main == copy
+    assert decode_checked(main, "walvault.repo") == repo.info
+    assert repo.info["format"] == 1
+    assert repo_target.repository(create=False).info == repo.info
+    assert repo_target.repository(create=True).info == repo.info  # found, not written anew
+
+
+def test_empty_location_is_not_a_repository(repo_target):
+    with pytest.raises(RepositoryError, match="is not a walvault repository") as e:
+        repo_target.repository(create=False)
+    assert redact_url(repo_target.url) in str(e.value)
+
+
+def test_newer_repository_format_is_refused(repo_target):
+    storage = storage_of(repo_target)
+    newer = encode_checked({"format": 2, "created": "2030-01-01T00:00:00Z", "created_by": "walvault 9.0"})
+    storage.write_bytes("walvault.repo", newer)
+    for create in (False, True):
+        with pytest.raises(RepositoryError, match=r"format 2.*use a newer walvault"):
+            repo_target.repository(create=create)
+    assert storage.read_bytes("walvault.repo") == newer
+    assert not storage.exists("walvault.repo.copy")
+
+
+def test_damaged_info_with_good_copy_is_used(repo_target):
+    info = repo_target.repository(create=True).info
+    storage = storage_of(repo_target)
+    main = storage.read_bytes("walvault.repo")
+    storage.write_bytes("walvault.repo", main.replace(b'"format": 1', b'"format": 3'))  # checksum no longer holds
+    assert repo_target.repository(create=False).info == info
+    storage.write_bytes("walvault.repo.copy", b"{")
+    with pytest.raises(ManifestError, match="walvault.repo does not match its checksum.*walvault.repo.copy is not "
+                                            "JSON"):
+        repo_target.repository(create=False)
+
+
+# -- 5. checked files
+
+
+def test_encode_decode_checked_round_trip():
+    obj = {"format": 1, "name": "ünïcode ✓", "list": [1, 2.5, None, True], "nested": {"a": "b"}}
+    assert decode_checked(encode_checked(obj), "x") == obj
+    assert decode_checked(encode_checked({**obj, "checksum": "stale"}), "x") == obj
+
+
+def test_every_flipped_bit_is_found():
+    data = encode_checked({"format": 1, "id": "20260101-000000F", "files": [{"size": 12, "ok": True}]})
+    for i in range(len(data)):
+        for bit in (0x01, 0x10):
+            damaged = data[:i] + bytes([data[i] ^ bit]) + data[i + 1:]
+            with pytest.raises(ManifestError):
+                decode_checked(damaged, "manifest")
+
+
+def test_load_checked_falls_back_to_the_copy(repo_target):
+    storage = storage_of(repo_target)
+    obj = {"format": 1, "value": "good"}
+    save_checked(storage, "m/file", obj)
+    loaded = load_checked(storage, "m/file")
+    assert (loaded.obj, loaded.used, loaded.problem) == (obj, "m/file", None)
+
+    main = storage.read_bytes("m/file")
+    storage.write_bytes("m/file", main.replace(b"good", b"gooe"))
+    loaded = load_checked(storage, "m/file")
+    assert (loaded.obj, loaded.used) == (obj, "m/file.copy")
+    assert "m/file does not match its checksum" in loaded.problem
+
+    storage.remove("m/file")
+    loaded = load_checked(storage, "m/file")
+    assert (loaded.obj, loaded.used, loaded.problem) == (obj, "m/file.copy", "m/file is missing")
+
+
+def test_load_checked_both_bad_or_missing(repo_target):
+    storage = storage_of(repo_target)
+    storage.write_bytes("m/file", b"not json")
+    storage.write_bytes("m/file.copy", encode_checked({"v": 1}).replace(b'"v": 1', b'"v": 2'))
+    with pytest.raises(ManifestError, match="m/file is not JSON.*m/file.copy does not match its checksum"):
+        load_checked(storage, "m/file")
+    storage.remove("m/file.copy")  # main bad, copy missing: damaged, not absent
+    with pytest.raises(ManifestError, match="m/file.copy is missing"):
+        load_checked(storage, "m/file")
+    storage.remove("m/file")
+    with pytest.raises(FileNotFoundError):
+        load_checked(storage, "m/file")
+
+
+# -- 6. stored objects
+
+
+def source_file(path: Path, size: int) -> Path:
+    """Half compressible, half random: several zstd blocks and several read chunks."""
+    half = size // 2
+    rows = b"".join(b"walvault row %d\n" % i for i in range(half // 14 + 1))[:half]
+    path.write_bytes(rows + os.urandom(size - half))
+    return path
+
+
+def read_all(repo: Repository, name: str, stored, got: list | None = None) -> bytes:
+    """The object's bytes; `got` receives each chunk as it comes (what a streaming caller would have seen)."""
+    got = [] if got is None else got
+    for chunk in repo.read_object(name, size=stored.size, sha256=stored.sha256, stored_sha256=stored.stored_sha256):
+        got.append(chunk)
+    return b"".join(got)
+
+
+def test_put_and_read_object(repo_target, tmp_path):
+    repo = repo_target.repository()
+    source = source_file(tmp_path / "00000000000000000000.xlog", 3 * (1 << 20) + 17)
+    data = source.read_bytes()
+    stored = repo.put_object("objects/a.zst", source)
+    raw = repo.storage.read_bytes("objects/a.zst")
+    assert (stored.size, stored.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert (stored.stored_size, stored.stored_sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
+    assert stored.stored_size < stored.size  # compressed
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(raw) == data
+    assert read_all(repo, "objects/a.zst", stored) == data
+
+    prefix = repo.put_object("objects/prefix.zst", source, limit=1000)
+    assert (prefix.size, prefix.sha256) == (1000, hashlib.sha256(data[:1000]).hexdigest())
+    assert read_all(repo, "objects/prefix.zst", prefix) == data[:1000]
+
+
+def test_damaged_objects_are_reported(repo_target, tmp_path):
+    repo = repo_target.repository()
+    source = source_file(tmp_path / "source", 2 * (1 << 20))
+    stored = repo.put_object("objects/a.zst", source)
+    good = repo.storage.read_bytes("objects/a.zst")
+    second_frame = zstandard.ZstdCompressor().compress(b"more rows")
+    middle = len(good) // 2
+
+    def flipped(at: int) -> bytes:
+        return good[:at] + bytes([good[at] ^ 0x01]) + good[at + 1:]
+
+    damages = {
+        "a flipped byte in the data": flipped(middle),
+        "a flipped byte in the header": flipped(0),
+        "zero length": b"",
+        "cut short": good[:-10],
+        "cut to half": good[:middle],
+        "bytes appended": good + b"\0\0\0\0",
+        "a second frame appended": good + second_frame,
+    }
+    for damage, data in damages.items():
+        repo.storage.write_bytes("objects/a.zst", data)
+        got = []
+        with pytest.raises(ObjectDamaged, match="objects/a.zst"):  # the read never ends as if it were good
+            read_all(repo, "objects/a.zst", stored, got)
+        if damage == "a flipped byte in the data":  # zstd took it: only the end of the read tells
+            assert got
+    repo.storage.remove("objects/a.zst")
+    with pytest.raises(ObjectDamaged, match="objects/a.zst: missing"):
+        read_all(repo, "objects/a.zst", stored)
+
+
+def test_object_with_wrong_record_is_reported(repo_target, tmp_path):
+    """Good stored bytes, but a record that says otherwise (another size or content hash)."""
+    repo = repo_target.repository()
+    stored = repo.put_object("objects/a.zst", source_file(tmp_path / "source", 100_000))
+    for wrong in ({"size": stored.size - 1}, {"size": stored.size + 1}, {"sha256": "0" * 64},
+                  {"stored_sha256": "0" * 64}):
+        record = {"size": stored.size, "sha256": stored.sha256, "stored_sha256": stored.stored_sha256, **wrong}
+        with pytest.raises(ObjectDamaged, match="objects/a.zst"):
+            b"".join(repo.read_object("objects/a.zst", **record))
+
+
+@pytest.mark.parametrize("change", ["grown", "truncated"])
+def test_source_changing_while_copied(repo_target, tmp_path, change):
+    """The source file really changes after the first stored chunk; its copy is refused and removed."""
+    repo = repo_target.repository()
+    source = tmp_path / "source"
+    source.write_bytes(os.urandom(4 << 20))
+    write = repo.storage.write
+
+    def write_while_the_source_changes(name, chunks):
+        def changed():
+            for i, chunk in enumerate(chunks):
+                if i == 1:
+                    if change == "grown":
+                        with open(source, "ab") as f:
+                            f.write(b"appended row")
+                    else:
+                        os.truncate(source, 1 << 20)
+                yield chunk
+        return write(name, changed())
+
+    repo.storage.write = write_while_the_source_changes
+    with pytest.raises(SourceChanged, match="changed while it was copied"):
+        repo.put_object("objects/a.zst", source)
+    del repo.storage.write
+    assert not repo.storage.exists("objects/a.zst")
+    assert repo.storage.list("objects") == []
+
+
+# -- 7. leases
+
+
+LEASE = "locks/tarantool-inst.lease"
+
+
+def hand_lease(repo: Repository, **fields) -> None:
+    now = time.time()
+    repo.storage.write_bytes(LEASE, json.dumps({"holder": "someone", "command": "old-backup", "host": "elsewhere",
+                                                "pid": 4242, "taken": now - 100, "expires": now + 3600,
+                                                **fields}).encode())
+
+
+def test_lease_is_exclusive_until_released(repo_target):
+    repo = repo_target.repository()
+    lease = repo.lease("tarantool", "inst", "backup")
+    try:
+        assert lease.broke is None
+        with pytest.raises(LeaseBusy, match=rf"backup \(pid {os.getpid()} on {socket.gethostname()}"):
+            repo.lease("tarantool", "inst", "expire")
+        other = repo.lease("tarantool", "other-inst", "backup")  # another source: its own lease
+        other.release()
+    finally:
+        lease.release()
+    assert not repo.storage.exists(LEASE)
+    with repo.lease("tarantool", "inst", "expire") as again:
+        assert json.loads(repo.storage.read_bytes(LEASE))["holder"] == again.holder
+    assert not repo.storage.exists(LEASE)
+
+
+def test_expired_lease_is_broken(repo_target):
+    repo = repo_target.repository()
+    hand_lease(repo, expires=time.time() - 100)
+    with repo.lease("tarantool", "inst", "backup") as lease:
+        assert "old-backup" in lease.broke and "pid 4242 on elsewhere" in lease.broke
+        assert json.loads(repo.storage.read_bytes(LEASE))["holder"] == lease.holder
+        assert repo.storage.list("locks") == [LEASE]  # the broken one is gone
+
+
+def test_lease_of_a_dead_process_on_this_host_is_broken(repo_target):
+    repo = repo_target.repository()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid names no process
+    hand_lease(repo, host=socket.gethostname(), pid=child.pid)
+    with repo.lease("tarantool", "inst", "backup") as lease:
+        assert f"pid {child.pid}" in lease.broke
+
+
+def test_unexpired_lease_of_a_live_process_holds(repo_target):
+    repo = repo_target.repository()
+    hand_lease(repo, host=socket.gethostname(), pid=os.getpid())
+    with pytest.raises(LeaseBusy, match="old-backup"):
+        repo.lease("tarantool", "inst", "backup")
+    hand_lease(repo)  # on another host: its pid cannot be checked, its expiry rules
+    with pytest.raises(LeaseBusy, match="old-backup"):
+        repo.lease("tarantool", "inst", "backup")
+
+
+def test_young_unreadable_lease_holds(repo_target):
+    """A lease torn while it was written (or not walvault's) is judged by its age: a young one holds."""
+    repo = repo_target.repository()
+    for body in (b"", b'{"holder": "torn', b"[]", b"null"):
+        repo.storage.write_bytes(LEASE, body)
+        with pytest.raises(LeaseBusy):
+            repo.lease("tarantool", "inst", "backup")
+
+
+def test_lease_wait_for_a_holder_that_releases(repo_target):
+    repo = repo_target.repository()
+    holder = repo.lease("tarantool", "inst", "backup")
+    release = threading.Timer(0.5, holder.release)
+    release.start()
+    try:
+        with repo.lease("tarantool", "inst", "expire", wait=30) as waiter:
+            assert waiter.broke is None
+            assert json.loads(repo.storage.read_bytes(LEASE))["holder"] == waiter.holder
+    finally:
+        release.join()
+
+
+def test_lease_is_renewed_while_held(repo_target):
+    repo = repo_target.repository()
+    with repo.lease("tarantool", "inst", "backup", ttl=1.0) as lease:
+        time.sleep(2.5)  # well past its first expiry
+        with pytest.raises(LeaseBusy):
+            acquire(repo.storage, LEASE, "expire", ttl=1.0)
+        assert json.loads(repo.storage.read_bytes(LEASE))["holder"] == lease.holder
+
+
+# -- 8. credentials and options
+
+
+def test_unreachable_store_error_holds_no_secret_s3_only():
+    options = {"key": "AKIAWALVAULTTEST", "secret": SECRET, "endpoint_url": "http://127.0.0.1:1",
+               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    storage = Storage("s3://walvault-unreachable/repo", options)
+    for operation in ("exists", "read_bytes", "write_bytes", "create", "list"):
+        with pytest.raises(RepositoryError) as e:
+            OPERATIONS[operation](storage, "walvault.repo")
+        assert SECRET not in str(e.value) and SECRET not in repr(e.value)
+        assert "walvault.repo" in str(e.value) or operation == "list"
+    with pytest.raises(RepositoryError) as e:
+        Repository("s3://walvault-unreachable/repo", options)
+    assert SECRET not in str(e.value)
+
+
+def test_secrets_are_removed_from_errors(repo_target, monkeypatch):
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "walvault-session-token-456")
+    storage = storage_of(repo_target, secret=SECRET)
+    error = storage.error("cannot read x", OSError(f"denied for {SECRET} with walvault-session-token-456"))
+    assert isinstance(error, RepositoryError)
+    assert SECRET not in str(error) and "walvault-session-token-456" not in str(error)
+    assert "cannot read x" in str(error)
+
+
+def test_options_from_the_environment_must_be_an_object(repo_target, monkeypatch):
+    for bad in ("not json", "[1, 2]", '"text"'):
+        monkeypatch.setenv("WALVAULT_REPO_OPTIONS", bad)
+        with pytest.raises(RepositoryError, match="WALVAULT_REPO_OPTIONS is not a JSON object"):
+            storage_of(repo_target)
+
+
+def test_redact_url():
+    assert redact_url("sftp://backup:pw-123@host/path") == "sftp://backup:***@host/path"
+    assert redact_url("sftp://backup:p@ss@host/path") == "sftp://backup:***@host/path"
+    assert redact_url("sftp://backup:pw@host?mail=a@b") == "sftp://backup:***@host?mail=a@b"
+    assert redact_url("https://host/x?token=abc&part=1&access_key=k") \
+        == "https://host/x?token=***&part=1&access_key=***"
+    assert redact_url("s3://bucket/prefix") == "s3://bucket/prefix"
+    assert redact_url("/var/backups/repo") == "/var/backups/repo"
+
+
+def test_parse_options():
+    assert parse_options(["a.b=1", "a.c=x", "json={\"k\": [1, true]}", "flag=true", "endpoint_url=http://h:9000"]) \
+        == {"a": {"b": 1, "c": "x"}, "json": {"k": [1, True]}, "flag": True, "endpoint_url": "http://h:9000"}
+    assert parse_options(["empty="]) == {"empty": ""}
+    for bad in (["no-equals"], ["=value"], ["a=1", "a.b=2"]):
+        with pytest.raises(RepositoryError):
+            parse_options(bad)
+
+
+# -- 9. backups and chains
+
+
+FULL = "20260101-120000F"
+INCR = f"{FULL}_20260102-120000I"
+
+
+def hand_manifest(repo: Repository, backup_id: str, *, parent: str | None = None, stored_as: str | None = None,
+                  finished: str = "2026-01-01T12:05:00Z", instance: str = "inst") -> dict:
+    obj = {"id": backup_id, "type": "incremental" if parent else "full", "parent": parent, "family": "tarantool",
+           "source": {"instance": instance}, "walvault": "test", "started": finished, "finished": finished,
+           "position": {"vclock": {"1": 10}}, "compression": {"type": "zstd", "level": 3}, "files": [],
+           "checks": {}, "format": 1}
+    save_checked(repo.storage, f"{repo.backup_dir('tarantool', instance, stored_as or backup_id)}/backup.manifest", obj)
+    return obj
+
+
+def test_backups_find_and_chain(repo_target):
+    repo = repo_target.repository()
+    hand_manifest(repo, FULL)
+    hand_manifest(repo, INCR, parent=FULL, finished="2026-01-02T12:05:00Z")
+    records = repo.backups()
+    assert [(r.id, r.problem, r.complete) for r in records] == [(FULL, None, True), (INCR, None, True)]
+    latest = repo.find("latest")
+    assert latest.id == INCR
+    assert [m.id for m in repo.chain(latest.manifest)] == [FULL, INCR]
+    assert [m.id for m in repo.chain(repo.find(FULL).manifest)] == [FULL]
+    with pytest.raises(RepositoryError, match="no backup 20990101-000000F"):
+        repo.find("20990101-000000F")
+
+
+def test_chain_with_missing_parent(repo_target):
+    repo = repo_target.repository()
+    hand_manifest(repo, INCR, parent=FULL)
+    with pytest.raises(RepositoryError, match=f"needs its parent {FULL}"):
+        repo.chain(repo.find(INCR).manifest)
+
+
+def test_chain_that_loops(repo_target):
+    repo = repo_target.repository()
+    hand_manifest(repo, INCR, parent=INCR)
+    with pytest.raises(RepositoryError, match="loops"):
+        repo.chain(repo.find(INCR).manifest)
+
+
+def test_manifest_stored_under_another_id(repo_target):
+    repo = repo_target.repository()
+    hand_manifest(repo, FULL, stored_as="20260105-000000F")
+    record, = repo.backups()
+    assert record.id == "20260105-000000F" and record.manifest is None
+    assert "not the one it is stored as" in record.problem
+    with pytest.raises(RepositoryError, match="cannot be used"):
+        repo.find("20260105-000000F")
+    with pytest.raises(RepositoryError, match="holds no backup"):
+        repo.find("latest")
+
+
+def test_backup_without_manifest_is_incomplete(repo_target):
+    repo = repo_target.repository()
+    hand_manifest(repo, FULL)
+    leftovers = "20260103-000000F"
+    repo.storage.write_bytes(f"{repo.backup_dir('tarantool', 'inst', leftovers)}/00000000000000000000.xlog.zst", b"x")
+    by_id = {r.id: r for r in repo.backups()}
+    assert by_id[leftovers].complete is False and by_id[leftovers].manifest is None
+    assert by_id[FULL].complete is True
+    assert repo.find("latest").id == FULL
+
+
+def test_damaged_manifest_is_not_taken_for_leftovers(repo_target):
+    """Main damaged: the copy is used and said so; copy gone too: a problem, but never `complete=False` (which
+    would let leftover removal delete it)."""
+    repo = repo_target.repository()
+    hand_manifest(repo, FULL)
+    name = f"{repo.backup_dir('tarantool', 'inst', FULL)}/backup.manifest"
+    repo.storage.write_bytes(name, repo.storage.read_bytes(name).replace(b"12:05", b"12:06"))
+    record, = repo.backups()
+    assert record.manifest is not None and record.manifest.finished == "2026-01-01T12:05:00Z"
+    assert "backup.manifest.copy was used" in record.problem
+    repo.storage.remove(name + ".copy")
+    record, = repo.backups()
+    assert record.manifest is None and record.complete is True
+    assert "does not match its checksum" in record.problem
