@@ -674,3 +674,19 @@ def test_damaged_manifest_is_not_taken_for_leftovers(repo_target):
     record, = repo.backups()
     assert record.manifest is None and record.complete is True
     assert "does not match its checksum" in record.problem
+
+
+def test_latest_of_a_repository_holding_several_sources_must_be_named(repo_target):
+    """`latest` would restore whichever source backed up last, which may not be the one meant."""
+    repo = repo_target.repository()
+    hand_manifest(repo, FULL, instance="first")
+    hand_manifest(repo, "20260103-120000F", instance="second", finished="2026-01-03T12:05:00Z")
+    with pytest.raises(RepositoryError, match="backups of 2 sources; name the backup: 20260101-120000F"):
+        repo.find("latest")
+    assert repo.find(FULL).instance == "first"
+
+
+def test_a_bad_option_is_not_echoed():
+    with pytest.raises(RepositoryError) as error:
+        parse_options(["secret-without-equals"])
+    assert "secret-without-equals" not in str(error.value)

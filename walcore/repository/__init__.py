@@ -14,7 +14,6 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -225,7 +224,16 @@ class Repository:
         if backup_id == "latest":
             if not records:
                 raise RepositoryError(f"the repository {self.display} holds no backup")
-            return max(records, key=lambda r: (r.manifest.finished, r.id))
+            newest = {}
+            for r in records:
+                key = (r.family, r.instance)
+                if key not in newest or (r.manifest.finished, r.id) > (newest[key].manifest.finished, newest[key].id):
+                    newest[key] = r
+            if len(newest) > 1:  # `latest` of which source? Restoring the wrong one would look like success.
+                raise RepositoryError(f"the repository {self.display} holds backups of {len(newest)} sources; name "
+                                      "the backup: " + ", ".join(f"{r.id} ({f}/{i})" for (f, i), r in
+                                                                 sorted(newest.items())))
+            return next(iter(newest.values()))
         found = [r for r in self.backups() if r.id == backup_id]
         if not found:
             raise RepositoryError(f"no backup {backup_id} in the repository {self.display}")
@@ -268,10 +276,6 @@ class Repository:
     def ledger_put(self, family: str, instance: str, sha256: str, verdict: dict) -> None:
         self.storage.write_bytes(self.ledger_name(family, instance, sha256),
                                  encode_checked({"sha256": sha256, "verdict": verdict, "by": walvault_version()}))
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, sort_keys=True)
 
 
 __all__ = ["Repository", "RepositoryError", "ObjectDamaged", "SourceChanged", "BackupRecord", "Stored",

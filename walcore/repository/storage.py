@@ -65,7 +65,8 @@ def parse_options(pairs: Iterable[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise RepositoryError(f"a repository option is KEY=VALUE, not {pair.split('=')[0]!r}...")
+            # the text is not echoed: a mistyped option may be a secret
+            raise RepositoryError("a repository option is KEY=VALUE with a non-empty KEY (--repo-option)")
         try:
             parsed = json.loads(value)
         except ValueError:
