@@ -59,8 +59,6 @@ OPERATIONS = {
     "create": lambda s, n: s.create(n, b"x"),
     "remove": lambda s, n: s.remove(n),
     "remove_tree": lambda s, n: s.remove_tree(n),
-    "rename_from": lambda s, n: s.rename(n, "kept"),
-    "rename_to": lambda s, n: s.rename("kept", n),
 }
 
 
@@ -690,3 +688,4 @@ def test_a_bad_option_is_not_echoed():
     with pytest.raises(RepositoryError) as error:
         parse_options(["secret-without-equals"])
     assert "secret-without-equals" not in str(error.value)
+

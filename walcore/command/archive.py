@@ -101,9 +101,12 @@ def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
     for f in files.values():
         if f.instance:
             instance_of_dir.setdefault(str(Path(f.path).parent), f.instance)
-    vylogs = sorted((f for f in files.values() if f.kind == "vylog"), key=lambda f: Path(f.path).name)
-    for f in vylogs[-1:]:
-        newest.add(f.path)
+    vylogs: dict[Path, list] = {}  # the newest vylog of each vinyl dir is still written to
+    for f in files.values():
+        if f.kind == "vylog":
+            vylogs.setdefault(Path(f.path).parent, []).append(f)
+    for group in vylogs.values():
+        newest.add(max(group, key=lambda f: Path(f.path).name).path)
     for f in files.values():
         path = Path(f.path)
         if f.status == "in_progress" or path.name.endswith(".inprogress"):

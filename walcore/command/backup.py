@@ -143,7 +143,16 @@ def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | No
     return max(done, key=lambda m: (m.id, m.finished)) if done else None
 
 
+# A temporary file this old is no write in progress: writes of the archive and the ledger (not under the lease)
+# finish in far less.
+STALE_TEMPORARY = 3600.0
+
+
 def _remove_leftovers(repo: Repository, family: str, instance: str) -> list[str]:
+    """Backups without a manifest (killed), and the temporary files of killed writes under the source and at the
+    repository's root."""
+    for prefix in (repo.source_dir(family, instance), None):
+        repo.storage.remove_stale_temporaries(prefix, STALE_TEMPORARY)
     removed = []
     for backup_id in repo.backup_ids(family, instance):
         record = repo.load_backup(family, instance, backup_id)

@@ -120,6 +120,7 @@ class TarantoolPlan:
             c.verdict.path = str(self._source_path(c))
             reports[c.verdict.path] = c.verdict
         checks = judge(self.set, reports)
+        checks["snapshot"]["time"] = _snapshot_time(self.set.snapshot.path)
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
                 from ..tarantool.backup_set import verdict_record
@@ -141,6 +142,18 @@ class TarantoolPlan:
     def source_info(self) -> dict:
         return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
                 "live": self.connect is not None, "connect": self._connect_display() or None}
+
+
+def _snapshot_time(path: Path) -> float | None:
+    """When the checkpoint was taken: every row of a snapshot carries that time (a point-in-time restore picks
+    its base by it)."""
+    from ..tarantool.row import TIMESTAMP
+    from ..tarantool.xlog import read_rows
+
+    for _pos, row in read_rows(path):
+        stamp = row.header.get(TIMESTAMP)
+        return float(stamp) if isinstance(stamp, (int, float)) else None
+    return None
 
 
 def _vclock_range(f) -> dict:

@@ -21,7 +21,9 @@ class RepoReport:
 
     @property
     def intact(self) -> bool:
-        return all(b["status"] == "ok" for b in self.backups) and all(a["status"] == "ok" for a in self.archive)
+        """Nothing to report: a backup read from its manifest's copy is restorable, but its redundancy is gone."""
+        return all(b["status"] == "ok" and not b["findings"] for b in self.backups) \
+            and all(a["status"] == "ok" for a in self.archive)
 
     def to_json(self) -> dict:
         return {"intact": self.intact, **self.__dict__}
@@ -32,7 +34,9 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, progres
     checked: dict[str, str | None] = {}  # stored object -> its problem (None: intact), each read once
     records = repo.backups()
     if backup_id is not None:
-        records = [repo.find(backup_id)]
+        # The backup asked for, also when it cannot be used (reported as damaged, not as a repository error).
+        chosen = [r for r in records if r.id == backup_id and backup_id != "latest"]
+        records = chosen or [repo.find(backup_id)]
     entries = [e for r in records if r.manifest for e in r.manifest.files]
     tracker = Progress(len({e.stored for e in entries}), sum(e.size for e in {e.stored: e for e in entries}.values()),
                        progress, "verified")
@@ -55,7 +59,7 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, progres
 
     for record in records:
         out = {"id": record.id, "family": record.family, "instance": record.instance, "status": "ok", "findings": []}
-        if not record.complete:
+        if not record.complete and backup_id is None:
             report.leftovers.append(f"{record.family}/{record.instance}/{record.id}")
             continue
         findings = out["findings"]
@@ -83,7 +87,8 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, progres
                 if entry.verification.get("status") not in ("ok", "open"):
                     findings.append({"code": "file_not_verified", "file": entry.name,
                                      "message": f"recorded as {entry.verification.get('status')}"})
-        # A backup whose manifest is damaged but whose copy is good is usable: reported, not failed.
+        # A backup whose manifest is damaged but whose copy is good stays usable (status ok), yet the finding
+        # makes the repository not intact: its redundancy is gone until it is backed up again.
         if record.manifest is None or any(f["code"] != "manifest_damaged" for f in findings):
             out["status"] = "damaged"
         report.backups.append(out)

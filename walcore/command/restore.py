@@ -3,7 +3,8 @@
 The files are written into a hidden sibling of the target, `.<target>.walvault-restore`, each checked
 against its recorded hashes before it is kept; the sibling is renamed to the target only when everything is
 there. An interrupted restore leaves that sibling: run again, and the files already there whose hash
-matches are kept. A target that exists and is not empty is refused.
+matches are kept (only when it holds this same restore; one left by another backup or point is
+discarded). A target that exists and is not empty is refused.
 
 Point in time (`--to`): Tarantool — the newest backup whose snapshot is at or before the point, the xlogs
 after it (from every backup of the instance and the archive), the one holding the point cut after the last
@@ -13,6 +14,7 @@ whole transaction at or before it; limestone — the backup's files with the dur
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -39,6 +41,9 @@ class RestoreResult:
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
+
+
+STAGING_MARK = ".walvault-restore.json"  # in the staging directory: which restore it holds (removed at the end)
 
 
 def _staging(target: Path) -> Path:
@@ -101,6 +106,41 @@ def _fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def _find(repo: Repository, backup_id: str):
+    """The backup to restore; a backup that exists but cannot be used (its manifest unreadable or unsafe, or
+    an interrupted backup's leftovers) is refused as damaged (exit 1), not as a repository that cannot be read."""
+    try:
+        return repo.find(backup_id)
+    except RepositoryError:
+        unusable = [r for r in repo.backups() if r.id == backup_id and r.manifest is None]
+        if len(unusable) == 1:
+            raise Refused(f"backup {backup_id} cannot be restored: {unusable[0].problem}", "damaged") from None
+        raise
+
+
+def _reuse_staging(staging: Path, mark: dict) -> list[str]:
+    """Create the staging directory, or reuse what an interrupted run of this same restore left there. One left
+    by another restore (another backup or point, or no mark) is discarded: its files must not join this one."""
+    notes = []
+    if staging.is_dir():
+        try:
+            same = json.loads((staging / STAGING_MARK).read_text()) == mark
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            shutil.rmtree(staging)
+            notes.append(f"{staging} was left by an interrupted restore of something else: discarded")
+    staging.mkdir(exist_ok=True)
+    mark_path = staging / STAGING_MARK
+    if not mark_path.exists():
+        with open(mark_path, "w") as f:
+            json.dump(mark, f)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(staging)
+    return notes
+
+
 def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = None,
             progress: bool = False) -> RestoreResult:
     target = Path(target)
@@ -108,7 +148,7 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
         raise Refused(f"{target} exists and is not an empty directory: nothing was written", "refused")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent}: no such directory")
-    record = repo.find(backup_id)
+    record = _find(repo, backup_id)
     manifest = record.manifest
     chain = repo.chain(manifest)
     ids = {m.id for m in chain}
@@ -117,8 +157,12 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
             raise Refused(f"{entry.name} refers to backup {entry.reference}, which is not in the chain of "
                           f"{manifest.id}", "damaged")
     staging = _staging(target)
-    staging.mkdir(exist_ok=True)
-    notes = [f"the manifest's main file was not used: {record.problem}"] if record.problem else []
+    notes = _reuse_staging(staging, {"backup": manifest.id, "instance": manifest.instance, "to": to})
+    notes += [f"the manifest's main file was not used: {record.problem}"] if record.problem else []
+    if backup_id == "latest":  # say so when a newer backup of the source was passed over because it cannot be used
+        notes += [f"backup {r.id} is newer but cannot be used ({r.problem}): restored {manifest.id}"
+                  for r in repo.backups() if r.manifest is None and r.complete and r.id > manifest.id
+                  and (r.family, r.instance) == (record.family, record.instance)]
     point_info = None
     try:
         if to is None:
@@ -133,6 +177,7 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
             from .restore_pitr import limestone_point
 
             reused, point_info, entries = limestone_point(repo, manifest, to, staging, progress)
+        (staging / STAGING_MARK).unlink()
         _fsync_tree(staging)
         if target.exists():
             target.rmdir()

@@ -44,8 +44,10 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     def before(m: BackupManifest) -> bool:
         if point.vclock is not None:
             return _leq(snap_vclock(m), point.vclock)
-        # the snapshot was taken before the backup started: a backup started at or before the point is a base
-        return _epoch_seconds(m.started) <= point.time
+        taken = m.checks.get("snapshot", {}).get("time")
+        if taken is None:  # the snapshot was taken before the backup started (recorded to the whole second)
+            taken = _epoch_seconds(m.started) + 1
+        return taken <= point.time
 
     bases = [m for m in backups if before(m)]
     if not bases:

@@ -3,7 +3,8 @@
 The lease is an object created only if absent (O_EXCL locally, a conditional PUT on an object store),
 holding who took it and until when. Its holder renews it while it works; a lease past its time, or
 one whose holder process is gone from this host, is stale and may be broken. Locally a stale lease is
-broken by an atomic rename, so two processes cannot both break it; on an object store by a delete.
+broken under an flock, and only while it still holds what was judged stale, so that two processes cannot both
+break it and then both hold it; on an object store by a delete after the same re-read.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_T
         if storage.create(name, lease._body()):
             break
         try:
-            info = json.loads(storage.read_bytes(name))
+            raw = storage.read_bytes(name)
+            info = json.loads(raw)
             if not isinstance(info, dict):
                 raise ValueError("not a JSON object")
         except FileNotFoundError:
@@ -112,7 +114,7 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_T
             except OSError:
                 continue
         if stale(info):
-            if _break(storage, name):
+            if _break(storage, name, raw):
                 lease.broke = describe(info)
             continue
         if time.monotonic() >= deadline:
@@ -129,17 +131,31 @@ def _age(storage: Storage, name: str) -> float:
     return time.time() - storage.fs.modified(storage.full(name)).timestamp()
 
 
-def _break(storage: Storage, name: str) -> bool:
-    if storage.local:
-        return storage.rename(name, f"{name}.broken-{uuid.uuid4().hex[:8]}") and _drop_broken(storage, name)
-    storage.remove(name)
-    return True
+def _break(storage: Storage, name: str, judged: bytes) -> bool:
+    """Remove the lease judged stale, only if it still holds the bytes judged: a process that judged it too and
+    broke it first may hold a fresh lease under the same name by now. Locally the re-read and the removal are
+    one step under an flock; on an object store the window between them is what is left (no conditional
+    delete here)."""
+    if not storage.local:
+        try:
+            if storage.read_bytes(name) != judged:
+                return False
+        except FileNotFoundError:
+            return False
+        storage.remove(name)
+        return True
+    import fcntl
 
-
-def _drop_broken(storage: Storage, name: str) -> bool:
-    prefix = name.rsplit("/", 1)[0] if "/" in name else ""
-    base = name.rsplit("/", 1)[-1]
-    for other in storage.list(prefix) if prefix else []:
-        if other.rsplit("/", 1)[-1].startswith(base + ".broken-"):
-            storage.remove(other)
-    return True
+    # The flock is on the leases' directory itself: no file of its own to leave behind.
+    fd = os.open(os.path.dirname(storage.full(name)), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if storage.read_bytes(name) != judged:
+                return False
+        except FileNotFoundError:
+            return False
+        storage.remove(name)
+        return True
+    finally:
+        os.close(fd)

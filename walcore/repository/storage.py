@@ -18,7 +18,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ..fsutil import fsync_dir
 
@@ -326,20 +326,6 @@ class Storage:
             raise self.error(f"cannot create {name}", e) from None
         return True
 
-    def rename(self, name: str, new_name: str) -> bool:
-        """Move an object; False when it is gone already. Locally atomic (used to break a stale lease once)."""
-        src, dst = self.full(name), self.full(new_name)
-        try:
-            if self.local:
-                os.rename(src, dst)
-            else:
-                self.fs.mv(src, dst)
-        except FileNotFoundError:
-            return False
-        except Exception as e:
-            raise self.error(f"cannot rename {name}", e) from None
-        return True
-
     def remove(self, name: str) -> None:
         try:
             self.fs.rm_file(self.full(name))
@@ -349,6 +335,25 @@ class Storage:
             raise
         except Exception as e:
             raise self.error(f"cannot remove {name}", e) from None
+
+    def remove_stale_temporaries(self, prefix: str | None, older_than: float) -> list[str]:
+        """Remove the temporary files of local writes killed before their rename, older than `older_than` seconds,
+        under a prefix (or right at the root for None); an object store has none (a PUT is whole or absent)."""
+        if not self.local:
+            return []
+        import time
+
+        base = Path(self.full(prefix)) if prefix is not None else Path(self.root)
+        found = base.rglob(".*.walvault-tmp") if prefix is not None else base.glob(".*.walvault-tmp")
+        removed = []
+        for p in found:
+            try:
+                if p.is_file() and not p.is_symlink() and time.time() - p.lstat().st_mtime > older_than:
+                    p.unlink()
+                    removed.append(p.relative_to(self.root).as_posix())
+            except OSError:
+                continue  # gone meanwhile
+        return removed
 
     def remove_tree(self, prefix: str) -> None:
         """Remove every object under a prefix (a backup's leftovers)."""
