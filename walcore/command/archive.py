@@ -95,8 +95,6 @@ def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
     for chain in chains.values():
         if chain.xlogs:
             newest.add(chain.xlogs[-1])
-    # The data dir of each file: the common root of its kind's directories (what verify grouped together).
-    by_dir: dict[str, str] = {}
     instance_of_dir: dict[str, str] = {}
     for f in files.values():
         if f.instance:
@@ -127,7 +125,6 @@ def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
             result.refused.append({"path": f.path, "findings": [{"code": "no_instance", "offset": None,
                                    "message": "no file beside it names its instance"}]})
             continue
-        by_dir[f.path] = str(root)
         items.append(_Item(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
                            kind_of(path)[0], f))
     return items
@@ -137,8 +134,7 @@ def _data_root(path: Path, kind: str) -> Path:
     """The data dir a file belongs to: memtx/, wal/ and vinyl/ side by side count as one, their parent."""
     d = path.parent
     if kind in ("run", "index"):
-        d = d.parent.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
-        path = d / "x.vylog"
+        d = d.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
     if d.name in ("memtx", "wal", "vinyl") and any((d.parent / n).is_dir() for n in ("memtx", "wal", "vinyl")
                                                   if n != d.name):
         return d.parent

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +190,3 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
         raise
     return RestoreResult(manifest.id, str(target), len(entries), sum(e.size for _, e in entries), reused,
                          point_info, notes)
-
-
-def print_progress_default() -> bool:
-    return sys.stderr.isatty()
