@@ -50,3 +50,31 @@ def test_limestone_bench_readers_agree(tmp_path):
         for d in r.get("dirs") or []:
             assert d["status"] == "ok" and d["count_durable_wal_entries"] == gen["put"] + gen["remove"]
     assert sum(1 for r in report["results"] if r["reader"].startswith("walvault verify")) == 2
+
+
+def test_backup_bench_backs_up_and_restores(tmp_path):
+    report = _run("backup.py", tmp_path, "--size-mb", "4", "--file-mib", "1", "--rounds", "2")
+    steps = {r["step"]: r for r in report["results"]}
+    assert set(steps) == {"zstd -3 -T0", "zstd -3 -T0, then sync of its output", "walvault archive (verify + store)",
+                          "walvault backup, ledger on record", "walvault backup, verification included",
+                          "walvault backup --type incremental", "walvault restore (incremental + full)"}
+    for name, r in steps.items():
+        assert len(r["runs"]) == 2 and r["exit_codes"] == [0, 0], name
+    assert report["problems"] == [] and report["restore_equal"] is True
+    files, nbytes = report["files"], report["bytes"]
+    assert files >= 4 and nbytes >= 4 * 10**6 and report["grow_bytes"] > 0
+    assert steps["zstd -3 -T0"]["files"] == files and 0 < steps["zstd -3 -T0"]["stored_bytes"] < nbytes
+    # archive: every sealed file (all but the open xlog), each verified and put in the ledger
+    archive = steps["walvault archive (verify + store)"]
+    assert archive["files"] == files - 1 and len(archive["not_sealed"]) == 1
+    # the full backup after archive takes every sealed file's verdict from the ledger; the fresh one scans all
+    ledger, full = steps["walvault backup, ledger on record"], steps["walvault backup, verification included"]
+    assert ledger["files"] == full["files"] == files
+    assert ledger["checked_by"] == {"ledger": files - 1, "scan": 1} and full["checked_by"] == {"scan": files}
+    assert ledger["own_files"] == full["own_files"] == files
+    # the incremental stores the grown xlog and the new one, and refers to the rest
+    inc = steps["walvault backup --type incremental"]
+    assert inc["own_files"] == 2 and inc["referenced_files"] == files - 1
+    assert nbytes + report["grow_bytes"] <= inc["bytes"] < nbytes + 2 * report["grow_bytes"]
+    restore = steps["walvault restore (incremental + full)"]
+    assert restore["files"] == files + 1 and restore["bytes"] == inc["bytes"] and restore["equal"] == [True, True]
