@@ -3,6 +3,7 @@ fsync of the directory."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,14 +18,19 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
-    """Write `chunks` to `path` so that it either does not change or holds all of them."""
+    """Write `chunks` to `path` so that it either does not change or holds all of them (no temporary file is
+    left behind on an error)."""
     tmp = path.with_name(f".{path.name}.walvault-tmp")
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
@@ -34,3 +40,11 @@ def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):
         f.seek(offset)
         while chunk := f.read(size):
             yield chunk
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            h.update(data)
+    return h.hexdigest()

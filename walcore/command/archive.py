@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fsutil import file_sha256
 from ..repository import Repository, SourceChanged, utc_now
 from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
 from ..repository.storage import UnsafeName
@@ -178,16 +179,17 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     name = item.name
     if item.kind in VERSIONED_KINDS:
-        name = f"{name}@{_sha256(item.path)[:12]}"
+        name = f"{name}@{file_sha256(item.path)[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
-    if existing is not None and existing.size == item.path.stat().st_size and existing.sha256 == _sha256(item.path):
+    if existing is not None and existing.size == item.path.stat().st_size \
+            and existing.sha256 == file_sha256(item.path):
         result.already.append(str(item.path))
         tracker.advance(0)
         return
     object_name = f"{base}/{name}.zst"
     if existing is not None:
-        sha = _sha256(item.path)
+        sha = file_sha256(item.path)
         object_name = f"{base}/{name}.conflict-{sha[:12]}.zst"
         record_name = object_name + RECORD_SUFFIX
     try:
@@ -229,12 +231,3 @@ def _range(item: _Item) -> dict:
         return _vclock_range(item.verdict)
     return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
 
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while data := f.read(1 << 20):
-            h.update(data)
-    return h.hexdigest()

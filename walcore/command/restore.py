@@ -13,7 +13,6 @@ whole transaction at or before it; limestone — the backup's files with the dur
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import Refused
-from ..fsutil import fsync_dir
+from ..fsutil import file_sha256, fsync_dir
 from ..repository import ObjectDamaged, Repository, RepositoryError
 from ..repository.manifest import BackupManifest, FileEntry
 from ..repository.storage import check_name
@@ -49,13 +48,6 @@ def _staging(target: Path) -> Path:
     return target.parent / f".{target.name}.walvault-restore"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while data := f.read(1 << 20):
-            h.update(data)
-    return h.hexdigest()
-
 
 def _inside(root: Path, name: str) -> Path:
     check_name(name)
@@ -79,7 +71,7 @@ def materialize(repo: Repository, entries: list[tuple[str, FileEntry]], root: Pa
     reused = 0
     for name, entry in entries:
         path = _inside(root, name)
-        if path.is_file() and path.stat().st_size == entry.size and _sha256(path) == entry.sha256:
+        if path.is_file() and path.stat().st_size == entry.size and file_sha256(path) == entry.sha256:
             reused += 1
             progress.advance(entry.size)
             continue

@@ -136,26 +136,20 @@ def _break(storage: Storage, name: str, judged: bytes) -> bool:
     broke it first may hold a fresh lease under the same name by now. Locally the re-read and the removal are
     one step under an flock; on an object store the window between them is what is left (no conditional
     delete here)."""
-    if not storage.local:
-        try:
-            if storage.read_bytes(name) != judged:
-                return False
-        except FileNotFoundError:
-            return False
-        storage.remove(name)
-        return True
-    import fcntl
+    fd = None
+    if storage.local:
+        import fcntl
 
-    # The flock is on the leases' directory itself: no file of its own to leave behind.
-    fd = os.open(os.path.dirname(storage.full(name)), os.O_RDONLY)
-    try:
+        # The flock is on the leases' directory itself: no file of its own to leave behind.
+        fd = os.open(os.path.dirname(storage.full(name)), os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if storage.read_bytes(name) != judged:
-                return False
-        except FileNotFoundError:
+    try:
+        if storage.read_bytes(name) != judged:
             return False
         storage.remove(name)
         return True
+    except FileNotFoundError:
+        return False
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)

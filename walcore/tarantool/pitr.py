@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, write_atomic
 from .block import EOF_MAGIC, FIXHEADER_SIZE, decompress, parse_fixheader, tarantool_crc32c
 from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock
 from .row import TIMESTAMP, iter_rows
@@ -227,22 +227,6 @@ def _chunks(path: Path, start: int, stop: int):
             yield chunk
 
 
-def _copy(src: Path, dst: Path, size: int) -> None:
-    """Copy src's first `size` bytes to dst: a temporary name, fsync, rename; the temporary file is removed
-    on any error (fsutil.write_atomic leaves it)."""
-    tmp = dst.with_name(f".{dst.name}.walvault-tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in _chunks(src, 0, size):
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _rewrite(xlog: _Xlog, dst: Path) -> None:
     """The xlog up to the cut: its meta, its whole blocks before the cut as they are, the kept rows of the
     cut block as one block, the EOF marker."""
@@ -286,7 +270,7 @@ def cut_chain(xlogs: list[Path], out_dir: Path, point: Point, *, start_vclock: d
     for xlog in scanned:
         name = xlog.path.name
         if xlog.cut is None:
-            _copy(xlog.path, out_dir / name, xlog.end)
+            write_atomic(out_dir / name, _chunks(xlog.path, 0, xlog.end))  # up to the size it was read at
         elif xlog.cut == xlog.meta.size and not xlog.kept:
             break  # its first transaction is past the point: the point is the end of the previous xlog
         else:
