@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
+from walcore.runner import LocalRunner
 from walcore.repository.storage import RepositoryError
 from conftest import REPO, copy_tree, require_tarantool, run_cli, tree_snapshot, walvault_command
 
@@ -123,7 +124,7 @@ class Repo:
     def backup(self, src: Path, incremental: bool = False) -> dict:
         from walcore.command.backup import backup
 
-        return backup(src, self.api(), incremental=incremental, jobs=2).to_json()
+        return backup(src, self.api(), incremental=incremental, runner=LocalRunner(2)).to_json()
 
     def backups(self) -> list[dict]:
         from walcore.command.repo_verify import list_backups
@@ -150,15 +151,16 @@ class Repo:
         return decode_checked(self.read(self.manifest_name(backup)), "manifest")
 
     def orphans(self) -> list[str]:
-        """Objects that belong to nothing: not the repository info, a ledger entry, nor a complete backup's
-        manifest or stored object (an interrupted backup's leftovers, temporary files, leases)."""
+        """Objects that belong to nothing: not the repository info, a ledger entry, a verification report, nor a
+        complete backup's manifest or stored object (an interrupted backup's leftovers, temporary files, leases)."""
         keep = {"walvault.repo", "walvault.repo.copy"}
         for b in self.backups():
             assert b["status"] in ("ok", "manifest_copy_used"), b
             name = self.manifest_name(b)
             keep |= {name, name + ".copy"} | {f["stored"] for f in self.manifest(b)["files"]}
         return sorted(n for n in self.names() if n not in keep
-                      and not re.fullmatch(r"tarantool/[^/]+/ledger/[0-9a-f]{64}\.json", n))
+                      and not re.fullmatch(r"tarantool/[^/]+/ledger/[0-9a-f]{64}\.json", n)
+                      and not re.fullmatch(r"reports/verify/\d{8}-\d{6}-[0-9a-f]{8}/(files\.parquet|summary\.json)", n))
 
 
 def _restores(repo: Repo, backup_id: str, source: Path, dest: Path, *, start: bool = False,

@@ -13,6 +13,7 @@ import walcore.command.verify as verify_mod
 from conftest import (SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
                       walvault_command)
 from tarantool_bytes import framing
+from walcore.runner import LocalRunner
 from walcore.tarantool.block import FIXHEADER_SIZE
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 
@@ -388,7 +389,7 @@ def test_jobs_2_split_scan_equals_jobs_1(monkeypatch, big_wal, tmp_path, damage)
         return real_join(path, parts)
 
     monkeypatch.setattr(verify_mod, "_join", spy)
-    parallel = verify_mod.verify_paths([target], jobs=2).to_json()
+    parallel = verify_mod.verify_paths([target], runner=LocalRunner(2)).to_json()
     assert dict(joined)[xlog.name] >= 4, "the big xlog was not split"
     assert parallel == sequential
     statuses = {Path(f["path"]).name: f["status"] for f in sequential["files"]}

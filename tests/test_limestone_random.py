@@ -37,6 +37,7 @@ from limestone_bytes import walk
 from conftest import copy_limestone_fixture, require_limestone, run_cli
 from limestone_model import (ADD, CLEAR, EPOCH_RECORD, OK, PUT, PUT_BLOB, REMOVE, REMOVE_STORAGE, REPAIRABLE,
                              UNREPAIRABLE, Op, PartialHeader, Session, Stray, Workload, ZeroTail)
+from walcore.runner import LocalRunner
 from walcore.limestone import pwal, writer
 from walcore.limestone.scan import scan_pwal
 from walcore.limestone.writer import LogDir
@@ -305,7 +306,7 @@ def describe(w: Workload, tags: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def dir_report(root: Path):
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     assert len(report.dirs) == 1
     return report.dirs[0].to_json()
 
@@ -767,7 +768,7 @@ def test_repair_detaches_a_broken_tail_after_a_canceled_header(tmp_path: Path):
     d.raw(0, writer.snippet_header(2, canceled=True) + writer.put(1, b"k", b"w" * 50, (2, 1))[:20])
     d.close()
     assert dir_report(root)["status"] == REPAIRABLE
-    report = verify_paths([root], jobs=1).to_json()
+    report = verify_paths([root], runner=LocalRunner(1)).to_json()
     (active,) = [f for f in report["files"] if f["kind"] == "pwal"]
     assert [(x["code"], x["offset"]) for x in active["findings"]] == [("broken_tail", durable_size + 9)]
     rp = plan_repair(root)
@@ -793,6 +794,6 @@ def test_put_type_byte_flipped_to_canceled_in_a_detached_file(tmp_path: Path):
     assert model.spec_dir(work, keep_worse=False).status == OK  # tglogutil's rules see nothing
     d = dir_report(work)
     assert (model.spec_dir(work).status, d["status"]) == (UNREPAIRABLE, UNREPAIRABLE)
-    report = verify_paths([work], jobs=1).to_json()
+    report = verify_paths([work], runner=LocalRunner(1)).to_json()
     (f,) = [x for x in report["files"] if x["path"] == str(path)]
     assert ("unclosed_durable_snippet", snippet) in [(x["code"], x["offset"]) for x in f["findings"]]

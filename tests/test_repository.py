@@ -689,3 +689,20 @@ def test_a_bad_option_is_not_echoed():
         parse_options(["secret-without-equals"])
     assert "secret-without-equals" not in str(error.value)
 
+
+
+def test_lease_of_a_killed_process_not_yet_reaped_is_broken(repo_target):
+    """A killed holder stays a zombie until its parent reaps it (a Spark job's driver, whose JVM parent died with
+    it, waits for init): its lease is broken all the same."""
+    repo = repo_target.repository()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+        assert time.monotonic() < deadline, "the child did not end"
+        time.sleep(0.01)
+    try:
+        hand_lease(repo, host=socket.gethostname(), pid=child.pid)  # unexpired
+        with repo.lease("tarantool", "inst", "backup") as lease:
+            assert f"pid {child.pid}" in lease.broke
+    finally:
+        child.wait()

@@ -21,6 +21,7 @@ import pytest
 from tarantool_bytes import (EOF_MAGIC, HEADER, ROW_MAGIC, ZROW_MAGIC, Blk, Framing, RawRow, block_rows, count_rows,
                              framing, replace_payload, split_rows)
 import walcore.command.verify as wverify
+from walcore.runner import LocalRunner
 from walcore.tarantool.meta import parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
@@ -72,7 +73,7 @@ def copy_tree(fixtures: Path, rel: str, dst: Path) -> Path:
 
 def verdict(path: Path):
     """walcore's verdict on one file alone (verify_paths on just that file, sequentially)."""
-    report = verify_paths([path], jobs=1)
+    report = verify_paths([path], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path) == path]
     return f
 
@@ -423,7 +424,7 @@ def test_newest_xlog_cut_at_block_boundary_is_open(fixtures, tmp_path, keep):
     blocks = fr.blocks[:keep]
     cut = blocks[-1].end if blocks else fr.meta_size
     write(root / "wal" / name, data[:cut])
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path).name == name]
     assert f.status == "open" and found(f) == []
     assert f.rows == count_rows(data, blocks) and f.blocks == len(blocks)
@@ -513,7 +514,7 @@ def test_broken_meta_in_chain_marks_chain_damaged(fixtures, tmp_path):
     root = copy_tree(fixtures, "many-xlogs", tmp_path / "dd")
     p = root / "wal" / "00000000000000000513.xlog"
     p.write_bytes(p.read_bytes().replace(b"\n0.13\n", b"\n0.99\n", 1))
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path) == p]
     assert found(f) == [("unsupported_version", 5)]
     (chain,) = report.chains
@@ -545,7 +546,7 @@ def test_missing_middle_xlog_is_xlog_gap(fixtures, tmp_path, missing, before, af
     root = _many(fixtures, tmp_path)
     for n in missing:
         (root / "wal" / _xlog(n)).unlink()
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     assert all(f.status in ("ok", "open") and not f.findings for f in report.files)
     (chain,) = report.chains
     assert chain.status == "damaged"
@@ -556,7 +557,7 @@ def test_missing_middle_xlog_is_xlog_gap(fixtures, tmp_path, missing, before, af
 
 
 def test_undamaged_chain_is_ok(fixtures, tmp_path):
-    report = verify_paths([_many(fixtures, tmp_path)], jobs=1)
+    report = verify_paths([_many(fixtures, tmp_path)], runner=LocalRunner(1))
     assert report.intact
     assert [c.status for c in report.chains] == ["ok"]
 
@@ -568,7 +569,7 @@ def test_truncated_middle_xlog_without_eof_is_missing_eof_and_rows_lost(fixtures
     data, fr = baseline(fixtures, f"{MANY}/wal/{name}")
     cut = fr.blocks[-drop].pos
     write(root / "wal" / name, data[:cut])
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     by_name = {Path(f.path).name: f for f in report.files}
     f = by_name[name]
     assert found(f) == [("missing_eof", cut)]
@@ -589,7 +590,7 @@ def test_truncated_middle_xlog_with_eof_is_rows_lost(fixtures, tmp_path, drop):
     name = _xlog(513)
     data, fr = baseline(fixtures, f"{MANY}/wal/{name}")
     write(root / "wal" / name, data[:fr.blocks[-drop].pos] + EOF_MAGIC)
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path).name == name]
     assert f.status == "ok" and found(f) == []
     (chain,) = report.chains
@@ -603,7 +604,7 @@ def test_middle_xlog_without_eof_that_the_next_continues_is_ok(fixtures, tmp_pat
     name = _xlog(513)
     data, fr = baseline(fixtures, f"{MANY}/wal/{name}")
     write(root / "wal" / name, data[:fr.eof.pos])
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path).name == name]
     assert found(f) == [] and f.status == "ok" and f.eof is False
     assert report.intact
@@ -615,7 +616,7 @@ def test_snapshot_without_continuing_xlog_is_snapshot_gap(fixtures, tmp_path):
         (root / "wal" / _xlog(n)).unlink()
     for n in (0, 123):
         (root / "memtx" / f"{n:020d}.snap").unlink()
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     assert all(not f.findings for f in report.files)
     (chain,) = report.chains
     assert chain.status == "damaged"
@@ -634,7 +635,7 @@ def test_edited_instance_line_is_instance_mismatch(fixtures, tmp_path):
     uuid_end = data.index(b"\n", line)
     assert data[uuid_end - 1:uuid_end] == b"1"
     p.write_bytes(data[:uuid_end - 1] + b"7" + data[uuid_end:])  # same length
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (f,) = [f for f in report.files if Path(f.path) == p]
     assert f.status == "ok" and f.instance.endswith("000000000007")
     (chain,) = report.chains
@@ -646,7 +647,7 @@ def test_edited_instance_line_is_instance_mismatch(fixtures, tmp_path):
 def test_xlog_of_another_instance_is_instance_mismatch(fixtures, tmp_path):
     root = copy_tree(fixtures, "features", tmp_path / "features")
     copy_file(fixtures, "concurrent/00000000000000001103.xlog", root / "wal")
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     (chain,) = report.chains
     assert chain.status == "damaged"
     codes = chain_found(chain)
@@ -956,7 +957,7 @@ def big_wal(tmp_path_factory) -> Path:
 
 
 def _range_cuts(size: int) -> list[int]:
-    """Where verify_paths(jobs=2) cuts a file of `size` into ranges: damage is aimed around them."""
+    """Where verify_paths(runner=LocalRunner(2)) cuts a file of `size` into ranges: damage is aimed around them."""
     cuts = [start for start, _ in wverify._units(size, 2) if start is not None]
     assert cuts, f"a file of {size} bytes is not cut into ranges: the damage would miss what it tests"
     return cuts
@@ -1022,8 +1023,8 @@ def test_parallel_equals_sequential_on_damaged_big_file(big_wal, tmp_path, monke
     new, log = _damage_big(random.Random(seed), data, fr)
     xlog.write_bytes(new)
     assert len(_range_cuts(len(new))) > 4
-    sequential = verify_paths([root], jobs=1).to_json()
-    parallel = verify_paths([root], jobs=2).to_json()
+    sequential = verify_paths([root], runner=LocalRunner(1)).to_json()
+    parallel = verify_paths([root], runner=LocalRunner(2)).to_json()
     assert parallel == sequential, (f"seed {seed} damage {log}: sequential {_xlog_findings(sequential)}, "
                                     f"parallel {_xlog_findings(parallel)}")
 
@@ -1039,10 +1040,10 @@ def test_parallel_damaged_last_block_of_a_range_is_reported_once(big_wal, tmp_pa
     assert blk.end > cut
     data[blk.pos + HEADER + 1] ^= 0x10
     xlog.write_bytes(bytes(data))
-    sequential = _xlog_findings(verify_paths([root], jobs=1).to_json())
+    sequential = _xlog_findings(verify_paths([root], runner=LocalRunner(1)).to_json())
     nxt = fr.blocks[fr.blocks.index(blk) + 1]
     assert sequential == [("crc_mismatch", blk.pos), ("lsn_gap", nxt.pos)]
-    assert _xlog_findings(verify_paths([root], jobs=2).to_json()) == sequential
+    assert _xlog_findings(verify_paths([root], runner=LocalRunner(2)).to_json()) == sequential
 
 
 def test_parallel_keeps_finding_order_after_damaged_first_block_of_a_range(big_wal, tmp_path, monkeypatch):
@@ -1058,10 +1059,10 @@ def test_parallel_keeps_finding_order_after_damaged_first_block_of_a_range(big_w
         data[b.pos + HEADER + 2] ^= 0x01
     xlog.write_bytes(bytes(data))
     after = lambda b: fr.blocks[fr.blocks.index(b) + 1].pos  # noqa: E731
-    sequential = _xlog_findings(verify_paths([root], jobs=1).to_json())
+    sequential = _xlog_findings(verify_paths([root], runner=LocalRunner(1)).to_json())
     assert sequential == [("crc_mismatch", first.pos), ("lsn_gap", after(first)),
                           ("crc_mismatch", later.pos), ("lsn_gap", after(later))]
-    assert _xlog_findings(verify_paths([root], jobs=2).to_json()) == sequential
+    assert _xlog_findings(verify_paths([root], runner=LocalRunner(2)).to_json()) == sequential
 
 
 def test_open_newest_xlog_is_never_covered(fixtures, tmp_path):
@@ -1074,7 +1075,7 @@ def test_open_newest_xlog_is_never_covered(fixtures, tmp_path):
     data = newest.read_bytes()
     assert data.endswith(EOF_MAGIC)
     write(newest, data[:-4])
-    report = verify_paths([root], jobs=1)
+    report = verify_paths([root], runner=LocalRunner(1))
     assert {Path(f.path).name: f.status for f in report.files}[newest.name] == "open"
     (chain,) = report.chains
     assert chain.findings == []

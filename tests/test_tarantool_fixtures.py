@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from conftest import TARANTOOL_FIXTURES, require_shared
+from walcore.runner import LocalRunner
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, ROW_MAGIC, ZROW_MAGIC, decompress, parse_fixheader, \
     tarantool_crc32c
 from walcore.tarantool.meta import MAX_META_SIZE, encode_meta, format_vclock, parse_meta, parse_vclock, vclock_sum
@@ -131,7 +132,7 @@ def leq(a: dict, b: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def fixtures_report():
-    report = verify_paths([TARANTOOL_FIXTURES], jobs=1)
+    report = verify_paths([TARANTOOL_FIXTURES], runner=LocalRunner(1))
     return report, {Path(f.path).resolve(): f for f in report.files}
 
 
@@ -447,7 +448,7 @@ def test_each_xlog_vclock_is_the_previous_end(wal_dir):
 
 @require_shared
 def test_features_chain(fixtures_report):
-    report = verify_paths([TARANTOOL_FIXTURES / "features"], jobs=1)
+    report = verify_paths([TARANTOOL_FIXTURES / "features"], runner=LocalRunner(1))
     assert report.intact
     assert len(report.files) == len([p for p in (TARANTOOL_FIXTURES / "features").rglob("*") if p.suffix in SUFFIXES])
     assert all(f.status == "ok" for f in report.files)
@@ -477,7 +478,7 @@ def test_features_chain(fixtures_report):
 
 @require_shared
 def test_many_xlogs_chain_links_every_prev_vclock():
-    report = verify_paths([TARANTOOL_FIXTURES / "many-xlogs"], jobs=1)
+    report = verify_paths([TARANTOOL_FIXTURES / "many-xlogs"], runner=LocalRunner(1))
     assert report.intact
     (chain,) = report.chains
     assert chain.status == "ok"

@@ -17,6 +17,7 @@ import pytest
 import tarantool_real as tr
 from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, require_tarantool, run_cli
 from tarantool_bytes import framing
+from walcore.runner import LocalRunner
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
 from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
 from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
@@ -93,7 +94,7 @@ def test_real_instance_has_the_workload_we_rely_on(real_instance):
     kinds = Counter(p.suffix for p in files)
     assert kinds[".snap"] >= 4 and kinds[".xlog"] >= 10 and kinds[".run"] >= 2 and kinds[".index"] >= 2
     assert kinds[".vylog"] >= 4
-    report = verify_paths([real_instance], jobs=1)
+    report = verify_paths([real_instance], runner=LocalRunner(1))
     xlogs = [f for f in report.files if f.kind == "xlog"]
     assert sum(f.zstd_blocks for f in xlogs) > 0
     # several transactions per block (concurrent fibers): more rows than blocks by far in some file
@@ -113,7 +114,7 @@ def test_real_instance_rows_equal_xlog_pairs(real_instance):
 
 def test_real_instance_verifies_intact(real_instance):
     manifest = tr.read_manifest(real_instance)
-    report = verify_paths([real_instance], jobs=2)
+    report = verify_paths([real_instance], runner=LocalRunner(2))
     assert report.intact
     assert all(f.status == "ok" and f.findings == [] for f in report.files)
     assert len(report.files) == len(tarantool_files(real_instance))
@@ -134,7 +135,7 @@ def test_real_instance_verifies_intact(real_instance):
 
 
 def test_real_instance_row_counts_match_xlog_pairs_summary(real_instance):
-    report = verify_paths([real_instance], jobs=1)
+    report = verify_paths([real_instance], runner=LocalRunner(1))
     for f in report.files:
         if f.kind == "xlog":
             summary = tr.xlog_pairs_summary(Path(f.path))
@@ -159,7 +160,7 @@ def test_real_instance_scans_the_same_without_the_fast_path(real_instance, monke
 
 def test_crashed_instance_newest_xlog_is_open(crashed_instance):
     manifest = tr.read_manifest(crashed_instance)
-    report = verify_paths([crashed_instance], jobs=1)
+    report = verify_paths([crashed_instance], runner=LocalRunner(1))
     assert report.intact
     files = by_path(report)
     xlogs = xlogs_of(crashed_instance)
@@ -227,7 +228,7 @@ def test_crash_then_restart_keeps_the_unclosed_xlog_and_chain_is_ok(restarted_in
     xlogs = xlogs_of(work)
     assert crashed in xlogs and xlogs[-1] != crashed, "Tarantool started a new xlog after the crashed one"
     assert not crashed.read_bytes().endswith(b"\xd5\x10\xad\xed"), "Tarantool left the crashed xlog unclosed"
-    report = verify_paths([work], jobs=1)
+    report = verify_paths([work], runner=LocalRunner(1))
     assert report.intact
     f = by_path(report)[crashed]
     assert f.status == "ok" and f.eof is False and f.findings == []
@@ -249,7 +250,7 @@ def test_unclosed_xlog_cut_short_before_the_next_one_is_damage(restarted_instanc
     last_block = block_offsets(crashed)[-1]
     os.truncate(crashed, last_block)  # drop the whole last block: the framing stays valid
     assert scan_file(crashed).findings == []
-    report = verify_paths([work], jobs=1)
+    report = verify_paths([work], runner=LocalRunner(1))
     assert not report.intact
     f = by_path(report)[crashed.resolve()]
     assert f.status == "damaged" and "missing_eof" in [x.code for x in f.findings]
@@ -343,7 +344,7 @@ def test_written_open_xlog_is_read_by_tarantool(tmp_path):
     w.write_block(rows[5:])
     w.close(eof=False)
     assert tr.xlog_pairs_rows(path) == _expected(rows)
-    report = verify_paths([path], jobs=1)
+    report = verify_paths([path], runner=LocalRunner(1))
     assert [f.status for f in report.files] == ["open"] and report.intact
 
 
@@ -537,7 +538,7 @@ def test_newest_xlog_is_never_covered_and_is_where_replay_starts(tmp_path):
     work = tmp_path / "work"
     assert _run_nested(work, WRITE_20_AND_SNAPSHOT + "os.exit(0)\n").returncode == 0
     restarted = copy_tree(work, tmp_path / "restarted")
-    report = verify_paths([work], jobs=1)
+    report = verify_paths([work], runner=LocalRunner(1))
     chain, snap = _newest_snapshot_link(report)
     assert chain.findings == []
     newest = Path(chain.xlogs[-1])
@@ -552,7 +553,7 @@ def test_newest_xlog_is_never_covered_and_is_where_replay_starts(tmp_path):
 
     # Started again, no write, killed: the newest xlog is open and empty; replay still starts there.
     assert _run_nested(work, KILL_9).returncode == -9
-    report = verify_paths([work], jobs=1)
+    report = verify_paths([work], runner=LocalRunner(1))
     chain, snap = _newest_snapshot_link(report)
     assert by_path(report)[newest.resolve()].status == "open"
     assert chain.findings == [] and snap["replay_from"] == str(newest) and str(newest) not in snap["covers"]
@@ -565,7 +566,7 @@ def test_wal_dir_below_work_dir_is_one_chain_with_its_snapshots(tmp_path):
     proc = _run_nested(work, WRITE_20_AND_SNAPSHOT + "for i = 21, 40 do box.space.t:replace{i, string.rep('y', 60)} end\n"
                        + KILL_9)
     assert proc.returncode == -9
-    report = verify_paths([work], jobs=1)
+    report = verify_paths([work], runner=LocalRunner(1))
     chain, snap = _newest_snapshot_link(report)
     assert chain.findings == [] and Path(chain.path) == work / "wal"
     assert {Path(s["path"]).parent for s in chain.snapshots} == {work} and len(chain.snapshots) == 2

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_CHECK = 0, 1, 2
@@ -33,9 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         if name == "verify":
             cmd.add_argument("paths", nargs="*", type=Path, metavar="PATH",
-                             help="files or directories; with --repo: the backup to verify (an id or latest; "
-                             "default: every backup and the archive)")
+                             help="files or directories; with --repo and no PATH: every backup and the archive; "
+                             "with --repo and a backup id (or latest): that backup")
             _repo_arguments(cmd, required=False)
+            cmd.add_argument("--full", action="store_true",
+                             help="with --repo and PATHs: scan every file, also those the ledger knows as verified")
+            _spark_argument(cmd)
         else:
             cmd.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
         cmd.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -63,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("dir", type=Path, metavar="DIR")
     cmd.add_argument("--format", choices=("tsv",), default="tsv",
                      help="tsv: storage_id<TAB>key_hex<TAB>value_hex per live key, sorted")
+    cmd.add_argument("--parquet", metavar="URL",
+                     help="also write the rows as Parquet files (part-NNNNN.parquet) under this path or fsspec URL")
+    cmd.add_argument("--repo-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="an fsspec storage option for --parquet's URL; repeatable")
+    _spark_argument(cmd)
     cmd = sub.add_parser("archive", help="copy the sealed files of sources into the repository, each verified first")
     cmd.add_argument("paths", nargs="+", type=Path, metavar="SOURCE", help="Tarantool data dirs, limestone dirs")
     _repo_arguments(cmd)
@@ -78,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                      help="wait this long for another backup or expiry of the source to finish (default: fail)")
     _work_arguments(cmd)
+    _spark_argument(cmd)
     cmd = sub.add_parser("backups", help="list the repository's backups, oldest first")
     _repo_arguments(cmd)
     cmd.add_argument("--json", action="store_true")
@@ -100,6 +110,12 @@ def _repo_arguments(cmd, required: bool = True) -> None:
                      help="an fsspec storage option (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
 
 
+def _spark_argument(cmd) -> None:
+    cmd.add_argument("--spark", metavar="MASTER",
+                     help="run the work as a Spark job (spark_jobs/) on this master: local[N] or spark://host:port; "
+                     "prints what the command prints without it")
+
+
 def _work_arguments(cmd) -> None:
     cmd.add_argument("--level", type=int, default=3, metavar="N", help="zstd level, 1..19 (default 3)")
     cmd.add_argument("--jobs", type=int, default=None, metavar="N", help="parallel workers (default: one per core)")
@@ -113,22 +129,42 @@ _NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no sta
              "backup": "not backed up", "restore": "not restored", "backups": "cannot list"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, runner=None) -> int:
+    """Run one command. `runner` says where its units of work run (spark_jobs passes its own); `--spark` submits
+    the command as a Spark job, which calls this again with a Spark runner."""
     from .findings import Refused
     from .limestone.layout import LiveError
 
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "spark", None):
+        if runner is not None:
+            print("walvault: --spark inside a Spark job", file=sys.stderr)
+            return EXIT_CANNOT_CHECK
+        from spark_jobs.submit import submit_command  # the Spark side is imported only when asked for
+
+        return submit_command(args)
+    if runner is None:
+        from .runner import LocalRunner
+
+        jobs = getattr(args, "jobs", None)
+        if jobs is not None and jobs < 1:
+            print("walvault: --jobs must be at least 1", file=sys.stderr)
+            return EXIT_CANNOT_CHECK
+        runner = LocalRunner(jobs)
+    args.runner = runner
     # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
-    sys.stdout.reconfigure(errors="backslashreplace")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     from .repository import RepositoryError
     from .repository.lease import LeaseBusy
     from .repository.storage import UnsafeName
+    from .runner import WorkFailed
     from .tarantool.live import LiveError as TarantoolLiveError
 
     not_done = _NOT_DONE.get(args.command, "cannot check")
     try:
-        if args.command == "verify" and args.repo:
+        if args.command == "verify" and args.repo and (not args.paths or _names_backup(args.paths)):
             return _verify_repo(args)
         if args.command in ("inspect", "verify"):
             return _verify(args)
@@ -136,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LeaseBusy, UnsafeName) as e:
         print(f"walvault: {not_done}: {e}", file=sys.stderr)
         return EXIT_FINDINGS
-    except (OSError, LiveError, RepositoryError, TarantoolLiveError) as e:
+    except (OSError, LiveError, RepositoryError, TarantoolLiveError, WorkFailed) as e:
         print(f"walvault: {not_done}: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     except Refused as e:
@@ -148,13 +184,13 @@ def _verify(args) -> int:
     if not args.paths:
         print("walvault: verify needs a PATH (or --repo URL to verify a repository)", file=sys.stderr)
         return EXIT_CANNOT_CHECK
-    if args.jobs is not None and args.jobs < 1:
-        print("walvault: --jobs must be at least 1", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
-    from .command.verify import verify_paths
+    from .command.verify import Ledger, verify_paths
 
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
-    report = verify_paths(args.paths, jobs=args.jobs, progress=progress)
+    progress = _progress(args)
+    repo = _repository(args, create=True) if getattr(args, "repo", None) else None
+    started = time.time()
+    report = verify_paths(args.paths, runner=args.runner, progress=progress,
+                          ledger=Ledger(repo, full=args.full) if repo else None)
     # An empty or wrong directory must not pass for an intact one: every path must hold a file that was checked
     # (found under it, or under where it leads: a file reached twice is listed once, under the first path).
     # A file of no kind (neither its name nor its meta says one) is not a WAL file.
@@ -164,6 +200,11 @@ def _verify(args) -> int:
                                                    for q in (p, os.path.realpath(p)))]:
         print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    if repo is not None:
+        from .command.verify_report import write_source_report
+
+        where = write_source_report(repo, report, [str(p) for p in args.paths], started, args.runner.name)
+        print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
     if args.json:
         _print_json(report.to_json())
     else:
@@ -248,8 +289,27 @@ def _state(args) -> int:
 
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
-    sys.stdout.write(format_tsv(directory_state(args.dir)))
+    parquet = None
+    if args.parquet:
+        from .repository.storage import parse_options
+        from .parquet import ParquetOutput
+
+        parquet = ParquetOutput(args.parquet, parse_options(args.repo_option))
+        parquet.check_empty()
+    for rows in _batches(directory_state(args.dir, runner=args.runner, parquet=parquet)):
+        sys.stdout.write(format_tsv(rows))
     return EXIT_OK
+
+
+def _batches(rows, size: int = 4096):
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _progress(args) -> bool:
@@ -264,8 +324,8 @@ def _repository(args, create: bool = False):
 
 
 def _check_work_arguments(args) -> bool:
-    if not 1 <= args.level <= 19 or (args.jobs is not None and args.jobs < 1):
-        print("walvault: --level is 1..19 and --jobs at least 1", file=sys.stderr)
+    if not 1 <= args.level <= 19:
+        print("walvault: --level is 1..19", file=sys.stderr)
         return False
     return True
 
@@ -276,7 +336,7 @@ def _archive(args) -> int:
     if not _check_work_arguments(args):
         return EXIT_CANNOT_CHECK
     repo = _repository(args, create=True)
-    result = archive(args.paths, repo, level=args.level, jobs=args.jobs, progress=_progress(args))
+    result = archive(args.paths, repo, level=args.level, runner=args.runner, progress=_progress(args))
     if args.json:
         _print_json(result.to_json())
     else:
@@ -300,7 +360,7 @@ def _backup(args) -> int:
         return EXIT_CANNOT_CHECK
     repo = _repository(args, create=True)
     result = backup(args.source, repo, incremental=args.type == "incremental", connect=args.connect,
-                    level=args.level, jobs=args.jobs, progress=_progress(args), wait=args.wait)
+                    level=args.level, runner=args.runner, progress=_progress(args), wait=args.wait)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -355,7 +415,14 @@ def _verify_repo(args) -> int:
         print("walvault: verify --repo takes at most one BACKUP", file=sys.stderr)
         return EXIT_CANNOT_CHECK
     repo = _repository(args)
-    report = verify_repository(repo, str(args.paths[0]) if args.paths else None, progress=_progress(args))
+    started = time.time()
+    report = verify_repository(repo, str(args.paths[0]) if args.paths else None, runner=args.runner,
+                               progress=_progress(args))
+    from .command.verify_report import write_repository_report
+
+    where = write_repository_report(repo, report, str(args.paths[0]) if args.paths else None, started,
+                                    args.runner.name)
+    print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
     if args.json:
         _print_json(report.to_json())
     else:
@@ -372,6 +439,13 @@ def _verify_repo(args) -> int:
         print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; verdict: "
               f"{'INTACT' if report.intact else 'DAMAGED'}")
     return EXIT_OK if report.intact else EXIT_FINDINGS
+
+
+def _names_backup(paths: list[Path]) -> bool:
+    """With --repo, PATHs are sources, unless the one given is a backup id or `latest`."""
+    from .repository import is_backup_id
+
+    return len(paths) >= 1 and all(str(p) == "latest" or is_backup_id(str(p)) for p in paths[:1])
 
 
 def _print_json(obj) -> None:

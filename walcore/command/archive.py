@@ -71,15 +71,17 @@ def _load_record(repo: Repository, name: str) -> FileEntry | None:
         return None
 
 
-def archive(sources: list[Path], repo: Repository, *, level: int = 3, jobs: int | None = None,
+def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=None,
             progress: bool = False) -> ArchiveResult:
+    from ..runner import LocalRunner
     from .verify import verify_paths
 
+    runner = runner or LocalRunner()
     result = ArchiveResult()
-    report = verify_paths([Path(s) for s in sources], jobs=jobs, progress=progress)
+    report = verify_paths([Path(s) for s in sources], runner=runner, progress=progress)
     items = _tarantool_items(report, result) + _limestone_items(report, result)
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
         list(pool.map(lambda item: _store(repo, item, result, level, tracker), items))
     for field_name in ("stored", "already", "not_sealed"):
         getattr(result, field_name).sort()

@@ -15,16 +15,16 @@ Any refusal or error removes what this backup stored.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..findings import Refused
 from ..repository import Repository, Stored, utc_now, walvault_version
 from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, save_checked
+from ..runner import LocalRunner, run_all
 
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
 
@@ -41,6 +41,7 @@ class Candidate:
     verdict: object | None = None  # TarantoolFile | LimestoneFile
     checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
     mtime_ns: int | None = None  # of the source file, when it was listed
+    spooled: bool = False  # its bytes are a copy on this machine (the newest xlog): stored from here
 
 
 @dataclass
@@ -94,7 +95,9 @@ def _stamp(backup_id: str) -> str:
 
 
 def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,
-           level: int = 3, jobs: int | None = None, progress: bool = False, wait: float = 0.0) -> BackupResult:
+           level: int = 3, runner=None, progress: bool = False, wait: float = 0.0) -> BackupResult:
+    """Back up one source. The copy, hash, compress and verify work runs on the runner (this machine's cores by
+    default); the plan, the set's checks and the manifest stay here."""
     from ..limestone.layout import is_limestone_dir
 
     source = Path(source)
@@ -128,7 +131,8 @@ def backup(source: Path, repo: Repository, *, incremental: bool = False, connect
             backup_id = new_backup_id(repo, family, plan.instance, parent)
             prefix = repo.backup_dir(family, plan.instance, backup_id)
             try:
-                result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, jobs, progress)
+                result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level,
+                              runner or LocalRunner(), progress)
             except BaseException:
                 repo.storage.remove_tree(prefix)
                 raise
@@ -163,12 +167,11 @@ def _remove_leftovers(repo: Repository, family: str, instance: str) -> list[str]
 
 
 def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
-         prefix: str, started: str, level: int, jobs: int | None, progress: bool) -> BackupResult:
+         prefix: str, started: str, level: int, runner, progress: bool) -> BackupResult:
     held = {}  # name -> the newest entry of the parent chain holding it
     for manifest in chain:
         for entry in manifest.files:
             held[entry.name] = (manifest, entry)
-    jobs = jobs or os.cpu_count() or 1
     to_store = []
     for c in candidates:
         old = held.get(c.name)
@@ -182,21 +185,25 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
         else:
             to_store.append(c)
     tracker = Progress(len(to_store), sum(c.path.stat().st_size for c in to_store), progress, "stored")
+    by_item = {(f"{prefix}/{c.name}.zst", str(c.path)): c for c in to_store}
+    store = partial(store_object, repo, level)
 
-    def store(c: Candidate) -> None:
-        stored = repo.put_object(f"{prefix}/{c.name}.zst", c.path, level=level)
+    def stored_one(item) -> None:
+        tracker.advance(by_item[item].path.stat().st_size)
+
+    # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads. A spooled copy is on this
+    # machine only, so it is stored from here whatever the runner.
+    results = run_all(runner, store, [i for i, c in by_item.items() if not c.spooled], threads=True, done=stored_one)
+    results.update(run_all(LocalRunner(1), store, [i for i, c in by_item.items() if c.spooled], done=stored_one))
+    for item, c in by_item.items():
+        stored = results[item]
         old = held.get(c.name)
         if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size:
-            repo.storage.remove(f"{prefix}/{c.name}.zst")  # the same bytes are held already
+            repo.storage.remove(item[0])  # the same bytes are held already
             c.entry = _reference(old[0], old[1])
         else:
-            c.entry = _own(c, f"{prefix}/{c.name}.zst", stored)
-        tracker.advance(stored.size)
-
-    # Threads suffice: reading, SHA-256 and zstd all release the GIL.
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(store, to_store))
-    checks = plan.verify(repo, candidates, jobs, progress)
+            c.entry = _own(c, item[0], stored)
+    checks = plan.verify(repo, candidates, runner, progress)
     position = checks.pop("position")
     if chain and not _not_behind(plan.family, position, chain[-1].position):
         raise Refused(f"the source is at {position}, behind its parent backup {chain[-1].id} at "
@@ -210,6 +217,12 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
         files=[c.entry for c in candidates], checks=checks)
     save_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
     return BackupResult(manifest)
+
+
+def store_object(repo: Repository, level: int, item: tuple[str, str]) -> Stored:
+    """One unit of a backup's copy: a source file stored as an object (wherever the runner runs it)."""
+    name, path = item
+    return repo.put_object(name, Path(path), level=level)
 
 
 def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:

@@ -67,10 +67,10 @@ class LimestonePlan:
                                      kind in ("pwal", "epoch", "compacted", "catalog", "manifest")))
         return sorted(out, key=lambda c: c.name)
 
-    def verify(self, repo: Repository, candidates: list[Candidate], jobs: int, progress: bool) -> dict:
+    def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
         from .verify import verify_paths
 
-        report = verify_paths([self.root], jobs=jobs, progress=progress)
+        report = verify_paths([self.root], runner=runner, progress=progress)
         d = report.dirs[0]
         # The check sees the directory as in use: by this backup's own lock, which no limestone can hold meanwhile.
         d.live = False

@@ -73,6 +73,7 @@ class TarantoolPlan:
                 # and store exactly what was judged.
                 self.spool = self.spool or Path(tempfile.mkdtemp(prefix="walvault-spool-"))
                 c.path = self.spool / Path(f.name).name
+                c.spooled = True
                 _copy_prefix(f.path, c.path)
                 c.verdict = self._whole_blocks(c.path, f.name)
             out.append(c)
@@ -96,7 +97,7 @@ class TarantoolPlan:
                               f"the {size - cut} bytes after its last whole block are not stored")
         return verdict
 
-    def verify(self, repo: Repository, candidates: list[Candidate], jobs: int, progress: bool) -> dict:
+    def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
         from ..tarantool.backup_set import judge, verdict_from_record
         from .verify import scan_tarantool
 
@@ -105,13 +106,14 @@ class TarantoolPlan:
             if c.verdict is not None:
                 continue
             record = c.entry.verification if c.entry.reference else None
-            record = record or (repo.ledger_get("tarantool", self.instance, c.entry.sha256) or {}).get("verdict")
-            if record and record.get("status") in LEDGER_VERDICTS and record.get("size") == c.entry.size:
+            if not (record and record.get("status") in LEDGER_VERDICTS and record.get("size") == c.entry.size):
+                record = repo.ledger_verdict("tarantool", self.instance, c.entry.sha256, c.entry.size)
+            if record:
                 c.verdict = verdict_from_record(str(c.path), record)
                 c.checked_by = "ledger"
             else:
                 unknown.append(c)
-        scanned = scan_tarantool([c.path for c in unknown], jobs=jobs, progress=progress)
+        scanned = scan_tarantool([c.path for c in unknown], runner=runner, progress=progress)
         for c in unknown:
             c.verdict = scanned[str(c.path)]
             c.checked_by = "scan"

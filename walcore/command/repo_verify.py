@@ -1,12 +1,14 @@
 """`verify --repo`: re-hash every stored object, check every manifest and chain, report what is missing or
-damaged (as pgBackRest's verify). Nothing is written."""
+damaged (as pgBackRest's verify). Nothing is written here (the command keeps its report: verify_report)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..repository import ObjectDamaged, Repository, RepositoryError
 from ..repository.manifest import FileEntry
+from ..runner import LocalRunner, run_all
 from .archive import RECORD_SUFFIX, _load_record
 from .backup import Progress
 
@@ -18,6 +20,7 @@ class RepoReport:
     leftovers: list[str] = field(default_factory=list)  # interrupted backups: removed by the next backup
     objects: int = 0
     bytes: int = 0
+    checked: dict = field(default_factory=dict)  # stored object -> (size, its problem or None); not in the JSON
 
     @property
     def intact(self) -> bool:
@@ -26,37 +29,35 @@ class RepoReport:
             and all(a["status"] == "ok" for a in self.archive)
 
     def to_json(self) -> dict:
-        return {"intact": self.intact, **self.__dict__}
+        return {"intact": self.intact, **{k: v for k, v in self.__dict__.items() if k != "checked"}}
 
 
-def verify_repository(repo: Repository, backup_id: str | None = None, *, progress: bool = False) -> RepoReport:
+def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=None,
+                      progress: bool = False) -> RepoReport:
     report = RepoReport()
-    checked: dict[str, str | None] = {}  # stored object -> its problem (None: intact), each read once
     records = repo.backups()
     if backup_id is not None:
         # The backup asked for, also when it cannot be used (reported as damaged, not as a repository error).
         chosen = [r for r in records if r.id == backup_id and backup_id != "latest"]
         records = chosen or [repo.find(backup_id)]
     entries = [e for r in records if r.manifest for e in r.manifest.files]
-    tracker = Progress(len({e.stored for e in entries}), sum(e.size for e in {e.stored: e for e in entries}.values()),
-                       progress, "verified")
-
-    def check_object(entry: FileEntry) -> str | None:
-        if entry.stored not in checked:
-            try:
-                for _ in repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
-                                          stored_sha256=entry.stored_sha256):
-                    pass
-                checked[entry.stored] = None
-                report.objects += 1
-                report.bytes += entry.size
-            except ObjectDamaged as e:
-                checked[entry.stored] = str(e)
-            except RepositoryError as e:
-                checked[entry.stored] = f"{entry.stored}: {e}"
-            tracker.advance(entry.size)
-        return checked[entry.stored]
-
+    archived = {}
+    if backup_id is None:
+        for family, instance in repo.sources():
+            archived[(family, instance)] = _archive_entries(repo, family, instance)
+    entries += [e for _names, found in archived.values() for name, e in found.items()
+                if e is not None and e.stored == name[: -len(RECORD_SUFFIX)]]
+    # Each stored object is read once, however many backups reference it, on the runner's workers.
+    objects = {e.stored: (e.stored, e.size, e.sha256, e.stored_sha256) for e in entries}
+    tracker = Progress(len(objects), sum(o[1] for o in objects.values()), progress, "verified")
+    results = run_all(runner or LocalRunner(), partial(check_object, repo), list(objects.values()), threads=True,
+                      done=lambda o: tracker.advance(o[1]))
+    checked = {o[0]: problem for o, problem in results.items()}  # stored object -> its problem (None: intact)
+    for name, problem in checked.items():
+        report.checked[name] = (objects[name][1], problem)
+        if problem is None:
+            report.objects += 1
+            report.bytes += objects[name][1]
     for record in records:
         out = {"id": record.id, "family": record.family, "instance": record.instance, "status": "ok", "findings": []}
         if not record.complete and backup_id is None:
@@ -81,7 +82,7 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, progres
                 if entry.reference is not None and entry.reference not in ids:
                     findings.append({"code": "reference_broken", "file": entry.name,
                                      "message": f"refers to backup {entry.reference}, not in its chain"})
-                problem = check_object(entry)
+                problem = checked[entry.stored]
                 if problem:
                     findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
                 if entry.verification.get("status") not in ("ok", "open"):
@@ -92,26 +93,41 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, progres
         if record.manifest is None or any(f["code"] != "manifest_damaged" for f in findings):
             out["status"] = "damaged"
         report.backups.append(out)
-    if backup_id is None:
-        for family, instance in repo.sources():
-            report.archive.append(_verify_archive(repo, family, instance, check_object))
+    for (family, instance), (names, found) in archived.items():
+        report.archive.append(_verify_archive(family, instance, names, found, checked))
     return report
 
 
-def _verify_archive(repo: Repository, family: str, instance: str, check_object) -> dict:
-    prefix = f"{repo.source_dir(family, instance)}/archive"
-    names = repo.storage.list(prefix)
-    records = [n for n in names if n.endswith(".zst" + RECORD_SUFFIX)]
+def check_object(repo: Repository, obj: tuple[str, int, str, str]) -> str | None:
+    """One unit of the work: a stored object re-read and checked against its recorded hashes; its problem."""
+    stored, size, sha256, stored_sha256 = obj
+    try:
+        for _ in repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256):
+            pass
+        return None
+    except ObjectDamaged as e:
+        return str(e)
+    except RepositoryError as e:
+        return f"{stored}: {e}"
+
+
+def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
+    """The archive's object names, and each record's entry (None: unreadable)."""
+    names = repo.storage.list(f"{repo.source_dir(family, instance)}/archive")
+    return names, {n: _load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
+
+
+def _verify_archive(family: str, instance: str, names: list[str], records: dict[str, FileEntry | None],
+                    checked: dict[str, str | None]) -> dict:
     findings = []
-    for name in records:
-        entry = _load_record(repo, name)
+    for name, entry in records.items():
         if entry is None:
             findings.append({"code": "record_unreadable", "file": name, "message": "the archive record cannot be read"})
             continue
         if entry.stored != name[: -len(RECORD_SUFFIX)]:
             findings.append({"code": "record_mismatch", "file": name, "message": f"names object {entry.stored}"})
             continue
-        problem = check_object(entry)
+        problem = checked.get(entry.stored)
         if problem:
             findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
         if ".conflict-" in name:

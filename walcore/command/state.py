@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..findings import Refused
 from ..limestone.check import finish, prepare
-from ..limestone.state import build_state
+from ..limestone.scan import scan_pwal
+from ..runner import LocalRunner, run_all
 
 
 class StateRefused(Refused):
     """The log cannot be trusted to give the whole state."""
 
 
-def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
-    """Rows (storage_id, key, value) as of the durable epoch; works on a crashed directory unrepaired.
+def _scan(unit: tuple[str, int]):
+    return scan_pwal(unit[0], unit[1])
+
+
+def directory_state(root: Path, *, runner=None, parquet=None) -> Iterator[tuple[int, bytes, bytes]]:
+    """Rows (storage_id, key, value) as of the durable epoch, sorted; works on a crashed directory unrepaired.
+    The files are judged first (on the runner), then the state is built there (and written as Parquet too when
+    `parquet` is given).
 
     Raises StateRefused when the log cannot be trusted to give the whole state (unrepairable, not
     checkable, or a compacted file the catalog names is missing).
     """
     root = Path(root)
+    runner = runner or LocalRunner()
     plan = prepare(root)
-    covered = set(plan.catalog.detached_pwals) if plan.catalog else set()
-    rows, scans = build_state(plan.pwal_paths, plan.report.durable_epoch, covered)
+    epoch = plan.report.durable_epoch
+    scans = {unit[0]: scan for unit, scan in run_all(runner, _scan, [(str(p), epoch) for p in plan.pwal_paths]).items()}
     report, _ = finish(plan, scans)
     if report.status in ("cannot_check", "unrepairable"):
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
@@ -30,4 +39,5 @@ def directory_state(root: Path) -> list[tuple[int, bytes, bytes]]:
         raise StateRefused(f"{root}: {report.status}: {why}", report.status)
     if lost := [f.message for f in report.findings if f.code == "missing_compacted_file"]:
         raise StateRefused(f"{root}: {'; '.join(lost)}", report.status)
-    return rows
+    covered = set(plan.catalog.detached_pwals) if plan.catalog else set()
+    return runner.state_rows(plan.pwal_paths, epoch, covered, parquet=parquet)

@@ -9,6 +9,7 @@ one sequential scan would give.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from ..limestone.check import LimestoneDir, LimestoneFile
 from ..limestone.layout import is_limestone_dir
 from ..limestone.layout import kind_of as limestone_kind
 from ..limestone.scan import scan_pwal
+from ..runner import LocalRunner, run_all
 from ..tarantool.layout import discover, kind_of
 
 if TYPE_CHECKING:  # the Tarantool reader (crc32c, zstandard) is imported only when there are Tarantool files
@@ -37,6 +39,8 @@ class Report:
     chains: list[Chain]
     dirs: list[LimestoneDir] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    checked_by: dict[str, str] = field(default_factory=dict)  # with a ledger: path -> "ledger" | "scan"
+    sha256: dict[str, str] = field(default_factory=dict)  # with a ledger: path -> the SHA-256 of its bytes
 
     @property
     def checkable(self) -> bool:
@@ -133,22 +137,13 @@ def _find(paths: list[Path]):
     return layout, sorted(unique.values())
 
 
-def _run_work(work: list[tuple], unit_bytes, jobs: int, tracker: Progress) -> dict[str, list]:
-    """Run work units, on a pool of processes when there is more than one unit and job; results by path."""
+def _run_work(work: list[tuple], unit_bytes, runner, tracker: Progress) -> dict[str, list]:
+    """Run work units on the runner, biggest first; results by path."""
+    done = run_all(runner, _run_unit, sorted(work, key=lambda u: -unit_bytes(u)),
+                   done=lambda unit: tracker.advance(unit_bytes(unit)))
     results: dict[str, list] = {}
-    if jobs > 1 and len(work) > 1:
-        from concurrent.futures import ProcessPoolExecutor, as_completed  # costs 20 ms: only when used
-
-        with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-            futures = {pool.submit(_run_unit, unit): unit for unit in sorted(work, key=lambda u: -unit_bytes(u))}
-            for future in as_completed(futures):
-                unit = futures[future]
-                results.setdefault(unit[1], []).append((unit, future.result()))
-                tracker.advance(unit_bytes(unit))
-    else:
-        for unit in work:
-            results.setdefault(unit[1], []).append((unit, _run_unit(unit)))
-            tracker.advance(unit_bytes(unit))
+    for unit, result in done.items():
+        results.setdefault(unit[1], []).append((unit, result))
     return results
 
 
@@ -171,41 +166,51 @@ def _unit_bytes(sizes: dict[str, int]):
     return unit_bytes
 
 
-def scan_tarantool(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> dict[str, TarantoolFile]:
-    """The verdict on each Tarantool file seen alone (no chain checks), by str(path), scanned over processes."""
+def scan_tarantool(paths: list[Path], *, runner=None, progress: bool = False) -> dict[str, TarantoolFile]:
+    """The verdict on each Tarantool file seen alone (no chain checks), by str(path), scanned on the runner."""
     from ..tarantool.check import file_verdict, in_progress_file
 
-    jobs = jobs or os.cpu_count() or 1
+    runner = runner or LocalRunner()
     sizes = {str(p): p.stat().st_size for p in paths}
-    work = _tarantool_units(paths, sizes, jobs)
+    work = _tarantool_units(paths, sizes, runner.parallelism)
     unit_bytes = _unit_bytes(sizes)
-    results = _run_work(work, unit_bytes, jobs, Progress(sum(map(unit_bytes, work)), progress))
+    results = _run_work(work, unit_bytes, runner, Progress(sum(map(unit_bytes, work)), progress))
     return {str(p): file_verdict(_join(str(p), [(u[2], u[3], r) for u, r in results[str(p)]]))
             if str(p) in results else in_progress_file(p, sizes[str(p)]) for p in paths}
 
 
-def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool = False) -> Report:
-    """Verify files and directories. Raises FileNotFoundError/PermissionError when a path cannot be read."""
+def verify_paths(paths: list[Path], *, runner=None, progress: bool = False, ledger: Ledger | None = None) -> Report:
+    """Verify files and directories. Raises FileNotFoundError/PermissionError when a path cannot be read.
+
+    With a ledger, a sealed Tarantool file whose bytes (by SHA-256) this walvault version verified clean before
+    is not scanned again, and each one scanned clean is recorded."""
+    runner = runner or LocalRunner()
     layout, roots = _find(paths)
     plans = [limestone_check.prepare(root) for root in roots]
-    jobs = jobs or os.cpu_count() or 1
     sizes = {str(p): p.stat().st_size for p in layout.files}
-    work = _tarantool_units(layout.files, sizes, jobs)
+    reports: dict[str, TarantoolFile] = {}
+    if ledger is not None and layout.files:
+        finished = [p for p in layout.files if (kind_of(p) or (None, True))[1] is False]  # no *.inprogress
+        reports.update(ledger.look_up(finished, runner))
+    work = _tarantool_units([p for p in layout.files if str(p) not in reports], sizes, runner.parallelism)
     for plan in plans:
         for p in plan.pwal_paths:
             sizes[str(p)] = p.stat().st_size
             work.append(("limestone", str(p), plan.report.durable_epoch))
     unit_bytes = _unit_bytes(sizes)
-    results = _run_work(work, unit_bytes, jobs, Progress(sum(map(unit_bytes, work)), progress))
-    reports: dict[str, TarantoolFile] = {}
+    results = _run_work(work, unit_bytes, runner, Progress(sum(map(unit_bytes, work)), progress))
     if layout.files:
         from ..tarantool.check import check_chains, check_vinyl, file_verdict, in_progress_file
     for p in layout.files:
         key = str(p)
+        if key in reports:
+            continue
         if key in results:
             reports[key] = file_verdict(_join(key, [(u[2], u[3], r) for u, r in results[key]]))
         else:
             reports[key] = in_progress_file(p, sizes[key])
+    if ledger is not None:
+        ledger.record(reports)
     for d in layout.data_dirs:
         check_vinyl(d, reports, layout.walked)
     chains = [c for d in layout.data_dirs for c in check_chains(d, reports)]
@@ -218,4 +223,64 @@ def verify_paths(paths: list[Path], *, jobs: int | None = None, progress: bool =
         dirs.append(report)
         files += ls_files
         ignored += [str(p) for p in plan.ignored]
-    return Report(files, chains, dirs, ignored)
+    return Report(files, chains, dirs, ignored, checked_by=ledger.checked_by if ledger else {},
+                  sha256=ledger.sha256 if ledger else {})
+
+
+def _hash_file(path: str) -> tuple[str, int, str | None]:
+    """SHA-256, size and instance (from the meta block) of a Tarantool file: its key in the ledger."""
+    from ..fsutil import read_chunks
+    from ..tarantool.meta import MetaError, parse_meta
+
+    digest, size, instance = hashlib.sha256(), 0, None
+    for chunk in read_chunks(Path(path)):
+        if size == 0:
+            try:
+                meta = parse_meta(chunk)
+                instance = meta.instance if meta is not None else None
+            except MetaError:
+                pass  # a damaged file: it is scanned, and its findings say why
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size, instance
+
+
+class Ledger:
+    """Incremental verification through the repository's ledger: verdicts keyed by the SHA-256 of the bytes.
+
+    Only Tarantool files: a limestone pwal file's verdict depends on the directory's durable epoch, not on its
+    bytes alone (and it is scanned at the speed of reading it)."""
+
+    def __init__(self, repo, *, full: bool = False):
+        self.repo, self.full = repo, full
+        self.keys: dict[str, tuple[str, int, str | None]] = {}
+        self.checked_by: dict[str, str] = {}  # path -> "ledger" | "scan"
+        self.sha256: dict[str, str] = {}
+
+    def look_up(self, paths: list[Path], runner) -> dict[str, TarantoolFile]:
+        """Hash the files (on the runner); the verdicts on record for the bytes of each, unless `full`."""
+        from ..tarantool.backup_set import verdict_from_record
+
+        self.keys = run_all(runner, _hash_file, [str(p) for p in paths])
+        found = {}
+        for path, (sha256, size, instance) in self.keys.items():
+            self.sha256[path] = sha256
+            record = None if self.full or instance is None else self.repo.ledger_verdict("tarantool", instance,
+                                                                                          sha256, size)
+            if record is not None:
+                found[path] = verdict_from_record(path, record)
+                self.checked_by[path] = "ledger"
+        return found
+
+    def record(self, reports: dict[str, TarantoolFile]) -> None:
+        """Put each file scanned clean and sealed (its EOF marker read: its bytes never change) in the ledger,
+        when the bytes hashed are the bytes scanned (a file that grew meanwhile is not recorded)."""
+        from ..tarantool.backup_set import verdict_record
+
+        for path, verdict in reports.items():
+            if path in self.checked_by:
+                continue
+            self.checked_by[path] = "scan"
+            key = self.keys.get(path)
+            if key and verdict.status == "ok" and verdict.eof and key[1] == verdict.size and key[2]:
+                self.repo.ledger_put("tarantool", key[2], key[0], verdict_record(verdict))

@@ -13,6 +13,7 @@ boundary, or a type byte turned into a header — and is unrepairable (tglogutil
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from ..findings import FindingList
 from .layout import blob_path
 from .pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE, DURABLE_EPOCH, ENTRY_NAMES, PUT, PUT_BLOB, REMOVE,
-                   REMOVE_STORAGE, SNIPPET_END, SNIPPET_HEADER, Broken, iter_entries, read_blob_ids)
+                   REMOVE_STORAGE, SNIPPET_END, SNIPPET_HEADER, Broken, Entry, iter_entries, read_blob_ids)
 
 # limestone's parse error codes, in its order of severity (the worst one per file wins).
 OK, REPAIRED, TOBE_CUT, BROKEN_AFTER_MARKED, NONDURABLE, BROKEN_AFTER, CORRUPTED, UNEXPECTED = (
@@ -238,6 +239,19 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
 def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
     """The walk of anything, entry by entry, following limestone's state machine (see the module doc)."""
     scan = PwalScan(str(path), os.path.getsize(path))
+    for e in _walk(path, durable_epoch, scan, with_data=on_durable is not None):
+        on_durable(e)
+    return scan
+
+
+def durable_entries(path, durable_epoch: int) -> Iterator[Entry]:
+    """Every data Entry (key and value included) of the durable snippets, in file order, as `on_durable` gets
+    them, one at a time (a consumer that keeps none holds one entry)."""
+    return _walk(path, durable_epoch, PwalScan(str(path), os.path.getsize(path)), with_data=True)
+
+
+def _walk(path, durable_epoch: int, scan: PwalScan, *, with_data: bool) -> Iterator[Entry]:
+    """Fill `scan`, yielding the durable data entries when `with_data`."""
     blobs = _BlobCheck(path, scan.missing_blobs)
     ld = durable_epoch
     valid, first, marked_before = True, True, False
@@ -278,7 +292,7 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
         findings.add("broken_tail", pos, f"{why}, in the snippet at {snip} (repairable: repair cancels the "
                      "snippet, repair --cut truncates the file there)")
 
-    for e in iter_entries(path, with_data=on_durable is not None):
+    for e in iter_entries(path, with_data=with_data):
         if type(e) is Broken:
             pos, kind = e.offset, e.type
             short = e.code == "short_entry"
@@ -314,8 +328,8 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
                              "must come (unrepairable)")
             elif valid:
                 scan.durable[kind] = scan.durable.get(kind, 0) + 1
-                if on_durable is not None:
-                    on_durable(e)
+                if with_data:
+                    yield e
                 if kind == PUT_BLOB:
                     blobs.check_ids_at(e.blob_ids_at, e.blob_count, e.offset)
         elif kind == SNIPPET_HEADER or kind == CANCELED_HEADER:
@@ -352,4 +366,3 @@ def _scan_exact(path, durable_epoch: int, on_durable=None) -> PwalScan:
             unclosed()
     scan.code, scan.repair_code = codes
     blobs.close()
-    return scan

@@ -49,6 +49,10 @@ class ObjectDamaged(RepositoryError):
     """A stored object whose bytes do not match what its manifest or record says."""
 
 
+class SourceUnreadable(RepositoryError):
+    """A source file could not be read (gone, replaced, an I/O error) while it was stored."""
+
+
 class SourceChanged(RepositoryError):
     """A source file changed while it was copied: its copy is not trusted."""
 
@@ -71,6 +75,10 @@ class BackupRecord:
     manifest: BackupManifest | None
     problem: str | None = None  # the manifest's main file was damaged (the copy was used), or neither is good
     complete: bool = True  # False: files without a manifest (an interrupted backup's leftovers)
+
+
+def is_backup_id(text: str) -> bool:
+    return bool(_BACKUP_ID.fullmatch(text))
 
 
 def check_instance(instance: str) -> str:
@@ -121,11 +129,21 @@ class Repository:
         counts = [0, 0]
         compressor = zstandard.ZstdCompressor(level=level, threads=threads).compressobj()
 
+        def read(f, size: int) -> bytes:
+            try:
+                return f.read(size)
+            except OSError as e:  # the source's error, not the repository's (the write would be blamed)
+                raise SourceUnreadable(f"cannot read the source file {path}: {e.strerror or e}") from None
+
         def chunks() -> Iterator[bytes]:
-            with open(path, "rb") as f:
+            try:
+                f = open(path, "rb")
+            except OSError as e:
+                raise SourceUnreadable(f"cannot read the source file {path}: {e.strerror or e}") from None
+            with f:
                 left = limit if limit is not None else None
                 while left is None or left > 0:
-                    data = f.read(READ_CHUNK if left is None else min(READ_CHUNK, left))
+                    data = read(f, READ_CHUNK if left is None else min(READ_CHUNK, left))
                     if not data:
                         break
                     if left is not None:
@@ -273,10 +291,20 @@ class Repository:
         except (FileNotFoundError, ManifestError):
             return None
 
+    def ledger_verdict(self, family: str, instance: str, sha256: str, size: int) -> dict | None:
+        """The verdict on record for these bytes when it can stand for a scan: clean, of the same size, and found
+        by this walvault version (a newer one may check more)."""
+        entry = self.ledger_get(family, instance, sha256)
+        verdict = (entry or {}).get("verdict")
+        if (not isinstance(verdict, dict) or entry.get("by") != walvault_version() or verdict.get("status") != "ok"
+                or verdict.get("size") != size):
+            return None
+        return verdict
+
     def ledger_put(self, family: str, instance: str, sha256: str, verdict: dict) -> None:
         self.storage.write_bytes(self.ledger_name(family, instance, sha256),
                                  encode_checked({"sha256": sha256, "verdict": verdict, "by": walvault_version()}))
 
 
-__all__ = ["Repository", "RepositoryError", "ObjectDamaged", "SourceChanged", "BackupRecord", "Stored",
+__all__ = ["Repository", "RepositoryError", "is_backup_id", "ObjectDamaged", "SourceChanged", "BackupRecord", "Stored",
            "check_name", "utc_now", "walvault_version"]

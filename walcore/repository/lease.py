@@ -33,7 +33,13 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # A killed process stays a zombie until its parent reaps it (a killed Spark job's driver, whose JVM parent
+    # died with it, waits for init): it holds nothing.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""What a verification found, kept in the repository: a per-file report as Parquet and a JSON summary.
+
+    reports/verify/<id>/files.parquet    one row per file (or stored object): status, findings, how it was checked
+    reports/verify/<id>/summary.json     the verdict, counts, chains and directories; written last, checksummed
+
+The summary is written after the Parquet file: a report directory without it is an interrupted one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+
+from ..repository import Repository, utc_now, walvault_version
+from ..repository.manifest import encode_checked
+
+SUMMARY = "summary.json"
+FILES = "files.parquet"
+
+
+def _report_dir(repo: Repository, started: float) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started))
+    return f"reports/verify/{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+def _files_table(rows: list[dict]):
+    import pyarrow as pa
+
+    finding = pa.struct([("code", pa.string()), ("offset", pa.int64()), ("message", pa.string()),
+                         ("file", pa.string())])
+    schema = pa.schema([("path", pa.string()), ("family", pa.string()), ("kind", pa.string()),
+                        ("status", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("blocks", pa.int64()),
+                        ("checked_by", pa.string()), ("sha256", pa.string()), ("instance", pa.string()),
+                        ("findings", pa.list_(finding))])
+    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema)
+
+
+def _write(repo: Repository, started: float, rows: list[dict], summary: dict) -> str:
+    import pyarrow.parquet as pq
+
+    where = _report_dir(repo, started)
+    buffer = io.BytesIO()
+    pq.write_table(_files_table(rows), buffer, compression="zstd")
+    repo.storage.write_bytes(f"{where}/{FILES}", buffer.getvalue())
+    summary = {"id": where.rsplit("/", 1)[1], "walvault": walvault_version(),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "finished": utc_now(),
+               "host": os.uname().nodename, "files_report": FILES, **summary}
+    repo.storage.write_bytes(f"{where}/{SUMMARY}", encode_checked(summary))
+    return where
+
+
+def write_source_report(repo: Repository, report, sources: list[str], started: float, runner: str) -> str:
+    """The report of `walvault verify PATH... --repo URL`; returns its directory in the repository."""
+    rows = []
+    for f in report.files:
+        out = f.to_json()
+        out["checked_by"] = report.checked_by.get(f.path, "scan")
+        out["sha256"] = report.sha256.get(f.path)
+        rows.append(out)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["checked_by"]] = counts.get(row["checked_by"], 0) + 1
+    verdict = "CANNOT_CHECK" if not report.checkable else "INTACT" if report.intact else "DAMAGED"
+    summary = {"what": "sources", "sources": sources, "runner": runner, "verdict": verdict,
+               "files": len(rows), "bytes": sum(r["size"] or 0 for r in rows), "checked_by": counts,
+               "damaged": [r["path"] for r in rows if r["status"] == "damaged"],
+               "chains": [c.to_json() for c in report.chains], "dirs": [d.to_json() for d in report.dirs]}
+    return _write(repo, started, rows, summary)
+
+
+def write_repository_report(repo: Repository, report, backup: str | None, started: float, runner: str) -> str:
+    """The report of `walvault verify --repo URL [BACKUP]`: a row per backup file and archived file."""
+    rows = [{"path": name, "family": name.split("/")[0], "kind": "object", "size": size,
+             "status": "damaged" if problem else "ok", "checked_by": "hash", "instance": name.split("/")[1],
+             "findings": [{"code": "object_damaged", "offset": None, "message": problem}] if problem else []}
+            for name, (size, problem) in sorted(report.checked.items())]
+    summary = {"what": "repository", "backup": backup, "runner": runner,
+               "verdict": "INTACT" if report.intact else "DAMAGED", "objects": report.objects, "bytes": report.bytes,
+               "backups": report.backups, "archive": report.archive, "leftovers": report.leftovers}
+    return _write(repo, started, rows, summary)
