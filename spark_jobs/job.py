@@ -1,0 +1,57 @@
+"""What every job does: read its plan, start Spark, run the walvault command with a SparkRunner."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def run(spark, job: str, plan: dict) -> int:
+    """Run a plan's command on a Spark session; with an `output` dir, leave there what it prints (`stdout`,
+    `stderr`) and `result.json` ({"exit"}), written last. Returns the command's exit code."""
+    from walcore.cli import main
+
+    from .plan import to_argv
+    from .runner import SparkRunner
+
+    argv = to_argv(plan, job)
+    output = plan.get("output")
+    if not output:
+        return main(argv, runner=SparkRunner(spark))
+    with open(os.path.join(output, "stdout"), "w", encoding="utf-8") as out, \
+            open(os.path.join(output, "stderr"), "w", encoding="utf-8") as err, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, runner=SparkRunner(spark))
+    from walcore.fsutil import write_atomic
+
+    write_atomic(Path(output) / "result.json", [json.dumps({"exit": code}).encode()])
+    return code
+
+
+def main(job: str, argv: list[str] | None = None) -> None:
+    from .plan import PlanError, load
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(f"usage: spark-submit spark_jobs/{job}.py PLAN_JSON|@PLAN_FILE", file=sys.stderr)
+        sys.exit(2)
+    try:
+        plan = load(argv[0])
+        from .plan import to_argv
+
+        to_argv(plan, job)  # a bad plan is refused before Spark starts
+    except (PlanError, OSError) as e:
+        print(f"walvault {job} job: bad plan: {e}", file=sys.stderr)
+        sys.exit(2)
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.appName(f"walvault-{job}").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        code = run(spark, job, plan)
+    finally:
+        spark.stop()
+    sys.exit(code)

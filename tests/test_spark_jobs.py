@@ -1,0 +1,552 @@
+"""The Spark jobs (spark_jobs/) against the commands they distribute: a real Spark session on local[2] (one per
+test worker, shared), `spark-submit` through `walvault ... --spark`, a killed job, and a real standalone
+cluster (master and worker from the pip package, on 127.0.0.1) running all three jobs.
+
+Every comparison is between the same command run by walcore's LocalRunner and by the Spark job on the same
+data: findings, manifests (modulo ids, times and where objects are stored), state rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import LIMESTONE_FIXTURES, S3_CREDENTIALS, TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, run_cli, \
+    walvault_command
+
+from walcore.cli import main as cli_main
+from walcore.command.state import directory_state
+from walcore.command.verify import verify_paths
+from walcore.repository import Repository
+from walcore.runner import LocalRunner
+from walcore.tarantool.writer import generate_wal
+
+pytestmark = pytest.mark.xdist_group("spark")  # one JVM per test worker is enough: these run on one worker
+
+SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+@pytest.fixture(scope="module")
+def spark():
+    # Executors take the environment their JVM started with: the loopback S3 server's credentials must be
+    # there before (as on a cluster, where they are in the workers' environment).
+    for key, value in {**SPARK_ENV, **S3_CREDENTIALS}.items():
+        os.environ.setdefault(key, value)
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("walvault-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def spark_runner(spark):
+    from spark_jobs.runner import SparkRunner
+
+    return SparkRunner(spark)
+
+
+def run_job(spark, job: str, plan: dict, tmp_path: Path) -> tuple[int, str, str]:
+    """A job as spark-submit runs it (spark_jobs.job.run), on the shared session: (exit, stdout, stderr)."""
+    from spark_jobs.job import run
+
+    out = tmp_path / f"job-{job}-{time.monotonic_ns()}"
+    out.mkdir()
+    code = run(spark, job, {**plan, "output": str(out)})
+    assert json.loads((out / "result.json").read_text()) == {"exit": code}
+    return code, (out / "stdout").read_text(), (out / "stderr").read_text()
+
+
+def run_local(argv: list[str]) -> tuple[int, str, str]:
+    """The same command without Spark, in process: (exit, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def without_report_line(stderr: str) -> str:
+    return re.sub(r"walvault: report written to \S+\n", "", stderr)
+
+
+def report_of(stderr: str) -> Path:
+    return Path(re.search(r"walvault: report written to (\S+)", stderr).group(1))
+
+
+def tarantool_copy(tmp_path: Path, name: str = "many-xlogs") -> Path:
+    return copy_tree(TARANTOOL_FIXTURES / name, tmp_path / name)
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_verify_job_prints_what_verify_prints(spark, tmp_path, as_json):
+    sources = [str(TARANTOOL_FIXTURES / n) for n in ("many-xlogs", "features", "concurrent")]
+    sources += [str(LIMESTONE_FIXTURES / n) for n in ("01-clean", "02-unfinished", "11-online-compaction")]
+    local = run_local(["verify", *sources] + (["--json"] if as_json else []))
+    spark_out = run_job(spark, "verify", {"sources": sources, "options": {"json": as_json}}, tmp_path)
+    assert spark_out == local
+    assert local[0] == 1  # 02-unfinished is repairable: a finding, so both say exit 1
+    if as_json:
+        report = json.loads(local[1])
+        assert len(report["files"]) > 60 and len(report["chains"]) == 3 and len(report["dirs"]) == 3
+
+
+@pytest.mark.parametrize("damage_at", ["start", "middle", "end"])
+def test_verify_job_cuts_big_files_into_ranges_and_merges_them_exactly(spark, tmp_path, monkeypatch, damage_at):
+    import walcore.command.verify as verify_mod
+
+    files = generate_wal(tmp_path / "wal", target_bytes=10 << 20, file_bytes=10 << 20)
+    big = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(big.read_bytes())
+    at = {"start": 4096, "middle": len(data) // 2, "end": len(data) - 3000}[damage_at]
+    data[at:at + 8] = b"\xff" * 8
+    big.write_bytes(bytes(data))
+    monkeypatch.setattr(verify_mod, "SPLIT_SIZE", 1 << 20)  # the cut is planned on the driver
+    units = []
+    real = verify_mod._tarantool_units
+    monkeypatch.setattr(verify_mod, "_tarantool_units", lambda *a: units.extend(real(*a)) or units)
+    distributed = verify_paths([tmp_path / "wal"], runner=spark_runner(spark)).to_json()
+    assert sum(1 for u in units if u[1] == str(big)) > 4, "the big file was not cut into ranges"
+    sequential = verify_paths([tmp_path / "wal"], runner=LocalRunner(1)).to_json()
+    assert distributed == sequential
+    damaged = [f for f in sequential["files"] if f["status"] == "damaged"]
+    assert [f["path"] for f in damaged] == [str(big)] and damaged[0]["findings"]
+
+
+def test_verify_job_is_incremental_through_the_ledger(spark, tmp_path, repo_target):
+    source = tarantool_copy(tmp_path)
+    argv = ["verify", str(source), *repo_target.cli, "--json"]
+    plan = {"sources": [str(source)], "repo": repo_target.url, "repo_options": repo_target.options,
+            "options": {"json": True}}
+    first = run_job(spark, "verify", plan, tmp_path)
+    second = run_job(spark, "verify", plan, tmp_path)
+    full = run_job(spark, "verify", {**plan, "options": {"json": True, "full": True}}, tmp_path)
+    local = run_local(argv)
+    assert first[0] == second[0] == full[0] == local[0] == 0
+    assert first[1] == second[1] == full[1] == local[1], "the ledger changed what verify says"
+
+    repo = repo_target.repository(create=False)
+    summaries = [_summary(repo, report_of(r[2])) for r in (first, second, full, local)]
+    sealed = sum(1 for f in json.loads(first[1])["files"] if f["status"] == "ok")
+    opened = sum(1 for f in json.loads(first[1])["files"] if f["status"] != "ok")
+    rescanned = {"ledger": sealed} | ({"scan": opened} if opened else {})  # an open xlog is read again
+    assert sealed > 30
+    assert summaries[0]["checked_by"] == {"scan": sealed + opened}
+    assert summaries[1]["checked_by"] == rescanned
+    assert summaries[2]["checked_by"] == {"scan": sealed + opened}  # --full
+    assert summaries[3]["checked_by"] == rescanned
+    assert [s["runner"] for s in summaries] == ["spark", "spark", "spark", "local"]
+    assert all(s["verdict"] == "INTACT" for s in summaries)
+
+    rows = _parquet_rows(repo, report_of(second[2]))
+    by_path = {r["path"]: r for r in rows}
+    assert set(by_path) == {f["path"] for f in json.loads(second[1])["files"]}
+    for f in json.loads(second[1])["files"]:
+        row = by_path[f["path"]]
+        assert (row["status"], row["size"], row["rows"]) == (f["status"], f["size"], f["rows"])
+        assert row["checked_by"] == ("ledger" if f["status"] == "ok" else "scan")
+        assert re.fullmatch(r"[0-9a-f]{64}", row["sha256"])
+
+
+def test_ledger_of_another_walvault_version_is_not_trusted(spark, tmp_path, monkeypatch):
+    source = tarantool_copy(tmp_path)
+    repo_url = str(tmp_path / "repo")
+    plan = {"sources": [str(source)], "repo": repo_url, "options": {"json": True}}
+    run_job(spark, "verify", plan, tmp_path)
+    import walcore.repository as repository
+
+    monkeypatch.setattr(repository, "walvault_version", lambda: "0.0.0-older")
+    code, _out, err = run_job(spark, "verify", plan, tmp_path)
+    assert code == 0
+    assert set(_summary(Repository(repo_url), report_of(err))["checked_by"]) == {"scan"}
+
+
+def _summary(repo: Repository, where: Path) -> dict:
+    from walcore.repository.manifest import decode_checked
+
+    return decode_checked(repo.storage.read_bytes(f"reports/verify/{where.name}/summary.json"), "summary")
+
+
+def _parquet_rows(repo: Repository, where: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(repo.storage.read_bytes(f"reports/verify/{where.name}/files.parquet"))).to_pylist()
+
+
+def test_damaged_file_among_many_is_reported_and_the_backup_refuses(spark, tmp_path):
+    source = tarantool_copy(tmp_path)
+    xlogs = sorted((source / "wal").glob("*.xlog"))
+    victim = xlogs[-2]  # in the backup set: the snapshot replays from it
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    repo_url = str(tmp_path / "repo")
+
+    code, out, err = run_job(spark, "verify", {"sources": [str(source)], "repo": repo_url,
+                                               "options": {"json": True}}, tmp_path)
+    assert code == 1, "the job itself succeeds; its verdict is a finding"
+    damaged = [f["path"] for f in json.loads(out)["files"] if f["status"] == "damaged"]
+    assert damaged == [str(victim)]
+    repo = Repository(repo_url)
+    assert _summary(repo, report_of(err))["damaged"] == [str(victim)]
+    assert [r["path"] for r in _parquet_rows(repo, report_of(err)) if r["status"] == "damaged"] == [str(victim)]
+
+    code, out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": repo_url}, tmp_path)
+    assert (code, out) == run_local(["backup", str(source), "--repo", repo_url])[:2] == (1, "")
+    assert victim.name in err and "not backed up" in err
+    assert repo.backups() == [] and not repo.storage.list("tarantool/" + _instance(source) + "/backups")
+
+
+def _instance(source: Path) -> str:
+    from walcore.tarantool.backup_set import instance_of
+
+    return instance_of(source)
+
+
+def test_verify_job_rehashes_the_repository_and_finds_a_damaged_object(spark, tmp_path):
+    source = tarantool_copy(tmp_path)
+    repo_url = str(tmp_path / "repo")
+    assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
+    plan = {"repo": repo_url, "options": {"json": True}}
+    clean = run_job(spark, "verify", plan, tmp_path)
+    assert clean[0] == 0 and json.loads(clean[1])["objects"] == 8
+    assert clean[1] == run_local(["verify", "--repo", repo_url, "--json"])[1]
+    stored = sorted(Path(repo_url).rglob("*.xlog.zst"))[0]
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 1
+    stored.write_bytes(bytes(data))
+    code, out, err = run_job(spark, "verify", {**plan, "backup": "latest"}, tmp_path)
+    assert (code, out) == run_local(["verify", "--repo", repo_url, "latest", "--json"])[:2]
+    assert code == 1
+    found = [f for b in json.loads(out)["backups"] for f in b["findings"]]
+    assert [(f["code"], f["file"]) for f in found] == [("object_damaged", f"wal/{stored.name[:-4]}")]
+    rows = _parquet_rows(Repository(repo_url), report_of(err))
+    assert [r["path"] for r in rows if r["status"] == "damaged"] == [stored.relative_to(repo_url).as_posix()]
+
+
+# --------------------------------------------------------------------------- backup
+
+
+def _comparable(manifest: dict) -> dict:
+    """A manifest without what differs between two backups of the same bytes: ids, times, object names."""
+    out = {k: v for k, v in manifest.items() if k not in ("id", "started", "finished", "parent", "sha256")}
+    # (a mutable file is copied to a spool first: its mtime is the copy's)
+    out["files"] = [{k: v for k, v in f.items() if k not in ("stored", "reference", "stored_sha256", "stored_size")
+                     and not (k == "mtime_ns" and f["mutable"])} for f in manifest["files"]]
+    out["source"] = {k: v for k, v in manifest["source"].items() if k != "path"}
+    return out
+
+
+def _manifests(repo: Repository) -> list[dict]:
+    return [r.manifest.to_json() for r in repo.backups()]
+
+
+def test_backup_job_stores_what_backup_stores(spark, tmp_path, repo_target):
+    source = tarantool_copy(tmp_path)
+    local_repo = tmp_path / "local-repo"
+    assert run_local(["backup", str(source), "--repo", str(local_repo)])[0] == 0
+    plan = {"sources": [str(source)], "repo": repo_target.url, "repo_options": repo_target.options,
+            "options": {"json": True}}
+    code, out, err = run_job(spark, "backup", plan, tmp_path)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["files"] == 8 and result["type"] == "full"
+    code, out, err = run_job(spark, "backup", {**plan, "options": {"json": True, "type": "incremental"}}, tmp_path)
+    assert code == 0, err
+    incremental = json.loads(out)
+    assert incremental["parent"] == result["id"] and incremental["stored_bytes"] < result["stored_bytes"]
+    assert run_local(["backup", str(source), "--repo", str(local_repo), "--type", "incremental"])[0] == 0
+
+    spark_side = [_comparable(m) for m in _manifests(repo_target.repository(create=False))]
+    local_side = [_comparable(m) for m in _manifests(Repository(str(local_repo)))]
+    assert json.dumps(spark_side, indent=1, sort_keys=True).splitlines() == \
+           json.dumps(local_side, indent=1, sort_keys=True).splitlines()
+
+    # and it restores, byte for byte
+    target = tmp_path / "restored"
+    code, _out, err = run_local(["restore", "latest", str(target), *repo_target.cli])
+    assert code == 0, err
+    assert_restored(target, source, incremental["files"])
+
+
+def assert_restored(target: Path, source: Path, count: int) -> None:
+    """Every restored file has its source's bytes (the sources here are stopped: nothing grew meanwhile)."""
+    restored = [p for p in target.rglob("*") if p.is_file()]
+    assert len(restored) == count
+    for f in restored:
+        assert f.read_bytes() == (source / f.relative_to(target)).read_bytes(), f
+
+
+def test_backup_job_of_limestone_equals_backup(spark, tmp_path):
+    source = copy_limestone_fixture("11-online-compaction", tmp_path)
+    local_repo, spark_repo = tmp_path / "a", tmp_path / "b"
+    assert run_local(["backup", str(source), "--repo", str(local_repo)])[0] == 0
+    code, _out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": str(spark_repo)}, tmp_path)
+    assert code == 0, err
+    assert [_comparable(m) for m in _manifests(Repository(str(spark_repo)))] == \
+           [_comparable(m) for m in _manifests(Repository(str(local_repo)))]
+
+
+def test_task_failing_on_one_file_fails_the_job_without_a_manifest(spark, tmp_path, monkeypatch):
+    from walcore.command import backup_tarantool
+
+    source = tarantool_copy(tmp_path)
+    victim = sorted((source / "wal").glob("*.xlog"))[-2]  # sealed, in the set
+    real = backup_tarantool.TarantoolPlan.candidates
+
+    def listed_then_replaced(self, parent):
+        found = real(self, parent)
+        victim.unlink()  # replaced after the driver listed it: the executor's task cannot read it
+        victim.mkdir()
+        return found
+
+    monkeypatch.setattr(backup_tarantool.TarantoolPlan, "candidates", listed_then_replaced)
+    repo_url = str(tmp_path / "repo")
+    code, out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": repo_url}, tmp_path)
+    assert (code, out) == (2, "")
+    assert "not backed up" in err and str(victim) in err, err
+    repo = Repository(repo_url)
+    assert repo.backups() == []
+    assert not any("/backups/" in n for n in repo.storage.list("tarantool")), "the failed backup left objects"
+
+
+def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path):
+    source = tmp_path / "data"
+    generate_wal(source, target_bytes=120 << 20, file_bytes=16 << 20)  # a snapshot and xlogs
+    repo = tmp_path / "repo"
+    env = {**os.environ, **SPARK_ENV}
+    proc = subprocess.Popen([*walvault_command(), "backup", str(source), "--repo", str(repo), "--spark", "local[2]",
+                             "--level", "19"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    deadline = time.monotonic() + 240
+    while not list(repo.glob("tarantool/*/backups/*/*.zst")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the job stored nothing in time"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # spark-submit, its JVM and the Python driver and workers with it
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the job ended before it was killed"
+    listed = json.loads(run_cli("backups", "--repo", str(repo), "--json").stdout)["backups"]
+    assert [b["status"] for b in listed] == ["incomplete"]
+
+    text = run_cli("backup", str(source), "--repo", str(repo), "--level", "1")
+    assert text.returncode == 0, text.stderr
+    assert f"removed the leftovers of interrupted backup {listed[0]['id']}" in text.stdout
+    after = json.loads(run_cli("backups", "--repo", str(repo), "--json").stdout)["backups"]
+    assert [b["status"] for b in after] == ["ok"]
+    assert run_cli("verify", "--repo", str(repo)).returncode == 0
+
+
+# --------------------------------------------------------------------------- limestone_state
+
+
+def _parquet_state(url: Path) -> list[tuple[int, bytes, bytes]]:
+    import pyarrow.parquet as pq
+
+    success = json.loads((url / "_SUCCESS.json").read_text())
+    rows = []
+    for part in success["parts"]:
+        table = pq.read_table(url / part["part"])
+        assert table.num_rows == part["rows"]
+        rows += [(r["storage_id"], r["key"], r["value"]) for r in table.to_pylist()]
+    assert len(rows) == success["rows"]
+    return rows
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in LIMESTONE_FIXTURES.iterdir() if p.is_dir()))
+def test_state_job_prints_what_state_prints_on_every_fixture(spark, tmp_path, fixture):
+    source = LIMESTONE_FIXTURES / fixture
+    local = run_local(["state", str(source)])
+    out = tmp_path / "state"
+    assert run_job(spark, "limestone_state", {"sources": [str(source)], "parquet": str(out)}, tmp_path) == local
+    assert local[0] == 0 and local[1]
+    rows = _parquet_state(out)
+    assert "".join(f"{s}\t{k.hex()}\t{v.hex()}\n" for s, k, v in rows) == local[1]
+
+
+def test_state_job_on_generated_workloads_equals_the_model(spark, tmp_path, monkeypatch):
+    from test_limestone_random import generate, state_dict, write_workload
+
+    import limestone_model as model
+    import spark_jobs.limestone_state as state_job
+
+    monkeypatch.setattr(state_job, "ROWS_PER_PARTITION", 7)  # many partitions: each holds a slice of the keys
+    checked = 0
+    for seed in range(60):
+        w, _tags = generate(seed)
+        exp = model.expect(w)
+        if exp.status == "unrepairable":
+            continue
+        root = tmp_path / f"log-{seed}"
+        write_workload(w, root)
+        out = tmp_path / f"state-{seed}"
+        from walcore.parquet import ParquetOutput
+
+        rows = list(directory_state(root, runner=spark_runner(spark), parquet=ParquetOutput(str(out))))
+        assert state_dict(rows) == exp.state, f"seed {seed}"
+        assert rows == list(directory_state(root)), f"seed {seed}"
+        parts = json.loads((out / "_SUCCESS.json").read_text())["parts"]
+        assert _parquet_state(out) == rows
+        if len(rows) > 14:
+            assert len(parts) > 1 and max(p["rows"] for p in parts) < len(rows), f"seed {seed}: one part holds all"
+        checked += 1
+    assert checked >= 40
+
+
+def test_state_job_refuses_what_state_refuses(spark, tmp_path):
+    from test_limestone_random import generate, write_workload
+
+    import limestone_model as model
+
+    for seed in range(200):
+        w, _tags = generate(seed)
+        if model.expect(w).status == "unrepairable":
+            break
+    root = tmp_path / "log"
+    write_workload(w, root)
+    local = run_local(["state", str(root)])
+    assert local[0] == 1 and "no state" in local[2]
+    assert run_job(spark, "limestone_state", {"sources": [str(root)]}, tmp_path) == local
+    out = tmp_path / "nonempty"
+    out.mkdir()
+    (out / "x").write_text("x")
+    local = run_local(["state", str(LIMESTONE_FIXTURES / "01-clean"), "--parquet", str(out)])
+    assert local[0] == 2 and "not empty" in local[2]
+    assert run_job(spark, "limestone_state", {"sources": [str(LIMESTONE_FIXTURES / "01-clean")],
+                                              "parquet": str(out)}, tmp_path) == local
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@pytest.mark.parametrize("plan, why", [
+    ({"sources": "x"}, "sources"),
+    ({"sources": ["a"], "colour": 1}, "unknown plan keys: colour"),
+    ({"sources": ["a"], "options": {"level": 3}}, "options"),
+    ({"backup": "latest"}, "repo"),
+    ({}, "sources"),
+    ({"job": "backup", "sources": ["a"]}, "job"),
+])
+def test_bad_plans_are_refused_naming_the_key(plan, why):
+    from spark_jobs.plan import PlanError, to_argv
+
+    with pytest.raises(PlanError, match=why):
+        to_argv(plan, "verify")
+
+
+def test_a_bad_plan_stops_the_job_before_spark_starts():
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "spark_jobs" / "verify.py"), "{"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "bad plan: the plan is not JSON" in proc.stderr
+
+
+# --------------------------------------------------------------------------- `--spark`: spark-submit
+
+
+def _both(*args, master: str = "local[2]") -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    env_args = dict(timeout=600)
+    return run_cli(*args, **env_args), run_cli(*args, "--spark", master, **env_args)
+
+
+def test_cli_spark_flag_prints_what_the_command_prints(tmp_path):
+    source = tarantool_copy(tmp_path)
+    limestone = copy_limestone_fixture("11-online-compaction", tmp_path)
+    # verify: text and exit code, on both families
+    plain, spark = _both("verify", str(source), str(limestone))
+    assert (spark.returncode, spark.stdout, spark.stderr) == (plain.returncode, plain.stdout, plain.stderr) \
+        == (0, plain.stdout, "")
+    # state: the TSV
+    plain, spark = _both("state", str(limestone))
+    assert (spark.returncode, spark.stdout) == (plain.returncode, plain.stdout) and plain.stdout.count("\n") == 6
+    # backup: the JSON, modulo id and times
+    plain, spark = _both("backup", str(source), "--repo", str(tmp_path / "repo"), "--json")
+    assert plain.returncode == spark.returncode == 0, spark.stderr
+    a, b = json.loads(plain.stdout), json.loads(spark.stdout)
+    for key in ("id", "started", "finished", "parent", "stored_bytes"):
+        a.pop(key), b.pop(key)
+    assert a == b
+
+
+# --------------------------------------------------------------------------- a standalone cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def standalone_cluster(tmp_path):
+    """A real Spark standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1; stopped after the test."""
+    spark_class = str(Path(sys.executable).parent / "spark-class")
+    env = {**os.environ, **SPARK_ENV, "SPARK_WORKER_DIR": str(tmp_path / "worker"),
+           "SPARK_LOG_DIR": str(tmp_path / "logs")}
+    port = _free_port()
+    logs = []
+    procs = []
+    for args in (["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                  "--webui-port", str(_free_port())],
+                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
+                  "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"]):
+        log = open(tmp_path / f"{args[0].rsplit('.', 1)[1]}.log", "wb")
+        logs.append(log)
+        procs.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      start_new_session=True))
+    try:
+        deadline = time.monotonic() + 90
+        while b"Successfully registered with master" not in (tmp_path / "Worker.log").read_bytes():
+            assert time.monotonic() < deadline, (tmp_path / "Worker.log").read_text()[-2000:]
+            assert all(p.poll() is None for p in procs), "the cluster did not start"
+            time.sleep(0.3)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        for log in logs:
+            log.close()
+
+
+def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
+    source = tarantool_copy(tmp_path)
+    limestone = copy_limestone_fixture("11-online-compaction", tmp_path)
+    repo = str(tmp_path / "repo")
+    # verify, with the ledger and the report in the repository
+    plain, spark = _both("verify", str(source), str(limestone), "--repo", repo, "--json", master=standalone_cluster)
+    assert (spark.returncode, spark.stdout) == (plain.returncode, plain.stdout) and plain.returncode == 0
+    summary = json.loads(Path(report_of(spark.stderr), "summary.json").read_text())
+    assert summary["runner"] == "spark" and summary["verdict"] == "INTACT"
+    # backup, restored byte for byte
+    spark = run_cli("backup", str(source), "--repo", repo, "--json", "--spark", standalone_cluster, timeout=600)
+    assert spark.returncode == 0, spark.stderr
+    target = tmp_path / "restored"
+    assert run_cli("restore", json.loads(spark.stdout)["id"], str(target), "--repo", repo).returncode == 0
+    assert_restored(target, source, json.loads(spark.stdout)["files"])
+    # limestone_state, its Parquet parts written by the worker's executors
+    out = tmp_path / "state"
+    plain, spark = _both("state", str(limestone), master=standalone_cluster)
+    assert (spark.returncode, spark.stdout) == (plain.returncode, plain.stdout) and plain.stdout
+    spark = run_cli("state", str(limestone), "--parquet", str(out), "--spark", standalone_cluster, timeout=600)
+    assert spark.stdout == plain.stdout
+    assert "".join(f"{s}\t{k.hex()}\t{v.hex()}\n" for s, k, v in _parquet_state(out)) == plain.stdout
+    # the jobs ran on the cluster: the worker started executors for them
+    assert len(list((tmp_path / "worker").iterdir())) >= 4
