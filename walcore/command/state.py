@@ -31,7 +31,8 @@ def directory_state(root: Path, *, runner=None, parquet=None) -> Iterator[tuple[
     runner = runner or LocalRunner()
     plan = prepare(root)
     epoch = plan.report.durable_epoch
-    scans = {unit[0]: scan for unit, scan in run_all(runner, _scan, [(str(p), epoch) for p in plan.pwal_paths]).items()}
+    results = run_all(runner, _scan, [(str(p), epoch) for p in plan.pwal_paths])
+    scans = {str(p): results[(str(p), epoch)] for p in plan.pwal_paths}  # in the files' order, not as they finished
     report, _ = finish(plan, scans)
     if report.status in ("cannot_check", "unrepairable"):
         why = "; ".join(f.message for s in scans.values() for f in s.findings) or "; ".join(
