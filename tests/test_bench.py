@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import require_tarantool
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -78,3 +79,16 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     assert nbytes + report["grow_bytes"] <= inc["bytes"] < nbytes + 2 * report["grow_bytes"]
     restore = steps["walvault restore (incremental + full)"]
     assert restore["files"] == files + 1 and restore["bytes"] == inc["bytes"] and restore["equal"] == [True, True]
+
+
+@pytest.mark.xdist_group("spark")
+def test_spark_bench_jobs_agree_with_the_command(tmp_path):
+    """Every run of the Spark verify job (local[1], local[2]) printed what `walvault verify` printed."""
+    report = _run("verify_spark.py", tmp_path, "--size-mb", "3", "--rounds", "1")
+    names = set(report["results"])
+    assert names == {"Spark start-up (verify job on one small xlog, local[2])", "walvault verify --jobs 1",
+                     "walvault verify (2 jobs)", "verify job, local[1]", "verify job, local[2]"}
+    for name, r in report["results"].items():
+        assert r["rc"] == [0] and len(r["runs"]) == 1, name
+    assert report["bytes"] >= 3 * 10**6 and report["startup_s"] > 0
+    assert set(report["ratios"]) >= {"local[2] over local[1] (scaling, target >= 1.7)"}
