@@ -21,8 +21,9 @@ def run(spark, job: str, plan: dict) -> int:
     output = plan.get("output")
     if not output:
         return main(argv, runner=SparkRunner(spark))
-    with open(os.path.join(output, "stdout"), "w", encoding="utf-8") as out, \
-            open(os.path.join(output, "stderr"), "w", encoding="utf-8") as err, \
+    # as the command's own streams: a file name that is not UTF-8 prints escaped
+    with open(os.path.join(output, "stdout"), "w", encoding="utf-8", errors="backslashreplace") as out, \
+            open(os.path.join(output, "stderr"), "w", encoding="utf-8", errors="backslashreplace") as err, \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv, runner=SparkRunner(spark))
     from walcore.fsutil import write_atomic

@@ -12,6 +12,7 @@ storages' clear versions (a few) and, when it prints the TSV, one partition at a
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from walcore.limestone.state import applied_files, file_records, is_live, newer
 
 ROWS_PER_PARTITION = 500_000
+PARTITION_BYTES = 64 << 20
 
 
 def state_rows(runner, pwal_paths: list[Path], durable_epoch: int, covered: set[str], *,
@@ -28,7 +30,8 @@ def state_rows(runner, pwal_paths: list[Path], durable_epoch: int, covered: set[
     from pyspark.sql.types import BinaryType, DecimalType, StructField, StructType
 
     spark, sc = runner.spark, runner.sc
-    files = [(str(p), n) for p, n in applied_files(pwal_paths, covered)]
+    # absolute: the executors' working directories are not the driver's
+    files = [(os.path.abspath(p), n) for p, n in applied_files(pwal_paths, covered)]
     # A clear is reduced with the writes, keyed by its storage alone: its version is the order of a write with
     # no value, so `newer` keeps the highest.
     records = sc.parallelize(files, max(1, len(files))).flatMap(
@@ -40,8 +43,10 @@ def state_rows(runner, pwal_paths: list[Path], durable_epoch: int, covered: set[
         lambda kv: (Decimal(kv[0][1]), kv[0][2], kv[1][1]))
     schema = StructType([StructField("storage_id", DecimalType(20, 0), False),
                          StructField("key", BinaryType(), False), StructField("value", BinaryType(), False)])
-    rows = live.count()
-    partitions = max(1, min(runner.parallelism * 4, math.ceil(rows / ROWS_PER_PARTITION)))
+    # Partitions of bounded size, however big the state: the driver prints the TSV one partition at a time.
+    rows, nbytes = live.map(lambda r: (1, len(r[1]) + len(r[2]) + 16)).fold((0, 0), lambda a, b: (a[0] + b[0],
+                                                                                               a[1] + b[1]))
+    partitions = max(1, math.ceil(rows / ROWS_PER_PARTITION), math.ceil(nbytes / PARTITION_BYTES))
     # Spark orders binary columns as unsigned bytes, as `walvault state` sorts keys; a u64 storage id does not
     # fit a long, so it travels as a decimal.
     frame = spark.createDataFrame(live, schema).repartitionByRange(partitions, "storage_id", "key") \

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 JOBS = {"verify": "verify", "backup": "backup", "limestone_state": "state"}
 OPTIONS = {"verify": ("full", "json", "progress"), "backup": ("type", "level", "wait", "connect", "json", "progress"),
@@ -37,21 +38,43 @@ def load(text: str) -> dict:
     return plan
 
 
-def to_argv(plan: dict, job: str) -> list[str]:
-    """The walvault command line a plan stands for."""
-    if plan.get("job", job) != job:
-        raise PlanError(f"job: the plan is for {plan.get('job')!r}, given to the {job} job")
-    unknown = set(plan) - {"job", "sources", "backup", "repo", "repo_options", "parquet", "options", "output"}
+_TYPES = {"job": str, "sources": list, "backup": str, "repo": str, "repo_options": dict, "parquet": str,
+          "options": dict, "output": str}
+_OPTION_TYPES = {"full": bool, "json": bool, "progress": bool, "type": str, "level": int, "wait": (int, float),
+                 "connect": str}
+
+
+def _check(plan: dict, job: str) -> None:
+    unknown = set(plan) - set(_TYPES)
     if unknown:
         raise PlanError(f"unknown plan keys: {', '.join(sorted(unknown))}")
-    sources = plan.get("sources") or []
-    if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
+    for key, kind in _TYPES.items():
+        if plan.get(key) is not None and not isinstance(plan[key], kind):
+            raise PlanError(f"{key}: a {kind.__name__}, not {type(plan[key]).__name__}")
+    if plan.get("job", job) != job:
+        raise PlanError(f"job: the plan is for {plan.get('job')!r}, given to the {job} job")
+    if not all(isinstance(s, str) and s for s in plan.get("sources") or []):
         raise PlanError("sources: a list of paths")
     options = plan.get("options") or {}
-    if not isinstance(options, dict) or set(options) - set(OPTIONS[job]):
+    if set(options) - set(OPTIONS[job]):
         raise PlanError(f"options: {job} takes {', '.join(OPTIONS[job]) or 'none'}")
+    for key, value in options.items():
+        kind = _OPTION_TYPES[key]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise PlanError(f"options.{key}: not a {getattr(kind, '__name__', 'number')}")
+    if plan.get("output") is not None and not os.path.isdir(plan["output"]):
+        raise PlanError(f"output: {plan['output']} is not a directory")
+
+
+def to_argv(plan: dict, job: str) -> list[str]:
+    """The walvault command line a plan stands for (options first, then `--` and the sources, so that no
+    source can be taken for an option)."""
+    _check(plan, job)
+    sources = plan.get("sources") or []
+    options = plan.get("options") or {}
     storage = [f"--repo-option={k}={json.dumps(v)}" for k, v in sorted((plan.get("repo_options") or {}).items())]
-    argv = [JOBS[job]]
+    flags: list[str] = []
+    positional = list(sources)
     if job == "verify":
         if plan.get("backup") and sources:
             raise PlanError("backup: verify either sources or a backup, not both")
@@ -59,26 +82,24 @@ def to_argv(plan: dict, job: str) -> list[str]:
             raise PlanError("repo: verifying a backup needs the repository")
         if not sources and not plan.get("repo"):
             raise PlanError("sources: verify needs sources, or a repository")
-        argv += sources + ([plan["backup"]] if plan.get("backup") else [])
-        argv += ["--full"] if options.get("full") else []
-    else:
-        if len(sources) != 1:
-            raise PlanError(f"sources: {job} takes one source directory")
-        argv += sources
-    if job in ("verify", "backup"):
-        if job == "backup" and not plan.get("repo"):
-            raise PlanError("repo: a backup needs the repository")
-        argv += ["--repo", plan["repo"], *storage] if plan.get("repo") else []
+        positional += [plan["backup"]] if plan.get("backup") else []
+        flags += ["--full"] if options.get("full") else []
+    elif len(sources) != 1:
+        raise PlanError(f"sources: {job} takes one source directory")
+    if job == "backup" and not plan.get("repo"):
+        raise PlanError("repo: a backup needs the repository")
+    if job in ("verify", "backup") and plan.get("repo"):
+        flags += [f"--repo={plan['repo']}", *storage]
     if job == "backup":
-        argv += ["--type", str(options.get("type", "full")), "--level", str(options.get("level", 3)),
-                 "--wait", str(options.get("wait", 0))]
-        argv += ["--connect", options["connect"]] if options.get("connect") else []
+        flags += [f"--type={options.get('type', 'full')}", f"--level={options.get('level', 3)}",
+                  f"--wait={options.get('wait', 0)}"]
+        flags += [f"--connect={options['connect']}"] if options.get("connect") else []
     if job == "limestone_state" and plan.get("parquet"):
-        argv += ["--parquet", plan["parquet"], *storage]
-    argv += ["--json"] if options.get("json") else []
+        flags += [f"--parquet={plan['parquet']}", *storage]
+    flags += ["--json"] if options.get("json") else []
     if "progress" in options:
-        argv += ["--progress" if options["progress"] else "--no-progress"]
-    return argv
+        flags += ["--progress" if options["progress"] else "--no-progress"]
+    return [JOBS[job], *flags, "--", *positional]
 
 
 def from_args(args) -> tuple[str, dict]:

@@ -3,12 +3,13 @@ printed, printed here (the same text or JSON, the same exit code). Nothing here 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 EXIT_CANNOT_CHECK = 2
@@ -25,11 +26,17 @@ def job_file(job: str) -> str:
 
 
 def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: dict | None = None) -> int:
-    """Run a job to its end; print what its command printed; its exit code (2 when the job could not run)."""
-    output = tempfile.mkdtemp(prefix=f"walvault-{job}-")
+    """Run a job to its end; print what its command printed; its exit code (2 when the job could not run).
+
+    The plan goes to a file of this process's own scratch directory (mode 0600: storage options may hold
+    secrets), removed at the end; a killed walvault's is removed by the next submission. Stopping walvault
+    (SIGINT, SIGTERM, SIGHUP) stops the job: spark-submit, its JVM and its Python driver, one process group."""
+    from walcore.fsutil import owned_tempdir
+
+    output = str(owned_tempdir("walvault-spark-"))
     try:
         plan_path = os.path.join(output, "plan.json")
-        fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # it may hold storage secrets
+        fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({**plan, "job": job, "output": output}, f)
         env = {**os.environ}
@@ -43,8 +50,7 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
         cmd += [job_file(job), "@" + plan_path]
         log_path = os.path.join(output, "spark.log")
         with open(log_path, "wb") as log:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=None if show_log else subprocess.STDOUT, env=env)
+            returncode = _run_job(cmd, env, log, show_log)
         result = os.path.join(output, "result.json")
         for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
             path = os.path.join(output, name)
@@ -55,7 +61,7 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
         if not os.path.exists(result):
             with open(log_path, encoding="utf-8", errors="backslashreplace") as f:
                 tail = [line.rstrip() for line in f.readlines()[-15:]]
-            print(f"walvault: the Spark {job} job on {master} ended with exit code {proc.returncode} before its "
+            print(f"walvault: the Spark {job} job on {master} ended with exit code {returncode} before its "
                   "command finished; the end of its log:", file=sys.stderr)
             for line in tail:
                 print(f"  {line}", file=sys.stderr)
@@ -64,6 +70,30 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
             return int(json.load(f)["exit"])
     finally:
         shutil.rmtree(output, ignore_errors=True)
+
+
+def _run_job(cmd: list[str], env: dict, log, show_log: bool) -> int:
+    """spark-submit in a process group of its own, stopped with walvault."""
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=None if show_log else subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: the job goes too
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def stream_flush() -> None:

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -439,6 +440,10 @@ def test_state_job_refuses_what_state_refuses(spark, tmp_path):
     ({"backup": "latest"}, "repo"),
     ({}, "sources"),
     ({"job": "backup", "sources": ["a"]}, "job"),
+    ({"sources": ["a"], "repo_options": ["x"]}, "repo_options: a dict"),
+    ({"backup": 5, "repo": "/r"}, "backup: a str"),
+    ({"sources": ["a"], "options": {"full": "yes"}}, "options.full"),
+    ({"sources": ["a"], "output": "/nonexistent/walvault"}, "output"),
 ])
 def test_bad_plans_are_refused_naming_the_key(plan, why):
     from spark_jobs.plan import PlanError, to_argv
@@ -550,3 +555,159 @@ def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
     assert "".join(f"{s}\t{k.hex()}\t{v.hex()}\n" for s, k, v in _parquet_state(out)) == plain.stdout
     # the jobs ran on the cluster: the worker started executors for them
     assert len(list((tmp_path / "worker").iterdir())) >= 4
+
+
+# --------------------------------------------------------------------------- the ledger's edges (found by review)
+
+
+def test_a_renamed_copy_of_a_verified_file_is_scanned_not_taken_from_the_ledger(tmp_path):
+    source = tarantool_copy(tmp_path)
+    repo = str(tmp_path / "repo")
+    assert run_local(["verify", str(source), "--repo", repo])[0] == 0
+    xlog = sorted((source / "wal").glob("*.xlog"))[1]
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for name in ("00000000000000000999.xlog", "00000000000000000123.snap"):
+        shutil.copy(xlog, renamed / name)
+    plain = run_local(["verify", str(renamed), "--json"])
+    with_ledger = run_local(["verify", str(renamed), "--repo", repo, "--json"])
+    assert with_ledger[:2] == plain[:2]
+    codes = {f["path"].rsplit("/", 1)[1]: {x["code"] for x in f["findings"]} for f in json.loads(plain[1])["files"]}
+    assert codes == {"00000000000000000999.xlog": {"name_mismatch"}, "00000000000000000123.snap": {"kind_mismatch"}}
+
+
+def test_a_file_replaced_between_its_hash_and_its_scan_is_not_recorded(tmp_path, monkeypatch):
+    import walcore.command.verify as verify_mod
+
+    source = tarantool_copy(tmp_path)
+    xlog = sorted((source / "wal").glob("*.xlog"))[1]
+    good = xlog.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x10
+    xlog.write_bytes(bytes(bad))
+    real = verify_mod._hash_file
+
+    def hashed_then_replaced(path: str):
+        key = real(path)
+        if path == str(xlog):  # the damaged bytes were hashed; the good ones are put in place before the scan
+            fresh = xlog.with_name("fresh")
+            fresh.write_bytes(good)
+            os.replace(fresh, xlog)
+        return key
+
+    monkeypatch.setattr(verify_mod, "_hash_file", hashed_then_replaced)
+    repo = str(tmp_path / "repo")
+    assert run_local(["verify", str(source), "--repo", repo, "--jobs", "1"])[0] == 0  # it scanned the good bytes
+    monkeypatch.setattr(verify_mod, "_hash_file", real)
+    xlog.write_bytes(bytes(bad))
+    code, out, _err = run_local(["verify", str(source), "--repo", repo, "--json"])
+    assert code == 1, "the damaged bytes were taken for verified ones"
+    assert [f["path"] for f in json.loads(out)["files"] if f["status"] == "damaged"] == [str(xlog)]
+
+
+def test_an_instance_no_repository_name_can_hold_is_scanned_and_not_recorded(tmp_path):
+    source = tarantool_copy(tmp_path)
+    xlog = sorted((source / "wal").glob("*.xlog"))[0]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    data = xlog.read_bytes()
+    instance = re.search(rb"Instance: (\S+)", data).group(1)
+    forged = b"../" + instance[3:]
+    (odd / xlog.name).write_bytes(data.replace(b"Instance: " + instance, b"Instance: " + forged, 1))
+    repo = str(tmp_path / "repo")
+    plain = run_local(["verify", str(odd), "--json"])
+    assert run_local(["verify", str(odd), "--repo", repo, "--json"])[:2] == plain[:2]
+    assert run_local(["verify", str(odd), "--repo", repo, "--json"])[:2] == plain[:2]  # nothing recorded to reuse
+    assert not list(Path(repo).rglob("ledger/*.json"))
+
+
+def test_a_read_only_repository_still_verifies_and_says_the_report_was_not_kept(tmp_path):
+    source = tarantool_copy(tmp_path)
+    repo = tmp_path / "repo"
+    assert run_local(["backup", str(source), "--repo", str(repo)])[0] == 0
+    assert run_local(["verify", str(source), "--repo", str(repo)])[0] == 0
+    if subprocess.run(["mount", "--bind", str(repo), str(repo)], capture_output=True).returncode:
+        pytest.skip("mount --bind is not permitted here")
+    try:
+        assert subprocess.run(["mount", "-o", "remount,bind,ro", str(repo)], capture_output=True).returncode == 0
+        for argv in (["verify", "--repo", str(repo)], ["verify", str(source), "--repo", str(repo)]):
+            code, out, err = run_local(argv)
+            assert code == 0 and "verdict: INTACT" in out, err
+            assert "warning: the report was not kept" in err and "Traceback" not in err
+    finally:
+        subprocess.run(["umount", "-l", str(repo)], check=False)
+
+
+def test_a_file_name_that_is_not_utf8_goes_into_the_report_escaped(tmp_path):
+    source = tarantool_copy(tmp_path)
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xff"))
+    shutil.copytree(source, odd)
+    repo = str(tmp_path / "repo")
+    code, out, err = run_local(["verify", str(odd), "--repo", repo])
+    assert code == 0 and "Traceback" not in err
+    rows = _parquet_rows(Repository(repo), report_of(err))
+    assert rows and all("bad\\xff" in r["path"] for r in rows)
+
+
+# --------------------------------------------------------------------------- `--spark` on the edges
+
+
+def test_command_line_errors_are_said_before_spark_starts():
+    started = time.monotonic()
+    for argv, message in ((["verify", "x", "--jobs", "0"], "--jobs must be at least 1"),
+                          (["verify"], "verify needs a PATH (or --repo URL to verify a repository)"),
+                          (["backup", "x", "--repo", "r", "--level", "30"], "--level is 1..19")):
+        spark_out = run_local([*argv, "--spark", "local[1]"])
+        assert spark_out == run_local(argv) == (2, "", f"walvault: {message}\n")
+    assert time.monotonic() - started < 5, "a JVM was started"
+
+
+def test_sources_that_look_like_options_are_sources():
+    from spark_jobs.plan import to_argv
+
+    argv = to_argv({"sources": ["-w", "--json"], "repo": "/r", "options": {"full": True}}, "verify")
+    assert argv == ["verify", "--full", "--repo=/r", "--", "-w", "--json"]
+
+
+def test_a_stopped_walvault_stops_its_job_and_leaves_no_plan(tmp_path):
+    import tempfile
+
+    data = tmp_path / "wal"
+    generate_wal(data, target_bytes=40 << 20, file_bytes=8 << 20)
+    proc = subprocess.Popen([*walvault_command(), "verify", str(data), "--spark", "local[1]"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **SPARK_ENV})
+    mine = Path(tempfile.gettempdir())
+    deadline = time.monotonic() + 60
+    while not list(mine.glob(f"walvault-spark-{proc.pid}-*/spark.log")) or \
+            b"SparkContext" not in b"".join(p.read_bytes() for p in mine.glob(f"walvault-spark-{proc.pid}-*/spark.log")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the job did not start"
+        time.sleep(0.1)
+    group = [int(p) for p in subprocess.run(["pgrep", "-f", f"walvault-spark-{proc.pid}-"], capture_output=True,
+                                            text=True).stdout.split()]
+    assert group, "no process of the job was found"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    from walcore.fsutil import pid_alive
+
+    assert not [p for p in group if pid_alive(p)], "the job went on without walvault"
+    assert not list(mine.glob(f"walvault-spark-{proc.pid}-*")), "its plan (which may hold secrets) was left"
+
+
+def test_scratch_directories_of_dead_processes_are_removed(tmp_path):
+    import tempfile
+
+    from walcore.fsutil import owned_tempdir
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    orphan = Path(tempfile.gettempdir()) / f"walvault-spool-{child.pid}-test"
+    orphan.mkdir()
+    (orphan / "00000000000000000001.xlog").write_bytes(b"x")
+    mine = owned_tempdir("walvault-spool-")
+    try:
+        assert not orphan.exists() and mine.is_dir() and mine.name.startswith(f"walvault-spool-{os.getpid()}-")
+        assert mine.is_dir()
+    finally:
+        shutil.rmtree(mine)

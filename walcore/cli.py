@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None, runner=None) -> int:
 
     parser = _parser()
     args = parser.parse_args(argv)
+    if wrong := _usage_error(args):
+        print(f"walvault: {wrong}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
     if getattr(args, "spark", None):
         if runner is not None:
             print("walvault: --spark inside a Spark job", file=sys.stderr)
@@ -147,11 +150,7 @@ def main(argv: list[str] | None = None, runner=None) -> int:
     if runner is None:
         from .runner import LocalRunner
 
-        jobs = getattr(args, "jobs", None)
-        if jobs is not None and jobs < 1:
-            print("walvault: --jobs must be at least 1", file=sys.stderr)
-            return EXIT_CANNOT_CHECK
-        runner = LocalRunner(jobs)
+        runner = LocalRunner(getattr(args, "jobs", None))
     args.runner = runner
     # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
     if hasattr(sys.stdout, "reconfigure"):
@@ -180,10 +179,25 @@ def main(argv: list[str] | None = None, runner=None) -> int:
         return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
 
 
+def _usage_error(args) -> str | None:
+    """What is wrong with a command line that argparse lets through (checked before anything runs, also before a
+    Spark job is submitted)."""
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        return "--jobs must be at least 1"
+    if getattr(args, "level", None) is not None and not 1 <= args.level <= 19:
+        return "--level is 1..19"
+    if args.command == "verify" and not args.paths and not args.repo:
+        return "verify needs a PATH (or --repo URL to verify a repository)"
+    if args.command == "verify" and args.repo and _names_backup(args.paths) and len(args.paths) > 1:
+        return "verify --repo takes at most one BACKUP"
+    if args.command == "repair" and args.cut and not args.apply:
+        return "--cut goes with --apply (without --apply nothing is changed anyway)"
+    if args.command == "rotate" and args.min_bytes < 0:
+        return "--min-bytes must not be negative"
+    return None
+
+
 def _verify(args) -> int:
-    if not args.paths:
-        print("walvault: verify needs a PATH (or --repo URL to verify a repository)", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
     from .command.verify import Ledger, verify_paths
 
     progress = _progress(args)
@@ -200,17 +214,18 @@ def _verify(args) -> int:
                                                    for q in (p, os.path.realpath(p)))]:
         print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
-    if repo is not None:
-        from .command.verify_report import write_source_report
-
-        where = write_source_report(repo, report, [str(p) for p in args.paths], started, args.runner.name)
-        print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
     if args.json:
         _print_json(report.to_json())
     else:
         from .text import render
 
         sys.stdout.write(render(report, detailed=args.command == "inspect", base=_common_base(args.paths)))
+    if repo is not None:
+        from .command.verify_report import write_source_report
+
+        for problem in report.ledger_problems:
+            print(f"walvault: warning: {problem}", file=sys.stderr)
+        _keep_report(repo, write_source_report, report, [str(p) for p in args.paths], started, args.runner.name)
     if not report.checkable:
         return EXIT_CANNOT_CHECK
     return EXIT_OK if report.intact else EXIT_FINDINGS
@@ -230,9 +245,6 @@ def _limestone_dir(path: Path) -> bool:
 def _rotate(args) -> int:
     from .command.rotate import rotate
 
-    if args.min_bytes < 0:
-        print("walvault: --min-bytes must not be negative", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
     result = rotate(args.dir, min_bytes=args.min_bytes)
@@ -251,9 +263,6 @@ def _rotate(args) -> int:
 def _repair(args) -> int:
     from .command.repair import apply_repair, plan_repair
 
-    if args.cut and not args.apply:
-        print("walvault: --cut goes with --apply (without --apply nothing is changed anyway)", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
     if not _limestone_dir(args.dir):
         return EXIT_CANNOT_CHECK
     plan = plan_repair(args.dir, cut=args.cut)
@@ -323,18 +332,9 @@ def _repository(args, create: bool = False):
     return Repository(args.repo, parse_options(args.repo_option), create=create)
 
 
-def _check_work_arguments(args) -> bool:
-    if not 1 <= args.level <= 19:
-        print("walvault: --level is 1..19", file=sys.stderr)
-        return False
-    return True
-
-
 def _archive(args) -> int:
     from .command.archive import archive
 
-    if not _check_work_arguments(args):
-        return EXIT_CANNOT_CHECK
     repo = _repository(args, create=True)
     result = archive(args.paths, repo, level=args.level, runner=args.runner, progress=_progress(args))
     if args.json:
@@ -356,8 +356,6 @@ def _archive(args) -> int:
 def _backup(args) -> int:
     from .command.backup import backup
 
-    if not _check_work_arguments(args):
-        return EXIT_CANNOT_CHECK
     repo = _repository(args, create=True)
     result = backup(args.source, repo, incremental=args.type == "incremental", connect=args.connect,
                     level=args.level, runner=args.runner, progress=_progress(args), wait=args.wait)
@@ -411,18 +409,10 @@ def _restore(args) -> int:
 def _verify_repo(args) -> int:
     from .command.repo_verify import verify_repository
 
-    if len(args.paths) > 1:
-        print("walvault: verify --repo takes at most one BACKUP", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
     repo = _repository(args)
     started = time.time()
     report = verify_repository(repo, str(args.paths[0]) if args.paths else None, runner=args.runner,
                                progress=_progress(args))
-    from .command.verify_report import write_repository_report
-
-    where = write_repository_report(repo, report, str(args.paths[0]) if args.paths else None, started,
-                                    args.runner.name)
-    print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
     if args.json:
         _print_json(report.to_json())
     else:
@@ -438,7 +428,25 @@ def _verify_repo(args) -> int:
             print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
         print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; verdict: "
               f"{'INTACT' if report.intact else 'DAMAGED'}")
+    from .command.verify_report import write_repository_report
+
+    _keep_report(repo, write_repository_report, report, str(args.paths[0]) if args.paths else None, started,
+                 args.runner.name)
     return EXIT_OK if report.intact else EXIT_FINDINGS
+
+
+def _keep_report(repo, write, *args) -> None:
+    """Keep a verification's report in the repository, after the verdict is out: a repository that cannot be
+    written (a read-only mount) does not stop a verification, it is said."""
+    from .repository import RepositoryError
+
+    sys.stdout.flush()
+    try:
+        where = write(repo, *args)
+    except RepositoryError as e:
+        print(f"walvault: warning: the report was not kept: {e}", file=sys.stderr)
+        return
+    print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
 
 
 def _names_backup(paths: list[Path]) -> bool:

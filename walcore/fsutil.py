@@ -1,10 +1,14 @@
 """Durable file operations: every write of walvault's is a temporary file, fsync, rename, and an
-fsync of the directory."""
+fsync of the directory. Scratch directories named after their owner's process, so that what a killed
+process left is found and removed by the next one."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,3 +52,40 @@ def file_sha256(path: Path) -> str:
         while data := f.read(1 << 20):
             h.update(data)
     return h.hexdigest()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host still runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed process stays a zombie until its parent reaps it (a killed Spark job's driver, whose JVM parent
+    # died with it, waits for init): it holds nothing.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def owned_tempdir(prefix: str) -> Path:
+    """A scratch directory `<tmp>/<prefix><pid>-<random>`; `remove_orphaned_tempdirs(prefix)` removes it once its
+    process is gone, whatever killed it."""
+    remove_orphaned_tempdirs(prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+
+
+def remove_orphaned_tempdirs(prefix: str) -> list[str]:
+    removed = []
+    base = tempfile.gettempdir()
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-[^/]+")
+    for name in os.listdir(base):
+        m = pattern.fullmatch(name)
+        path = os.path.join(base, name)
+        if m and not pid_alive(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 from ..findings import Refused
+from ..fsutil import owned_tempdir
 from ..repository import Repository
 from ..repository.manifest import BackupManifest
 from .backup import LEDGER_VERDICTS, Candidate
@@ -71,7 +71,7 @@ class TarantoolPlan:
             if f.mutable:
                 # The newest xlog may grow while it is read: copy what it holds now to a spool, judge that copy,
                 # and store exactly what was judged.
-                self.spool = self.spool or Path(tempfile.mkdtemp(prefix="walvault-spool-"))
+                self.spool = self.spool or owned_tempdir("walvault-spool-")  # a killed backup's is removed later
                 c.path = self.spool / Path(f.name).name
                 c.spooled = True
                 _copy_prefix(f.path, c.path)

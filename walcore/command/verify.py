@@ -41,6 +41,7 @@ class Report:
     ignored: list[str] = field(default_factory=list)
     checked_by: dict[str, str] = field(default_factory=dict)  # with a ledger: path -> "ledger" | "scan"
     sha256: dict[str, str] = field(default_factory=dict)  # with a ledger: path -> the SHA-256 of its bytes
+    ledger_problems: list[str] = field(default_factory=list)  # with a ledger: why it was not updated
 
     @property
     def checkable(self) -> bool:
@@ -224,14 +225,22 @@ def verify_paths(paths: list[Path], *, runner=None, progress: bool = False, ledg
         files += ls_files
         ignored += [str(p) for p in plan.ignored]
     return Report(files, chains, dirs, ignored, checked_by=ledger.checked_by if ledger else {},
-                  sha256=ledger.sha256 if ledger else {})
+                  sha256=ledger.sha256 if ledger else {}, ledger_problems=ledger.problems if ledger else [])
 
 
-def _hash_file(path: str) -> tuple[str, int, str | None]:
-    """SHA-256, size and instance (from the meta block) of a Tarantool file: its key in the ledger."""
+def _identity(path: str) -> tuple[int, int, int, int]:
+    """What changes when a file is written or replaced: inode, size, modification and change times."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _hash_file(path: str) -> tuple[str, int, str | None, tuple]:
+    """SHA-256, size and instance (from the meta block) of a Tarantool file — its key in the ledger — and its
+    identity before it was read."""
     from ..fsutil import read_chunks
     from ..tarantool.meta import MetaError, parse_meta
 
+    identity = _identity(path)
     digest, size, instance = hashlib.sha256(), 0, None
     for chunk in read_chunks(Path(path)):
         if size == 0:
@@ -242,39 +251,55 @@ def _hash_file(path: str) -> tuple[str, int, str | None]:
                 pass  # a damaged file: it is scanned, and its findings say why
         digest.update(chunk)
         size += len(chunk)
-    return digest.hexdigest(), size, instance
+    return digest.hexdigest(), size, instance, identity
 
 
 class Ledger:
     """Incremental verification through the repository's ledger: verdicts keyed by the SHA-256 of the bytes.
 
     Only Tarantool files: a limestone pwal file's verdict depends on the directory's durable epoch, not on its
-    bytes alone (and it is scanned at the speed of reading it)."""
+    bytes alone (and it is scanned at the speed of reading it). The ledger is an optimisation: when the
+    repository cannot be written, verification goes on and `problems` says why nothing was recorded."""
 
     def __init__(self, repo, *, full: bool = False):
         self.repo, self.full = repo, full
-        self.keys: dict[str, tuple[str, int, str | None]] = {}
+        self.keys: dict[str, tuple[str, int, str | None, tuple]] = {}
         self.checked_by: dict[str, str] = {}  # path -> "ledger" | "scan"
         self.sha256: dict[str, str] = {}
+        self.problems: list[str] = []
 
     def look_up(self, paths: list[Path], runner) -> dict[str, TarantoolFile]:
-        """Hash the files (on the runner); the verdicts on record for the bytes of each, unless `full`."""
+        """Hash the files (on the runner); the verdicts on record for the bytes of each, unless `full`. A verdict
+        stands for a scan only where the file's name agrees with it (a renamed copy is scanned: its name is
+        checked against its meta block)."""
+        from ..repository import check_instance
+        from ..repository.storage import UnsafeName
         from ..tarantool.backup_set import verdict_from_record
+        from ..tarantool.check import name_findings
 
         self.keys = run_all(runner, _hash_file, [str(p) for p in paths])
         found = {}
-        for path, (sha256, size, instance) in self.keys.items():
+        for path, (sha256, size, instance, identity) in self.keys.items():
             self.sha256[path] = sha256
+            try:
+                instance = check_instance(instance) if instance else None
+            except UnsafeName:
+                instance = None  # an Instance no repository name can hold: scanned, never recorded
+            self.keys[path] = (sha256, size, instance, identity)
             record = None if self.full or instance is None else self.repo.ledger_verdict("tarantool", instance,
                                                                                           sha256, size)
             if record is not None:
-                found[path] = verdict_from_record(path, record)
-                self.checked_by[path] = "ledger"
+                verdict = verdict_from_record(path, record)
+                if not name_findings(Path(path), verdict.kind, verdict.vclock):
+                    found[path] = verdict
+                    self.checked_by[path] = "ledger"
         return found
 
     def record(self, reports: dict[str, TarantoolFile]) -> None:
         """Put each file scanned clean and sealed (its EOF marker read: its bytes never change) in the ledger,
-        when the bytes hashed are the bytes scanned (a file that grew meanwhile is not recorded)."""
+        when the bytes scanned are the bytes hashed: the file is the one it was before it was hashed (not
+        written to, nor replaced, meanwhile)."""
+        from ..repository.storage import RepositoryError
         from ..tarantool.backup_set import verdict_record
 
         for path, verdict in reports.items():
@@ -282,5 +307,15 @@ class Ledger:
                 continue
             self.checked_by[path] = "scan"
             key = self.keys.get(path)
-            if key and verdict.status == "ok" and verdict.eof and key[1] == verdict.size and key[2]:
+            if not (key and verdict.status == "ok" and verdict.eof and key[1] == verdict.size and key[2]):
+                continue
+            try:
+                if _identity(path) != key[3]:
+                    continue
+            except OSError:
+                continue
+            try:
                 self.repo.ledger_put("tarantool", key[2], key[0], verdict_record(verdict))
+            except RepositoryError as e:
+                self.problems.append(f"the ledger was not updated: {e}")
+                return

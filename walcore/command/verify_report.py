@@ -34,7 +34,18 @@ def _files_table(rows: list[dict]):
                         ("status", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("blocks", pa.int64()),
                         ("checked_by", pa.string()), ("sha256", pa.string()), ("instance", pa.string()),
                         ("findings", pa.list_(finding))])
-    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema)
+    return pa.Table.from_pylist([{name: _text(row.get(name)) for name in schema.names} for row in rows], schema)
+
+
+def _text(value):
+    """A value for Parquet's UTF-8 strings: a file name that is not UTF-8 keeps its bytes as escapes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _text(v) for k, v in value.items()}
+    return value
 
 
 def _write(repo: Repository, started: float, rows: list[dict], summary: dict) -> str:

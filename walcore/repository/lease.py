@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ..fsutil import pid_alive
 from .storage import RepositoryError, Storage
 
 DEFAULT_TTL = 60.0
@@ -24,22 +25,6 @@ DEFAULT_TTL = 60.0
 
 class LeaseBusy(RepositoryError):
     """Another live process holds the lease."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed process stays a zombie until its parent reaps it (a killed Spark job's driver, whose JVM parent
-    # died with it, waits for init): it holds nothing.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 @dataclass
@@ -96,7 +81,7 @@ def stale(info: dict) -> bool:
     if info.get("expires", 0) < time.time():
         return True
     return info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) \
-        and not _pid_alive(info["pid"])
+        and not pid_alive(info["pid"])
 
 
 def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_TTL, wait: float = 0.0) -> Lease:

@@ -76,6 +76,20 @@ def in_progress_file(path: Path, size: int) -> TarantoolFile:
     return TarantoolFile(str(path), kind[0] if kind else None, "in_progress", size)
 
 
+def name_findings(path: Path, kind: str, vclock: Vclock | None) -> list[tuple[str, str]]:
+    """What a file's name says against its meta block's kind and vclock: (code, message) for each disagreement."""
+    found = []
+    named = kind_of(path)
+    if named and named[0] != kind:
+        found.append(("kind_mismatch", f"file is named .{named[0]} but its meta block says {kind.upper()}"))
+    number = name_number(path)
+    if vclock is not None and kind in ("xlog", "snap", "vylog") and number is not None \
+            and number != vclock_sum(vclock):
+        found.append(("name_mismatch", f"name says vclock sum {number}, meta VClock {format_vclock(vclock)} sums "
+                      f"to {vclock_sum(vclock)}"))
+    return found
+
+
 def file_verdict(scan: FileScan) -> TarantoolFile:
     """The verdict on one file seen alone (chain checks may add to it)."""
     span, meta = scan.span, scan.meta
@@ -83,14 +97,8 @@ def file_verdict(scan: FileScan) -> TarantoolFile:
     path = Path(scan.path)
     kind = scan.kind or (kind_of(path) or (None,))[0]
     if meta is not None:
-        named = kind_of(path)
-        if named and named[0] != meta.kind:
-            findings.add("kind_mismatch", 0, f"file is named .{named[0]} but its meta block says {meta.filetype}")
-        number = name_number(path)
-        if meta.vclock is not None and meta.kind in ("xlog", "snap", "vylog") and number is not None \
-                and number != vclock_sum(meta.vclock):
-            findings.add("name_mismatch", 0, f"name says vclock sum {number}, meta VClock "
-                         f"{format_vclock(meta.vclock)} sums to {vclock_sum(meta.vclock)}")
+        for code, message in name_findings(path, meta.kind, meta.vclock):
+            findings.add(code, 0, message)
         if meta.kind == "xlog":
             for comp, (first, *_rest) in sorted(span.lsns.items()):
                 expected = meta.vclock.get(comp, 0) + 1
