@@ -8,6 +8,7 @@ Generates (or reuses) real-format Tarantool files (the data of bench/verify_tara
   a. Spark's start-up: the verify job on one small xlog (`walvault verify X --spark local[2]`)
   b. `walvault verify --jobs 1`             c. `walvault verify` (both cores)
   d. `walvault verify --spark local[1]`     e. `walvault verify --spark local[2]`
+  (b and d pinned to core 0, their whole process trees, where taskset exists)
   with --cluster also a real standalone cluster on 127.0.0.1 (one-core workers):
   f. one worker                              g. two workers
 
@@ -108,13 +109,16 @@ def main() -> int:
     print(f"{len(files)} files, {nbytes / MB:,.0f} MB; {common.cores_and_load(os.getloadavg())}")
     for _ in common.chunks(files):  # warm the page cache
         pass
+    # One core is one core: the process tree of `--jobs 1` and of local[1] (Spark's JVM and driver included) is
+    # pinned to core 0 where taskset exists, else local[1] would use the second core for its JVM.
+    pin = common.taskset_core0()
     small = min((p for p in files if p.suffix == ".xlog"), key=lambda p: p.stat().st_size)
     readers = {
         "Spark start-up (verify job on one small xlog, local[2])":
             lambda: timed(walvault("verify", str(small), "--json", "--spark", "local[2]")),
-        "walvault verify --jobs 1": lambda: timed(walvault("verify", str(data), "--json", "--jobs", "1")),
+        "walvault verify --jobs 1": lambda: timed(pin + walvault("verify", str(data), "--json", "--jobs", "1")),
         "walvault verify (2 jobs)": lambda: timed(walvault("verify", str(data), "--json")),
-        "verify job, local[1]": lambda: timed(walvault("verify", str(data), "--json", "--spark", "local[1]")),
+        "verify job, local[1]": lambda: timed(pin + walvault("verify", str(data), "--json", "--spark", "local[1]")),
         "verify job, local[2]": lambda: timed(walvault("verify", str(data), "--json", "--spark", "local[2]")),
     }
     started = time.perf_counter()

@@ -51,6 +51,7 @@ def state_rows(runner, pwal_paths: list[Path], durable_epoch: int, covered: set[
     # fit a long, so it travels as a decimal.
     frame = spark.createDataFrame(live, schema).repartitionByRange(partitions, "storage_id", "key") \
         .sortWithinPartitions("storage_id", "key").persist(StorageLevel.MEMORY_AND_DISK)
+    frame.count()  # kept before `reduced` goes: else the files would be read again
     reduced.unpersist()
     if parquet is not None:
         parts = frame.rdd.mapPartitionsWithIndex(

@@ -73,27 +73,51 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
 
 
 def _run_job(cmd: list[str], env: dict, log, show_log: bool) -> int:
-    """spark-submit in a process group of its own, stopped with walvault."""
+    """spark-submit as a child that goes with walvault: in walvault's process group (a signal to the group reaches
+    the whole job), stopped with its children when walvault is stopped (SIGINT, SIGTERM, SIGHUP), and killed by
+    the kernel when walvault dies (its JVM then, and its Python driver, whose calls to the JVM fail)."""
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=None if show_log else subprocess.STDOUT,
-                            env=env, start_new_session=True)
     try:
-        return proc.wait()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=None if show_log else subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted: the job goes too
+                _stop_tree(proc.pid)
     finally:
-        if proc.poll() is None:  # interrupted: the job goes too
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _stop_tree(pid: int) -> None:
+    """A process and all its descendants: SIGTERM, then SIGKILL for what is left after 10 s."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def stream_flush() -> None:
