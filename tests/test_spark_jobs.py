@@ -222,16 +222,16 @@ def test_verify_job_rehashes_the_repository_and_finds_a_damaged_object(spark, tm
     source = tarantool_copy(tmp_path)
     repo_url = str(tmp_path / "repo")
     assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
-    plan = {"repo": repo_url, "options": {"json": True}}
+    plan = {"repo": repo_url, "options": {"json": True, "full": True}}
     clean = run_job(spark, "verify", plan, tmp_path)
     assert clean[0] == 0 and json.loads(clean[1])["objects"] == 8
-    assert clean[1] == run_local(["verify", "--repo", repo_url, "--json"])[1]
+    assert clean[1] == run_local(["verify", "--repo", repo_url, "--json", "--full"])[1]
     stored = sorted(Path(repo_url).rglob("*.xlog.zst"))[0]
     data = bytearray(stored.read_bytes())
     data[len(data) // 2] ^= 1
     stored.write_bytes(bytes(data))
     code, out, err = run_job(spark, "verify", {**plan, "backup": "latest"}, tmp_path)
-    assert (code, out) == run_local(["verify", "--repo", repo_url, "latest", "--json"])[:2]
+    assert (code, out) == run_local(["verify", "--repo", repo_url, "latest", "--json", "--full"])[:2]
     assert code == 1
     found = [f for b in json.loads(out)["backups"] for f in b["findings"]]
     assert [(f["code"], f["file"]) for f in found] == [("object_damaged", f"wal/{stored.name[:-4]}")]
@@ -711,3 +711,53 @@ def test_scratch_directories_of_dead_processes_are_removed(tmp_path):
         assert mine.is_dir()
     finally:
         shutil.rmtree(mine)
+
+
+# --------------------------------------------------------------------------- what stored objects hold
+
+
+def _forge_damaged_object(repo: Repository, tmp_path: Path) -> str:
+    """Replace the newest backup's own copy of a sealed xlog with damaged bytes whose hashes the manifest records
+    (what a walvault that missed the damage would have stored): only a scan of the content can find it."""
+    from walcore.repository.manifest import MANIFEST_NAME, save_checked
+
+    record = repo.backups()[-1]
+    manifest = record.manifest
+    entry = next(e for e in manifest.files if e.kind == "xlog" and not e.mutable and e.reference is None)
+    data = bytearray(b"".join(repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
+                                               stored_sha256=entry.stored_sha256)))
+    data[len(data) // 2] ^= 0x08
+    bad = tmp_path / "damaged.bin"
+    bad.write_bytes(bytes(data))
+    stored = repo.put_object(entry.stored, bad)
+    entry.sha256, entry.stored_sha256, entry.stored_size = stored.sha256, stored.stored_sha256, stored.stored_size
+    save_checked(repo.storage, f"{repo.backup_dir(manifest.family, manifest.instance, manifest.id)}/{MANIFEST_NAME}",
+                 manifest.to_json())
+    return entry.name
+
+
+def test_verify_of_the_repository_scans_what_objects_hold_and_uses_the_ledger(spark, tmp_path):
+    source = tarantool_copy(tmp_path)
+    repo_url = str(tmp_path / "repo")
+    assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
+    plan = {"repo": repo_url, "options": {"json": True}}
+    # the backup put its sealed files' verdicts in the ledger: the newest xlog and vylog (mutable) are scanned,
+    # and, being whole, recorded: the next verification scans nothing
+    code, out, _err = run_job(spark, "verify", plan, tmp_path)
+    assert code == 0 and json.loads(out)["checked_by"] == {"ledger": 6, "scan": 2}
+    code, out, _err = run_job(spark, "verify", plan, tmp_path)
+    assert code == 0 and json.loads(out)["checked_by"] == {"ledger": 8}
+    code, out, _err = run_job(spark, "verify", {**plan, "options": {"json": True, "full": True}}, tmp_path)
+    assert code == 0 and json.loads(out)["checked_by"] == {"scan": 8}
+    assert out == run_local(["verify", "--repo", repo_url, "--json", "--full"])[1]
+
+    name = _forge_damaged_object(Repository(repo_url), tmp_path)
+    code, out, err = run_job(spark, "verify", plan, tmp_path)
+    assert (code, out) == run_local(["verify", "--repo", repo_url, "--json"])[:2]
+    assert code == 1
+    found = [f for b in json.loads(out)["backups"] for f in b["findings"]]
+    assert [(f["code"], f["file"]) for f in found] == [("file_damaged", name)] * len(found) and found
+    assert "crc_mismatch" in found[0]["message"] or "bad_row" in found[0]["message"], found[0]
+    rows = _parquet_rows(Repository(repo_url), report_of(err))
+    damaged = [r for r in rows if r["status"] == "damaged"]
+    assert len(damaged) == 1 and damaged[0]["checked_by"] == "scan" and damaged[0]["findings"]

@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                              "with --repo and a backup id (or latest): that backup")
             _repo_arguments(cmd, required=False)
             cmd.add_argument("--full", action="store_true",
-                             help="with --repo and PATHs: scan every file, also those the ledger knows as verified")
+                             help="with --repo: scan every file, also those the ledger knows as verified")
             _spark_argument(cmd)
         else:
             cmd.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories")
@@ -412,7 +412,7 @@ def _verify_repo(args) -> int:
     repo = _repository(args)
     started = time.time()
     report = verify_repository(repo, str(args.paths[0]) if args.paths else None, runner=args.runner,
-                               progress=_progress(args))
+                               full=args.full, progress=_progress(args))
     if args.json:
         _print_json(report.to_json())
     else:
@@ -426,8 +426,9 @@ def _verify_repo(args) -> int:
                 print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
         for leftover in report.leftovers:
             print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
-        print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; verdict: "
-              f"{'INTACT' if report.intact else 'DAMAGED'}")
+        scanned, known = report.checked_by.get("scan", 0), report.checked_by.get("ledger", 0)
+        print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; {scanned} Tarantool files scanned, "
+              f"{known} verified before (ledger); verdict: {'INTACT' if report.intact else 'DAMAGED'}")
     from .command.verify_report import write_repository_report
 
     _keep_report(repo, write_repository_report, report, str(args.paths[0]) if args.paths else None, started,

@@ -1,11 +1,15 @@
-"""`verify --repo`: re-hash every stored object, check every manifest and chain, report what is missing or
-damaged (as pgBackRest's verify). Nothing is written here (the command keeps its report: verify_report)."""
+"""`verify --repo`: re-hash every stored object, scan the Tarantool files they hold (blocks, rows), check every
+manifest and chain, report what is missing or damaged (as pgBackRest's verify, and more). Nothing is written here (the command keeps its report: verify_report)."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import PurePosixPath
 
+from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
 from ..repository.manifest import FileEntry
 from ..runner import LocalRunner, run_all
@@ -20,7 +24,8 @@ class RepoReport:
     leftovers: list[str] = field(default_factory=list)  # interrupted backups: removed by the next backup
     objects: int = 0
     bytes: int = 0
-    checked: dict = field(default_factory=dict)  # stored object -> (size, its problem or None); not in the JSON
+    checked_by: dict = field(default_factory=dict)  # "scan" | "ledger" | "hash" -> objects checked so
+    checked: dict = field(default_factory=dict)  # stored object -> (size, problem, checked_by, findings); not in JSON
 
     @property
     def intact(self) -> bool:
@@ -32,8 +37,10 @@ class RepoReport:
         return {"intact": self.intact, **{k: v for k, v in self.__dict__.items() if k != "checked"}}
 
 
-def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=None,
+def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=None, full: bool = False,
                       progress: bool = False) -> RepoReport:
+    """Re-hash every stored object and, for Tarantool files, scan what it holds block by block and row by row,
+    unless the ledger knows those bytes as verified clean by this walvault version (`full`: scan them all)."""
     report = RepoReport()
     records = repo.backups()
     if backup_id is not None:
@@ -48,16 +55,19 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
     entries += [e for _names, found in archived.values() for name, e in found.items()
                 if e is not None and e.stored == name[: -len(RECORD_SUFFIX)]]
     # Each stored object is read once, however many backups reference it, on the runner's workers.
-    objects = {e.stored: (e.stored, e.size, e.sha256, e.stored_sha256) for e in entries}
+    objects = {e.stored: (e.stored, e.size, e.sha256, e.stored_sha256, e.name, e.kind) for e in entries}
     tracker = Progress(len(objects), sum(o[1] for o in objects.values()), progress, "verified")
-    results = run_all(runner or LocalRunner(), partial(check_object, repo), list(objects.values()), threads=True,
-                      done=lambda o: tracker.advance(o[1]))
-    checked = {o[0]: problem for o, problem in results.items()}  # stored object -> its problem (None: intact)
-    for name, problem in checked.items():
-        report.checked[name] = (objects[name][1], problem)
+    # Processes scan on every core; an object store's client (s3fs) is not safe across fork: threads there.
+    results = run_all(runner or LocalRunner(), partial(check_object, repo, full), list(objects.values()),
+                      threads=not repo.storage.local, done=lambda o: tracker.advance(o[1]))
+    checked = {o[0]: result[0] for o, result in results.items()}  # stored object -> its problem (None: intact)
+    scans = {o[0]: result[1] for o, result in results.items()}  # stored object -> findings of its scan, if any
+    for obj, (problem, found, checked_by) in results.items():
+        report.checked[obj[0]] = (obj[1], problem, checked_by, found)
         if problem is None:
             report.objects += 1
-            report.bytes += objects[name][1]
+            report.bytes += obj[1]
+            report.checked_by[checked_by] = report.checked_by.get(checked_by, 0) + 1
     for record in records:
         out = {"id": record.id, "family": record.family, "instance": record.instance, "status": "ok", "findings": []}
         if not record.complete and backup_id is None:
@@ -85,6 +95,9 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
                 problem = checked[entry.stored]
                 if problem:
                     findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
+                for f in scans[entry.stored] or []:
+                    findings.append({"code": "file_damaged", "file": entry.name,
+                                     "message": f"{f['code']} at {f['offset']}: {f['message']}"})
                 if entry.verification.get("status") not in ("ok", "open"):
                     findings.append({"code": "file_not_verified", "file": entry.name,
                                      "message": f"recorded as {entry.verification.get('status')}"})
@@ -94,21 +107,51 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
             out["status"] = "damaged"
         report.backups.append(out)
     for (family, instance), (names, found) in archived.items():
-        report.archive.append(_verify_archive(family, instance, names, found, checked))
+        report.archive.append(_verify_archive(family, instance, names, found, checked, scans))
     return report
 
 
-def check_object(repo: Repository, obj: tuple[str, int, str, str]) -> str | None:
-    """One unit of the work: a stored object re-read and checked against its recorded hashes; its problem."""
-    stored, size, sha256, stored_sha256 = obj
+SCANNED_KINDS = ("snap", "xlog", "vylog", "run", "index")
+
+
+def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, list[dict] | None, str]:
+    """One unit of the work: a stored object re-read and checked against its recorded hashes and, when it holds
+    a Tarantool file whose bytes the ledger does not know as verified (or `full`), scanned as `verify` scans a
+    file (from a local copy under its own name, so that its name is checked too). Returns its problem (None:
+    intact), the findings of the scan (None: not scanned), and how its content was checked."""
+    stored, size, sha256, stored_sha256, name, kind = obj
+    family, instance = stored.split("/")[:2]
+    scan = family == "tarantool" and kind in SCANNED_KINDS and (
+        full or repo.ledger_verdict(family, instance, sha256, size) is None)
+    checked_by = "scan" if scan else "ledger" if family == "tarantool" and kind in SCANNED_KINDS else "hash"
+    scratch = owned_tempdir("walvault-verify-") if scan else None
     try:
-        for _ in repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256):
-            pass
-        return None
-    except ObjectDamaged as e:
-        return str(e)
-    except RepositoryError as e:
-        return f"{stored}: {e}"
+        copy = scratch / PurePosixPath(name).name if scratch else None
+        try:
+            with open(copy, "wb") if copy else contextlib.nullcontext() as out:
+                for chunk in repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256):
+                    if out is not None:
+                        out.write(chunk)
+        except ObjectDamaged as e:
+            return str(e), None, checked_by
+        except RepositoryError as e:
+            return f"{stored}: {e}", None, checked_by
+        if copy is None:
+            return None, None, checked_by
+        from ..tarantool.backup_set import verdict_record
+        from ..tarantool.check import file_verdict
+        from ..tarantool.xlog import scan_file
+
+        verdict = file_verdict(scan_file(copy))
+        if verdict.status == "ok" and verdict.eof:
+            try:
+                repo.ledger_put(family, instance, sha256, verdict_record(verdict))
+            except RepositoryError:
+                pass  # a read-only repository: the scan stands, nothing is recorded
+        return None, [f.to_json() for f in verdict.findings], checked_by
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
@@ -118,7 +161,7 @@ def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list
 
 
 def _verify_archive(family: str, instance: str, names: list[str], records: dict[str, FileEntry | None],
-                    checked: dict[str, str | None]) -> dict:
+                    checked: dict[str, str | None], scans: dict[str, list | None]) -> dict:
     findings = []
     for name, entry in records.items():
         if entry is None:
@@ -130,6 +173,9 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
         problem = checked.get(entry.stored)
         if problem:
             findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
+        for f in scans.get(entry.stored) or []:
+            findings.append({"code": "file_damaged", "file": entry.name,
+                             "message": f"{f['code']} at {f['offset']}: {f['message']}"})
         if ".conflict-" in name:
             findings.append({"code": "conflict", "file": entry.name,
                              "message": "archived twice with other bytes; both are kept"})

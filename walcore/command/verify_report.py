@@ -84,9 +84,11 @@ def write_source_report(repo: Repository, report, sources: list[str], started: f
 def write_repository_report(repo: Repository, report, backup: str | None, started: float, runner: str) -> str:
     """The report of `walvault verify --repo URL [BACKUP]`: a row per backup file and archived file."""
     rows = [{"path": name, "family": name.split("/")[0], "kind": "object", "size": size,
-             "status": "damaged" if problem else "ok", "checked_by": "hash", "instance": name.split("/")[1],
-             "findings": [{"code": "object_damaged", "offset": None, "message": problem}] if problem else []}
-            for name, (size, problem) in sorted(report.checked.items())]
+             "status": "damaged" if problem or found else "ok", "checked_by": checked_by,
+             "instance": name.split("/")[1],
+             "findings": ([{"code": "object_damaged", "offset": None, "message": problem}] if problem else [])
+             + (found or [])}
+            for name, (size, problem, checked_by, found) in sorted(report.checked.items())]
     summary = {"what": "repository", "backup": backup, "runner": runner,
                "verdict": "INTACT" if report.intact else "DAMAGED", "objects": report.objects, "bytes": report.bytes,
                "backups": report.backups, "archive": report.archive, "leftovers": report.leftovers}
