@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -670,8 +671,6 @@ def test_sources_that_look_like_options_are_sources():
 
 
 def test_a_stopped_walvault_stops_its_job_and_leaves_no_plan(tmp_path):
-    import tempfile
-
     data = tmp_path / "wal"
     generate_wal(data, target_bytes=40 << 20, file_bytes=8 << 20)
     proc = subprocess.Popen([*walvault_command(), "verify", str(data), "--spark", "local[1]"],
@@ -696,8 +695,6 @@ def test_a_stopped_walvault_stops_its_job_and_leaves_no_plan(tmp_path):
 
 
 def test_scratch_directories_of_dead_processes_are_removed(tmp_path):
-    import tempfile
-
     from walcore.fsutil import owned_tempdir
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -761,3 +758,39 @@ def test_verify_of_the_repository_scans_what_objects_hold_and_uses_the_ledger(sp
     rows = _parquet_rows(Repository(repo_url), report_of(err))
     damaged = [r for r in rows if r["status"] == "damaged"]
     assert len(damaged) == 1 and damaged[0]["checked_by"] == "scan" and damaged[0]["findings"]
+
+
+def test_a_misnamed_stored_file_is_scanned_though_the_ledger_knows_its_bytes(tmp_path):
+    from walcore.repository.manifest import MANIFEST_NAME, save_checked
+
+    source = tarantool_copy(tmp_path)
+    repo_url = str(tmp_path / "repo")
+    assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
+    assert run_local(["verify", "--repo", repo_url])[0] == 0  # every file's bytes now on record
+    repo = Repository(repo_url)
+    manifest = repo.backups()[-1].manifest
+    entry = next(e for e in manifest.files if e.kind == "xlog" and not e.mutable)
+    entry.name = entry.name.rsplit("/", 1)[0] + "/00000000000000009999.xlog"
+    save_checked(repo.storage, f"{repo.backup_dir(manifest.family, manifest.instance, manifest.id)}/{MANIFEST_NAME}",
+                 manifest.to_json())
+    code, out, _err = run_local(["verify", "--repo", repo_url, "--json"])
+    assert code == 1
+    found = [f for b in json.loads(out)["backups"] for f in b["findings"]]
+    assert [(f["code"], f["file"]) for f in found] == [("file_damaged", entry.name)]
+    assert "name_mismatch" in found[0]["message"]
+    assert list(json.loads(out)["checked_by"]) == sorted(json.loads(out)["checked_by"])
+
+
+def test_an_object_that_cannot_be_copied_for_its_scan_is_named(tmp_path):
+    source = tarantool_copy(tmp_path)
+    repo_url = str(tmp_path / "repo")
+    assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
+    # 12 KiB of file size: the snapshot's copy (18 KB) cannot be written
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run(["bash", "-c", 'ulimit -f 12; exec "$@"', "-", *walvault_command(), "verify", "--repo",
+                           repo_url, "--full"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TMPDIR": str(scratch)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert ".snap.zst: cannot copy it to" in proc.stderr and "to scan it" in proc.stderr
+    assert not list(scratch.iterdir()), "a scratch copy was left"

@@ -7,7 +7,7 @@ import contextlib
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
@@ -68,6 +68,7 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
             report.objects += 1
             report.bytes += obj[1]
             report.checked_by[checked_by] = report.checked_by.get(checked_by, 0) + 1
+    report.checked_by = dict(sorted(report.checked_by.items()))  # one order, whatever order the objects ended in
     for record in records:
         out = {"id": record.id, "family": record.family, "instance": record.instance, "status": "ok", "findings": []}
         if not record.complete and backup_id is None:
@@ -121,12 +122,15 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     intact), the findings of the scan (None: not scanned), and how its content was checked."""
     stored, size, sha256, stored_sha256, name, kind = obj
     family, instance = stored.split("/")[:2]
-    scan = family == "tarantool" and kind in SCANNED_KINDS and (
-        full or repo.ledger_verdict(family, instance, sha256, size) is None)
+    base = PurePosixPath(name).name
+    if base in ("", ".", ".."):
+        base = f"file.{kind}"
+    scan = family == "tarantool" and kind in SCANNED_KINDS and (full or not _on_record(repo, instance, sha256,
+                                                                                       size, base))
     checked_by = "scan" if scan else "ledger" if family == "tarantool" and kind in SCANNED_KINDS else "hash"
     scratch = owned_tempdir("walvault-verify-") if scan else None
     try:
-        copy = scratch / PurePosixPath(name).name if scratch else None
+        copy = scratch / base if scratch else None
         try:
             with open(copy, "wb") if copy else contextlib.nullcontext() as out:
                 for chunk in repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256):
@@ -136,6 +140,8 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
             return str(e), None, checked_by
         except RepositoryError as e:
             return f"{stored}: {e}", None, checked_by
+        except OSError as e:  # the scratch copy (a full temporary directory): this object cannot be checked
+            raise RepositoryError(f"{stored}: cannot copy it to {scratch} to scan it: {e.strerror or e}") from None
         if copy is None:
             return None, None, checked_by
         from ..tarantool.backup_set import verdict_record
@@ -152,6 +158,19 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _on_record(repo: Repository, instance: str, sha256: str, size: int, base: str) -> bool:
+    """The ledger knows these bytes as verified clean, and the name they are stored under agrees with that verdict
+    (a misnamed copy is scanned, so that its name is checked)."""
+    from ..tarantool.backup_set import verdict_from_record
+    from ..tarantool.check import name_findings
+
+    record = repo.ledger_verdict("tarantool", instance, sha256, size)
+    if record is None:
+        return False
+    verdict = verdict_from_record(base, record)
+    return not name_findings(Path(base), verdict.kind, verdict.vclock)
 
 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
