@@ -20,10 +20,7 @@ share of each job's time that is Spark's start-up. Every reader's JSON must equa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from common import MB  # noqa: E402
 from verify_tarantool import clear_data, prepare_data  # noqa: E402
+
+from spark_jobs.cluster import standalone_cluster  # noqa: E402
 
 ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
@@ -54,45 +53,6 @@ def timed(cmd: list[str]) -> dict:
     if proc.returncode:
         print(f"!! {' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.decode(errors='replace')[-1500:]}")
     return {"runs": [seconds], "rc": [proc.returncode], "out": json.loads(proc.stdout) if proc.stdout.strip() else None}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def cluster(workers: int, scratch: Path):
-    """A real standalone master with `workers` one-core workers on 127.0.0.1."""
-    spark_class = str(Path(sys.executable).parent / "spark-class")
-    port = _free_port()
-    env = {**os.environ, **ENV, "SPARK_WORKER_DIR": str(scratch / "work")}
-    procs = []
-
-    def start(args: list[str], log: Path) -> None:
-        procs.append(subprocess.Popen([spark_class, *args], stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                                      env=env, start_new_session=True))
-
-    try:
-        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-               "--webui-port", str(_free_port())], scratch / "master.log")
-        logs = [scratch / f"worker-{i}.log" for i in range(workers)]
-        for log in logs:
-            start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", "2g",
-                   "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], log)
-        deadline = time.monotonic() + 120
-        while not all(b"Successfully registered" in log.read_bytes() for log in logs):
-            if time.monotonic() > deadline:
-                raise SystemExit("!! the standalone cluster did not start")
-            time.sleep(0.5)
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            p.wait()
 
 
 def main() -> int:
@@ -126,7 +86,7 @@ def main() -> int:
     if args.cluster:
         for workers in (1, 2):
             with tempfile.TemporaryDirectory(prefix="walvault-bench-cluster-") as scratch, \
-                    cluster(workers, Path(scratch)) as master:
+                    standalone_cluster(Path(scratch), workers=workers, cores=1, memory="2g") as master:
                 name = f"verify job, standalone cluster of {workers} one-core worker{'s' * (workers > 1)}"
                 results.update(common.interleave(
                     {name: lambda m=master: timed(walvault("verify", str(data), "--json", "--spark", m))}, args.rounds))

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -489,47 +488,13 @@ def test_cli_spark_flag_prints_what_the_command_prints(tmp_path):
 # --------------------------------------------------------------------------- a standalone cluster
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def standalone_cluster(tmp_path):
     """A real Spark standalone master and one worker (2 cores, 1 GiB) on 127.0.0.1; stopped after the test."""
-    spark_class = str(Path(sys.executable).parent / "spark-class")
-    env = {**os.environ, **SPARK_ENV, "SPARK_WORKER_DIR": str(tmp_path / "worker"),
-           "SPARK_LOG_DIR": str(tmp_path / "logs")}
-    port = _free_port()
-    logs = []
-    procs = []
-    for args in (["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                  "--webui-port", str(_free_port())],
-                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-                  "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"]):
-        log = open(tmp_path / f"{args[0].rsplit('.', 1)[1]}.log", "wb")
-        logs.append(log)
-        procs.append(subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                      start_new_session=True))
-    try:
-        deadline = time.monotonic() + 90
-        while b"Successfully registered with master" not in (tmp_path / "Worker.log").read_bytes():
-            assert time.monotonic() < deadline, (tmp_path / "Worker.log").read_text()[-2000:]
-            assert all(p.poll() is None for p in procs), "the cluster did not start"
-            time.sleep(0.3)
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        for log in logs:
-            log.close()
+    from spark_jobs.cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path, workers=1, cores=2) as master:
+        yield master
 
 
 def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
@@ -555,7 +520,7 @@ def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
     assert spark.stdout == plain.stdout
     assert "".join(f"{s}\t{k.hex()}\t{v.hex()}\n" for s, k, v in _parquet_state(out)) == plain.stdout
     # the jobs ran on the cluster: the worker started executors for them
-    assert len(list((tmp_path / "worker").iterdir())) >= 4
+    assert len(list((tmp_path / "work").iterdir())) >= 4
 
 
 # --------------------------------------------------------------------------- the ledger's edges (found by review)
