@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tracemalloc
 from array import array
 
 from walcore.limestone import writer
 from walcore.limestone.pwal import PUT_BLOB
-from walcore.limestone.scan import MISSING_BLOBS, scan_pwal
+from walcore.limestone.scan import MISSING_BLOBS
 from walcore.tarantool.writer import generate_wal
-from walcore.tarantool.xlog import scan_file
+
+
+def traced(imports: str, code: str) -> tuple[int, object]:
+    """Run `code` (which sets `result`) in a fresh interpreter under tracemalloc, after `imports`: (peak bytes,
+    result). Not in this process: tracemalloc counts every thread's allocations, and other tests leave threads
+    here (a Spark gateway, the S3 server)."""
+    import json
+
+    script = (f"import json, tracemalloc\n{imports}\ntracemalloc.start()\n" + code.strip() + "\n"
+              "print(json.dumps([tracemalloc.get_traced_memory()[1], result]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    peak, result = json.loads(proc.stdout)
+    return peak, result
 
 
 def test_memory_does_not_grow_with_file_size(tmp_path):
@@ -21,11 +33,10 @@ def test_memory_does_not_grow_with_file_size(tmp_path):
     large = generate_wal(tmp_path / "large", target_bytes=24 << 20, file_bytes=64 << 20, open_last=False)[-1]
     peaks = {}
     for name, path in (("small", small), ("large", large)):
-        tracemalloc.start()
-        scan = scan_file(path)
-        peaks[name] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert scan.span.eof and not scan.findings
+        peaks[name], result = traced("from walcore.tarantool.xlog import scan_file", f"""
+scan = scan_file({str(path)!r})
+result = [scan.span.eof, len(scan.findings)]""")
+        assert result == [True, 0]
     large_size = large.stat().st_size
     assert large_size > 3 * small.stat().st_size
     assert peaks["large"] < min(8 << 20, large_size / 4)
@@ -46,13 +57,11 @@ def test_memory_does_not_grow_with_a_huge_blob_count(tmp_path):
     log.close()
     pwal = tmp_path / "log" / "pwal_0000"
     assert pwal.stat().st_size > 8 * n
-    for on_durable in (None, lambda e: None):  # the fast walk, and the exact one
-        tracemalloc.start()
-        scan = scan_pwal(pwal, 1, on_durable)
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert scan.durable == {PUT_BLOB: 1} and scan.findings == []
-        assert sorted(scan.missing_blobs) == list(range(1, MISSING_BLOBS + 1))
+    for on_durable in ("None", "lambda e: None"):  # the fast walk, and the exact one
+        peak, result = traced("from walcore.limestone.scan import scan_pwal", f"""
+scan = scan_pwal({str(pwal)!r}, 1, {on_durable})
+result = [scan.durable, len(scan.findings), sorted(scan.missing_blobs)]""")
+        assert result == [{str(PUT_BLOB): 1}, 0, list(range(1, MISSING_BLOBS + 1))]
         assert peak < 4 << 20, peak  # the ids alone are 16 MB; as Python ints in a tuple, 80 MB more
 
 
