@@ -104,6 +104,7 @@ def to_argv(plan: dict, job: str) -> list[str]:
 
 def from_args(args) -> tuple[str, dict]:
     """The job and plan of a walvault command line given `--spark`."""
+    from walcore.cli import names_backup
     from walcore.repository.storage import parse_options
 
     progress = getattr(args, "progress", None)
@@ -112,8 +113,8 @@ def from_args(args) -> tuple[str, dict]:
     if args.command == "verify":
         job = "verify"
         paths = [str(p) for p in args.paths]
-        names_backup = bool(args.repo) and len(paths) == 1 and _is_backup(paths[0])
-        plan.update(sources=[] if names_backup else paths, backup=paths[0] if names_backup else None, repo=args.repo)
+        backup = bool(args.repo) and names_backup(args.paths)  # the command line said one BACKUP at most
+        plan.update(sources=[] if backup else paths, backup=paths[0] if backup else None, repo=args.repo)
         options.update(full=args.full, json=args.json)
     elif args.command == "backup":
         job = "backup"
@@ -127,8 +128,3 @@ def from_args(args) -> tuple[str, dict]:
     plan["options"] = options
     return job, plan
 
-
-def _is_backup(text: str) -> bool:
-    from walcore.repository import is_backup_id
-
-    return text == "latest" or is_backup_id(text)

@@ -64,7 +64,5 @@ class SparkRunner:
 
         try:
             return state_rows(self, pwal_paths, durable_epoch, covered, parquet=parquet)
-        except WorkFailed:
-            raise
-        except Exception as e:
+        except Exception as e:  # py4j's error
             raise job_error(e) from None

@@ -25,7 +25,7 @@ def job_file(job: str) -> str:
     return str(Path(__file__).with_name(f"{job}.py"))
 
 
-def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: dict | None = None) -> int:
+def submit(job: str, plan: dict, master: str, *, show_log: bool = False) -> int:
     """Run a job to its end; print what its command printed; its exit code (2 when the job could not run).
 
     The plan goes to a file of this process's own scratch directory (mode 0600: storage options may hold
@@ -45,8 +45,6 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         cmd = [spark_submit(), "--master", master, "--name", f"walvault-{job}",
                "--conf", f"spark.ui.showConsoleProgress={'true' if show_log else 'false'}"]
-        for key, value in (conf or {}).items():
-            cmd += ["--conf", f"{key}={value}"]
         cmd += [job_file(job), "@" + plan_path]
         log_path = os.path.join(output, "spark.log")
         with open(log_path, "wb") as log:
@@ -57,7 +55,8 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False, conf: d
             if os.path.exists(path):
                 with open(path, encoding="utf-8", errors="backslashreplace") as f:
                     shutil.copyfileobj(f, stream)
-        stream_flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         if not os.path.exists(result):
             with open(log_path, encoding="utf-8", errors="backslashreplace") as f:
                 tail = [line.rstrip() for line in f.readlines()[-15:]]
@@ -118,11 +117,6 @@ def _stop_tree(pid: int) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(alive, timeout=10)
-
-
-def stream_flush() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def submit_command(args) -> int:

@@ -660,16 +660,19 @@ def test_a_stopped_walvault_stops_its_job_and_leaves_no_plan(tmp_path):
 
 
 def test_scratch_directories_of_dead_processes_are_removed(tmp_path):
-    from walcore.fsutil import owned_tempdir
-
+    """The first scratch dir a process (a new walvault run) makes removes those its dead predecessors left."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     orphan = Path(tempfile.gettempdir()) / f"walvault-spool-{child.pid}-test"
     orphan.mkdir()
     (orphan / "00000000000000000001.xlog").write_bytes(b"x")
-    mine = owned_tempdir("walvault-spool-")
+    made = subprocess.run([sys.executable, "-c", "import os; from walcore.fsutil import owned_tempdir; "
+                           "print(os.getpid(), owned_tempdir('walvault-spool-'))"],
+                          capture_output=True, text=True, timeout=60)
+    pid, mine = made.stdout.split()
+    mine = Path(mine)
     try:
-        assert not orphan.exists() and mine.is_dir() and mine.name.startswith(f"walvault-spool-{os.getpid()}-")
+        assert not orphan.exists() and mine.is_dir() and mine.name.startswith(f"walvault-spool-{pid}-")
         assert mine.is_dir()
     finally:
         shutil.rmtree(mine)

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, runner=None) -> int:
 
     not_done = _NOT_DONE.get(args.command, "cannot check")
     try:
-        if args.command == "verify" and args.repo and (not args.paths or _names_backup(args.paths)):
+        if args.command == "verify" and args.repo and (not args.paths or names_backup(args.paths)):
             return _verify_repo(args)
         if args.command in ("inspect", "verify"):
             return _verify(args)
@@ -188,7 +188,7 @@ def _usage_error(args) -> str | None:
         return "--level is 1..19"
     if args.command == "verify" and not args.paths and not args.repo:
         return "verify needs a PATH (or --repo URL to verify a repository)"
-    if args.command == "verify" and args.repo and _names_backup(args.paths) and len(args.paths) > 1:
+    if args.command == "verify" and args.repo and names_backup(args.paths) and len(args.paths) > 1:
         return "verify --repo takes at most one BACKUP"
     if args.command == "repair" and args.cut and not args.apply:
         return "--cut goes with --apply (without --apply nothing is changed anyway)"
@@ -450,7 +450,7 @@ def _keep_report(repo, write, *args) -> None:
     print(f"walvault: report written to {repo.display}/{where}", file=sys.stderr)
 
 
-def _names_backup(paths: list[Path]) -> bool:
+def names_backup(paths: list) -> bool:
     """With --repo, PATHs are sources, unless the one given is a backup id or `latest`."""
     from .repository import is_backup_id
 

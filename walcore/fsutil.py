@@ -71,10 +71,15 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+_swept: set[str] = set()  # prefixes whose orphans this process has removed already
+
+
 def owned_tempdir(prefix: str) -> Path:
     """A scratch directory `<tmp>/<prefix><pid>-<random>`; `remove_orphaned_tempdirs(prefix)` removes it once its
-    process is gone, whatever killed it."""
-    remove_orphaned_tempdirs(prefix)
+    process is gone, whatever killed it (run here the first time a process makes one of that prefix)."""
+    if prefix not in _swept:
+        _swept.add(prefix)
+        remove_orphaned_tempdirs(prefix)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
 
 

@@ -7,7 +7,7 @@ import contextlib
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
@@ -15,6 +15,7 @@ from ..repository.manifest import FileEntry
 from ..runner import LocalRunner, run_all
 from .archive import RECORD_SUFFIX, _load_record
 from .backup import Progress
+from .verify import recorded_verdict
 
 
 @dataclass
@@ -125,8 +126,8 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     base = PurePosixPath(name).name
     if base in ("", ".", ".."):
         base = f"file.{kind}"
-    scan = family == "tarantool" and kind in SCANNED_KINDS and (full or not _on_record(repo, instance, sha256,
-                                                                                       size, base))
+    scan = family == "tarantool" and kind in SCANNED_KINDS and (
+        full or recorded_verdict(repo, instance, sha256, size, base) is None)
     checked_by = "scan" if scan else "ledger" if family == "tarantool" and kind in SCANNED_KINDS else "hash"
     scratch = owned_tempdir("walvault-verify-") if scan else None
     try:
@@ -158,19 +159,6 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _on_record(repo: Repository, instance: str, sha256: str, size: int, base: str) -> bool:
-    """The ledger knows these bytes as verified clean, and the name they are stored under agrees with that verdict
-    (a misnamed copy is scanned, so that its name is checked)."""
-    from ..tarantool.backup_set import verdict_from_record
-    from ..tarantool.check import name_findings
-
-    record = repo.ledger_verdict("tarantool", instance, sha256, size)
-    if record is None:
-        return False
-    verdict = verdict_from_record(base, record)
-    return not name_findings(Path(base), verdict.kind, verdict.vclock)
 
 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:

@@ -254,6 +254,20 @@ def _hash_file(path: str) -> tuple[str, int, str | None, tuple]:
     return digest.hexdigest(), size, instance, identity
 
 
+def recorded_verdict(repo, instance: str, sha256: str, size: int, path: str) -> TarantoolFile | None:
+    """The verdict the ledger holds for these bytes, standing for a scan of the file at `path` — None unless it is
+    on record and the file's name agrees with it (a renamed copy is scanned: its name is checked against its meta
+    block)."""
+    from ..tarantool.backup_set import verdict_from_record
+    from ..tarantool.check import name_findings
+
+    record = repo.ledger_verdict("tarantool", instance, sha256, size)
+    if record is None:
+        return None
+    verdict = verdict_from_record(path, record)
+    return None if name_findings(Path(path), verdict.kind, verdict.vclock) else verdict
+
+
 class Ledger:
     """Incremental verification through the repository's ledger: verdicts keyed by the SHA-256 of the bytes.
 
@@ -269,13 +283,9 @@ class Ledger:
         self.problems: list[str] = []
 
     def look_up(self, paths: list[Path], runner) -> dict[str, TarantoolFile]:
-        """Hash the files (on the runner); the verdicts on record for the bytes of each, unless `full`. A verdict
-        stands for a scan only where the file's name agrees with it (a renamed copy is scanned: its name is
-        checked against its meta block)."""
+        """Hash the files (on the runner); the verdicts on record for the bytes of each, unless `full`."""
         from ..repository import check_instance
         from ..repository.storage import UnsafeName
-        from ..tarantool.backup_set import verdict_from_record
-        from ..tarantool.check import name_findings
 
         self.keys = run_all(runner, _hash_file, [str(p) for p in paths])
         found = {}
@@ -286,13 +296,11 @@ class Ledger:
             except UnsafeName:
                 instance = None  # an Instance no repository name can hold: scanned, never recorded
             self.keys[path] = (sha256, size, instance, identity)
-            record = None if self.full or instance is None else self.repo.ledger_verdict("tarantool", instance,
-                                                                                          sha256, size)
-            if record is not None:
-                verdict = verdict_from_record(path, record)
-                if not name_findings(Path(path), verdict.kind, verdict.vclock):
-                    found[path] = verdict
-                    self.checked_by[path] = "ledger"
+            verdict = None if self.full or instance is None else recorded_verdict(self.repo, instance, sha256,
+                                                                                  size, path)
+            if verdict is not None:
+                found[path] = verdict
+                self.checked_by[path] = "ledger"
         return found
 
     def record(self, reports: dict[str, TarantoolFile]) -> None:
