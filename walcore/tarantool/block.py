@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 
 import crc32c as _crc32c
 import zstandard
@@ -118,12 +119,23 @@ def encode_fixheader(compressed: bool, payload) -> bytes:
     return bytes(out)
 
 
-_decompressor = zstandard.ZstdDecompressor()
+# One (de)compressor per thread: zstandard's objects must not be used by two threads at once (it crashes the
+# process). Archive and backup run verification and row-time reads on threads.
+_local = threading.local()
+
+
+def _zstd(kind: str):
+    obj = getattr(_local, kind, None)
+    if obj is None:
+        obj = zstandard.ZstdDecompressor() if kind == "d" else zstandard.ZstdCompressor(
+            level=3, write_content_size=False, write_checksum=False)
+        setattr(_local, kind, obj)
+    return obj
 
 
 def decompress(payload) -> bytes:
     """Decompress a zstd block. Tarantool's frames carry no content size, so a streaming object is needed."""
-    dobj = _decompressor.decompressobj()
+    dobj = _zstd("d").decompressobj()
     try:
         data = dobj.decompress(payload)
     except zstandard.ZstdError as e:
@@ -135,9 +147,6 @@ def decompress(payload) -> bytes:
     return data
 
 
-_compressor = zstandard.ZstdCompressor(level=3, write_content_size=False, write_checksum=False)
-
-
 def compress(payload) -> bytes:
     """zstd level 3 without content size or checksum, as Tarantool writes it."""
-    return _compressor.compress(payload)
+    return _zstd("c").compress(payload)
