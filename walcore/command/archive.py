@@ -228,8 +228,8 @@ def _verdict_record(item: _Item) -> dict:
 
 def _range(item: _Item) -> dict:
     if item.family == "tarantool":
-        from .backup_tarantool import _vclock_range
+        from .backup_tarantool import file_range
 
-        return _vclock_range(item.verdict)
+        return file_range(item.verdict, item.path)
     return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
 

@@ -1,0 +1,58 @@
+"""The time range of a file's rows: the first row's timestamp and the last one's.
+
+Retention judges an xlog by the log's own time (the rows' timestamps), never by its name or mtime. Only the
+first and the last block are decoded: the blocks between are stepped over by their fixed headers, so the
+cost is one small read per block whatever the file's size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .block import EOF_MAGIC, FIXHEADER_SIZE, decompress, parse_fixheader, tarantool_crc32c
+from .meta import MAX_META_SIZE, parse_meta
+from .row import TIMESTAMP, RowError, iter_rows
+
+
+def row_times(path: Path | str, *, stop: int | None = None) -> list[float] | None:
+    """[first, last] row timestamp of a checked file (of its blocks before byte `stop`), or None when its rows
+    carry none. ValueError when a block it decodes is damaged (a file that verified clean has none)."""
+    with open(path, "rb") as f:
+        meta = parse_meta(f.read(MAX_META_SIZE))
+        if meta is None:
+            raise ValueError(f"{path}: no meta block")
+        size = f.seek(0, 2) if stop is None else stop
+        pos, first_block, last_block = meta.size, None, None
+        while pos + FIXHEADER_SIZE <= size:
+            f.seek(pos)
+            head = f.read(FIXHEADER_SIZE)
+            if head[:4] == EOF_MAGIC:
+                break
+            _compressed, length, _crc = parse_fixheader(head)
+            first_block = pos if first_block is None else first_block
+            last_block = pos
+            pos += FIXHEADER_SIZE + length
+        if first_block is None:
+            return None
+        first = _block_times(f, first_block, path)
+        last = first if last_block == first_block else _block_times(f, last_block, path)
+    if first is None or last is None:
+        return None
+    return [first[0], last[1]]
+
+
+def _block_times(f, pos: int, path) -> tuple[float, float] | None:
+    f.seek(pos)
+    compressed, length, crc = parse_fixheader(f.read(FIXHEADER_SIZE))
+    payload = f.read(length)
+    if len(payload) < length or tarantool_crc32c(payload) != crc:
+        raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC")
+    stamps = []
+    try:
+        for row in iter_rows(decompress(payload) if compressed else payload, require_lsn=False):
+            stamp = row.header.get(TIMESTAMP)
+            if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+                stamps.append(float(stamp))
+    except RowError as e:
+        raise ValueError(f"{path}: block at {pos}: {e}") from None
+    return (min(stamps), max(stamps)) if stamps else None
