@@ -88,6 +88,36 @@ def _parser() -> argparse.ArgumentParser:
                      help="wait this long for another backup or expiry of the source to finish (default: fail)")
     _work_arguments(cmd)
     _spark_argument(cmd)
+    cmd = sub.add_parser("snapshot", help="store a verified snapshot that covers the log up to a recorded position",
+                         description="Tarantool: the newest checkpoint (.snap and its vinyl files; --connect first "
+                         "runs box.snapshot()). limestone: a compacted file built from the archived pwal files and "
+                         "the previous snapshot, in limestone's format, never in the source directory. Retention "
+                         "deletes only what such a snapshot covers.")
+    cmd.add_argument("source", type=Path, metavar="SOURCE")
+    _repo_arguments(cmd)
+    cmd.add_argument("--connect", metavar="URI",
+                     help="a running Tarantool ([user:password@]host:port): box.snapshot() first, then its checkpoint")
+    cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                     help="wait this long for another backup, snapshot or expiry of the source to finish")
+    _work_arguments(cmd)
+    cmd = sub.add_parser("expire", help="retention: delete what a verified snapshot covers, outside the recovery "
+                         "window (prints the plan unless --apply)",
+                         description="Keep every point of the last N days restorable: delete archived log files "
+                         "and backups only when the newest verified snapshot at or before the window's start covers "
+                         "them. Without --apply only the plan is printed and nothing is written.")
+    _repo_arguments(cmd)
+    cmd.add_argument("--days", metavar="N", help="the recovery window in days (1..36500); default: the policy "
+                     "stored in the repository (walvault policy)")
+    cmd.add_argument("--as-of", metavar="TIME", help="judge as if it were this time (ISO 8601 UTC, or @unix "
+                     "seconds; default: now)")
+    cmd.add_argument("--apply", action="store_true", help="carry out the plan")
+    cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                     help="wait this long for a backup, snapshot or expiry of a source to finish")
+    cmd.add_argument("--json", action="store_true")
+    cmd = sub.add_parser("policy", help="show, or with --days store, the repository's retention policy")
+    _repo_arguments(cmd)
+    cmd.add_argument("--days", metavar="N", help="store this recovery window (days, 1..36500)")
+    cmd.add_argument("--json", action="store_true")
     cmd = sub.add_parser("backups", help="list the repository's backups, oldest first")
     _repo_arguments(cmd)
     cmd.add_argument("--json", action="store_true")
@@ -126,7 +156,8 @@ def _work_arguments(cmd) -> None:
 
 # What stderr says first when a command that writes or trusts a directory does not go ahead.
 _NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state", "archive": "not archived",
-             "backup": "not backed up", "restore": "not restored", "backups": "cannot list"}
+             "backup": "not backed up", "restore": "not restored", "backups": "cannot list",
+             "snapshot": "no snapshot", "expire": "nothing expired", "policy": "no policy"}
 
 
 def main(argv: list[str] | None = None, runner=None) -> int:
@@ -194,7 +225,26 @@ def _usage_error(args) -> str | None:
         return "--cut goes with --apply (without --apply nothing is changed anyway)"
     if args.command == "rotate" and args.min_bytes < 0:
         return "--min-bytes must not be negative"
+    if args.command in ("expire", "policy") and args.days is not None:
+        from .command.expire import check_days
+
+        try:
+            check_days(args.days)
+        except ValueError as e:
+            return f"--days: {e}"
+    if args.command == "expire" and args.as_of is not None and _as_of(args.as_of) is None:
+        return f"--as-of {args.as_of!r} is not a time (ISO 8601 UTC, or @unix seconds)"
     return None
+
+
+def _as_of(text: str) -> float | None:
+    from .tarantool.pitr import parse_point
+
+    try:
+        point = parse_point(text)
+    except ValueError:
+        return None
+    return point.time
 
 
 def _verify(args) -> int:
@@ -369,6 +419,86 @@ def _backup(args) -> int:
             print(f"removed the leftovers of interrupted backup {leftover}")
         print(f"backup {m.id} ({m.type}{', parent ' + m.parent if m.parent else ''}) of {m.family} {m.instance}: "
               f"{len(m.files)} files, {m.bytes:,} bytes, {m.stored_bytes:,} stored; restores to {m.position}")
+    return EXIT_OK
+
+
+def _snapshot(args) -> int:
+    from .command.snapshot import snapshot
+
+    repo = _repository(args, create=True)
+    result = snapshot(args.source, repo, connect=args.connect, level=args.level, runner=args.runner,
+                      progress=_progress(args), wait=args.wait)
+    m = result.manifest
+    covers = m.checks.get("snapshot", {})
+    if args.json:
+        _print_json({**result.to_json(), "covers": covers})
+    else:
+        for note in result.notes:
+            print(f"note: {note}")
+        if m.family == "tarantool":
+            reach = f"vclock {covers.get('vclock')}"
+        else:
+            reach = (f"epoch {covers.get('epoch')}: {len(covers.get('folded', []))} pwal files folded now, "
+                     f"{len(covers.get('detached', []))} in all")
+        print(f"snapshot {m.id} of {m.family} {m.instance}: {len(m.files)} files, {m.bytes:,} bytes, "
+              f"{m.stored_bytes:,} stored; covers the log up to {reach}")
+    return EXIT_OK
+
+
+def _expire(args) -> int:
+    from .command.expire import NoPolicy, expire, iso, resolve_policy
+
+    repo = _repository(args)
+    try:
+        days = resolve_policy(repo, args.days)
+    except NoPolicy as e:
+        print(f"walvault: nothing expired: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    as_of = _as_of(args.as_of) if args.as_of else None
+    result = expire(repo, days, as_of=as_of, apply=args.apply, wait=args.wait)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(f"policy: keep every point of the last {days} days, as of {iso(result.as_of)}")
+        for s in result.sources:
+            anchor = s.anchor
+            print(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
+                                                   if anchor else "UNCOVERED: no verified snapshot at or before the "
+                                                   "window's start; nothing of it is deleted"))
+            for item in s.delete:
+                print(f"  {'deleted' if args.apply and item in s.delete[:s.deleted] else 'delete'}  {item.path}: "
+                      f"{item.reason}")
+            print(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in _count(k["reason"] for k in s.keep)))
+            if s.blocked:
+                print(f"  blocked: {s.blocked}")
+            if s.stopped:
+                print(f"  STOPPED: {s.stopped}")
+        if args.apply:
+            print(f"{result.deleted} deleted" + (f"; audit log {result.audit}" if result.audit else ""))
+        else:
+            print(f"plan only: {sum(len(s.delete) for s in result.sources)} to delete, nothing was changed "
+                  "(run with --apply to carry it out)")
+    return EXIT_FINDINGS if any(s.stopped for s in result.sources) else EXIT_OK
+
+
+def _count(reasons) -> list[tuple[str, int]]:
+    from collections import Counter
+
+    return sorted(Counter(reasons).items(), key=lambda kv: -kv[1])
+
+
+def _policy(args) -> int:
+    from .command.expire import check_days
+
+    repo = _repository(args, create=args.days is not None)
+    policy = repo.set_policy(check_days(args.days)) if args.days is not None else repo.policy()
+    if args.json:
+        _print_json({"policy": policy})
+    elif policy is None:
+        print("no retention policy stored: expire needs --days")
+    else:
+        print(f"retention policy: keep every point of the last {policy['days']} days (set {policy['set']} by "
+              f"{policy['by']})")
     return EXIT_OK
 
 

@@ -77,14 +77,19 @@ class Progress:
                   f"{self.total / 1e6:,.0f} MB ({rate:,.0f} MB/s)", file=sys.stderr, flush=True)
 
 
-def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupManifest | None) -> str:
-    """pgBackRest's labels: `YYYYMMDD-HHMMSSF` for a full backup, `<full>_YYYYMMDD-HHMMSSI` for an incremental.
-    A clock set back must not sort a new backup before older ones: the label then moves past the newest."""
+def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupManifest | None,
+                  kind: str = "full") -> str:
+    """pgBackRest's labels: `YYYYMMDD-HHMMSSF` for a full backup, `<full>_YYYYMMDD-HHMMSSI` for an incremental,
+    and walvault's `YYYYMMDD-HHMMSSS` for a snapshot. A clock set back must not sort a new backup before older
+    ones: the label then moves past the newest."""
     existing = repo.backup_ids(family, instance)
     now = time.time()
     while True:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-        label = f"{stamp}F" if parent is None else f"{parent.id.split('_')[0]}_{stamp}I"
+        if parent is not None:
+            label = f"{parent.id.split('_')[0]}_{stamp}I"
+        else:
+            label = f"{stamp}{'S' if kind == 'snapshot' else 'F'}"
         if all(_stamp(label) > _stamp(e) for e in existing):
             return label
         now += 1
@@ -94,56 +99,68 @@ def _stamp(backup_id: str) -> str:
     return backup_id.split("_")[-1][:15]
 
 
-def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,
-           level: int = 3, runner=None, progress: bool = False, wait: float = 0.0) -> BackupResult:
-    """Back up one source. The copy, hash, compress and verify work runs on the runner (this machine's cores by
-    default); the plan, the set's checks and the manifest stay here."""
+def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False):
+    """The family's plan for a source directory: what to store and how to verify it."""
     from ..limestone.layout import is_limestone_dir
 
     source = Path(source)
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: no such directory")
-    family = "limestone" if is_limestone_dir(source) else "tarantool"
-    if family == "limestone" and connect:
-        raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
-                      "online-backup copy or a stopped datastore", "cannot_check")
-    if family == "tarantool":
-        from .backup_tarantool import TarantoolPlan
-
-        plan = TarantoolPlan(source, connect)
-    else:
+    if is_limestone_dir(source):
+        if connect:
+            raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
+                          "online-backup copy or a stopped datastore", "cannot_check")
         from .backup_limestone import LimestonePlan
 
-        plan = LimestonePlan(source)
-    with repo.lease(family, plan.instance, "backup", wait=wait):
-        removed = _remove_leftovers(repo, family, plan.instance)
-        parent = None
-        chain: list[BackupManifest] = []
-        if incremental:
-            parent = _latest(repo, family, plan.instance)
-            if parent is None:
-                raise Refused(f"no full backup of {family} instance {plan.instance} to build an incremental on: "
-                              "take a full backup first", "refused")
-            chain = repo.chain(parent)
-        started = utc_now()
-        with plan:
-            candidates = plan.candidates(parent)
-            backup_id = new_backup_id(repo, family, plan.instance, parent)
-            prefix = repo.backup_dir(family, plan.instance, backup_id)
-            try:
-                result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level,
-                              runner or LocalRunner(), progress)
-            except BaseException:
-                repo.storage.remove_tree(prefix)
-                raise
-        result.removed_leftovers = removed
-        result.notes = plan.notes + result.notes
-        return result
+        return LimestonePlan(source)
+    from .backup_tarantool import TarantoolPlan
+
+    return TarantoolPlan(source, connect, snapshot=snapshot)
+
+
+def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,
+           level: int = 3, runner=None, progress: bool = False, wait: float = 0.0) -> BackupResult:
+    """Back up one source. The copy, hash, compress and verify work runs on the runner (this machine's cores by
+    default); the plan, the set's checks and the manifest stay here."""
+    plan = plan_for(source, connect)
+    with repo.lease(plan.family, plan.instance, "backup", wait=wait):
+        return store_set(repo, plan, "incremental" if incremental else "full", level=level, runner=runner,
+                         progress=progress)
+
+
+def store_set(repo: Repository, plan, kind: str, *, level: int = 3, runner=None, progress: bool = False,
+              checks: dict | None = None) -> BackupResult:
+    """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
+    caller holds it). `checks` are added to the manifest's (what a snapshot covers)."""
+    removed = _remove_leftovers(repo, plan.family, plan.instance)
+    parent = None
+    chain: list[BackupManifest] = []
+    if kind == "incremental":
+        parent = _latest(repo, plan.family, plan.instance)
+        if parent is None:
+            raise Refused(f"no full backup of {plan.family} instance {plan.instance} to build an incremental on: "
+                          "take a full backup first", "refused")
+        chain = repo.chain(parent)
+    started = utc_now()
+    with plan:
+        candidates = plan.candidates(parent)
+        backup_id = new_backup_id(repo, plan.family, plan.instance, parent, kind)
+        prefix = repo.backup_dir(plan.family, plan.instance, backup_id)
+        try:
+            result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, runner or LocalRunner(),
+                          progress, kind, checks or {})
+        except BaseException:
+            repo.storage.remove_tree(prefix)
+            raise
+    result.removed_leftovers = removed
+    result.notes = plan.notes + result.notes
+    return result
 
 
 def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | None:
+    """The newest full or incremental backup (a snapshot is no parent: it holds no log)."""
     records = [repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance)]
-    done = [r.manifest for r in records if r.manifest is not None]
+    done = [r.manifest for r in records if r.manifest is not None and r.manifest.type != "snapshot"]
     return max(done, key=lambda m: (m.id, m.finished)) if done else None
 
 
@@ -167,7 +184,8 @@ def _remove_leftovers(repo: Repository, family: str, instance: str) -> list[str]
 
 
 def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
-         prefix: str, started: str, level: int, runner, progress: bool) -> BackupResult:
+         prefix: str, started: str, level: int, runner, progress: bool, kind: str, extra_checks: dict
+         ) -> BackupResult:
     held = {}  # name -> the newest entry of the parent chain holding it
     for manifest in chain:
         for entry in manifest.files:
@@ -205,13 +223,15 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
             c.entry = _own(c, item[0], stored)
     checks = plan.verify(repo, candidates, runner, progress)
     position = checks.pop("position")
+    for key, value in extra_checks.items():
+        checks[key] = {**checks.get(key, {}), **value}
     if chain and not _not_behind(plan.family, position, chain[-1].position):
         raise Refused(f"the source is at {position}, behind its parent backup {chain[-1].id} at "
                       f"{chain[-1].position}: it is not the same history", "refused")
     for c in candidates:
         c.entry.verification = plan.verification(c)
     manifest = BackupManifest(
-        id=backup_id, type="incremental" if chain else "full", parent=chain[-1].id if chain else None,
+        id=backup_id, type=kind, parent=chain[-1].id if chain else None,
         family=plan.family, source=plan.source_info(), walvault=walvault_version(), started=started,
         finished=utc_now(), position=position, compression={"type": "zstd", "level": level},
         files=[c.entry for c in candidates], checks=checks)

@@ -20,10 +20,13 @@ from .backup import Candidate
 class LimestonePlan:
     family = "limestone"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, origin: Path | None = None):
+        """`origin`: the source directory a snapshot built in `root` (a scratch directory) stands for: its
+        instance and path are the origin's."""
         from ..limestone.check import prepare
 
         self.root = root
+        self.origin = origin or root
         self.notes: list[str] = []
         self._lock = None
         plan = prepare(root)
@@ -34,7 +37,7 @@ class LimestonePlan:
         if plan.report.live:
             raise Refused(f"{root} is held by a running limestone: back up the copy its online backup hands out, "
                           "or stop it first", "cannot_check")
-        self.instance = manifest.instance_uuid or _path_instance(root)
+        self.instance = manifest.instance_uuid or _path_instance(self.origin)
         if not manifest.instance_uuid:
             self.notes.append(f"the manifest (format {manifest.format_version}) names no instance_uuid: the "
                               f"backup is kept under {self.instance}, derived from the directory's path")
@@ -102,7 +105,7 @@ class LimestonePlan:
         return record
 
     def source_info(self) -> dict:
-        return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
+        return {"instance": self.instance, "path": str(self.origin.resolve()), "host": socket.gethostname(),
                 "live": False, "connect": None}
 
 

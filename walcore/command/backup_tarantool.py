@@ -18,22 +18,26 @@ from .backup import LEDGER_VERDICTS, Candidate
 class TarantoolPlan:
     family = "tarantool"
 
-    def __init__(self, root: Path, connect: str | None):
+    def __init__(self, root: Path, connect: str | None, *, snapshot: bool = False):
         from ..tarantool.backup_set import instance_of
 
         self.root, self.connect = root, connect
+        self.snapshot = snapshot  # the checkpoint's files only: a snapshot that covers the log up to its vclock
         self.notes: list[str] = []
         self.session = None
         self.checkpoint = None
         self.spool: Path | None = None
+        self.wal_dir: str | None = None
         self.instance = instance_of(root)
         if connect is None:
             self.notes.append(f"{root} is backed up as a stopped instance's data dir (no --connect given)")
 
     def __enter__(self):
         if self.connect:
-            from ..tarantool.live import backup_session
+            from ..tarantool.live import backup_session, take_snapshot
 
+            if self.snapshot:
+                take_snapshot(self.connect)  # so that the checkpoint pinned next covers the log up to now
             self.session = backup_session(self.connect)
             self.checkpoint = self.session.__enter__()
             if self.checkpoint.instance_uuid != self.instance:
@@ -64,6 +68,11 @@ class TarantoolPlan:
             xlogs = [e.name for e in parent.files if e.kind == "xlog"]
             since = xlogs[-1] if xlogs else None
         self.set = select(self.root, since_xlog=since, checkpoint=self.checkpoint.files if self.checkpoint else None)
+        if self.snapshot:
+            xlogs = [f for f in self.set.files if f.kind == "xlog"]
+            # where the log goes: a restore of the snapshot makes that (empty) directory for Tarantool
+            self.wal_dir = Path(xlogs[0].name).parent.as_posix() if xlogs else None
+            self.set.files = [f for f in self.set.files if f.kind != "xlog"]
         self.notes += self.set.notes
         out = []
         for f in self.set.files:
@@ -123,6 +132,8 @@ class TarantoolPlan:
             reports[c.verdict.path] = c.verdict
         checks = judge(self.set, reports)
         checks["snapshot"]["time"] = _snapshot_time(self.set.snapshot.path)
+        if self.snapshot:
+            checks["snapshot"]["wal_dir"] = self.wal_dir
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
                 from ..tarantool.backup_set import verdict_record
@@ -138,7 +149,7 @@ class TarantoolPlan:
 
         record = verdict_record(c.verdict)
         record["checked_by"] = getattr(c, "checked_by", "scan")
-        c.entry.range = _vclock_range(c.verdict)
+        c.entry.range = file_range(c.verdict, c.path)
         return record
 
     def source_info(self) -> dict:
@@ -158,12 +169,24 @@ def _snapshot_time(path: Path) -> float | None:
     return None
 
 
-def _vclock_range(f) -> dict:
+def file_range(f, path: Path) -> dict:
+    """A file's range in the log: its vclock from and to, and for an xlog or a snapshot the time of its rows
+    (what retention judges it by)."""
     if f.vclock is None:
         return {}
     end = f.end_vclock() if f.kind == "xlog" else f.vclock
-    return {"vclock": [{str(k): v for k, v in sorted(f.vclock.items())},
-                       {str(k): v for k, v in sorted(end.items())}]}
+    out = {"vclock": [{str(k): v for k, v in sorted(f.vclock.items())}, {str(k): v for k, v in sorted(end.items())}]}
+    if f.kind == "xlog":
+        from ..tarantool.times import row_times
+
+        try:
+            out["time"] = row_times(path, stop=f.size)
+        except (OSError, ValueError):  # changed since it was checked: judged by its archive time instead
+            out["time"] = None
+    elif f.kind == "snap":
+        taken = _snapshot_time(path)
+        out["time"] = None if taken is None else [taken, taken]
+    return out
 
 
 def _copy_prefix(src: Path, dst: Path) -> None:

@@ -140,6 +140,16 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent}: no such directory")
     record = _find(repo, backup_id)
+    pin = repo.restore_pin(record.family, record.instance)  # an expiry leaves this source alone meanwhile
+    try:
+        return _restore(repo, record, backup_id, target, to, progress)
+    finally:
+        if pin is not None:
+            pin.release()
+
+
+def _restore(repo: Repository, record, backup_id: str, target: Path, to: str | None,
+             progress: bool) -> RestoreResult:
     manifest = record.manifest
     chain = repo.chain(manifest)
     ids = {m.id for m in chain}
@@ -160,6 +170,10 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
             entries = [(_layout_name(manifest, e), e) for e in manifest.files]
             tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
             reused = materialize(repo, entries, staging, tracker)
+            if manifest.family == "tarantool" and manifest.type == "snapshot":
+                from .restore_pitr import wal_dir_of
+
+                (staging / wal_dir_of(manifest)).mkdir(parents=True, exist_ok=True)  # Tarantool needs it there
         elif manifest.family == "tarantool":
             from .restore_pitr import tarantool_point
 

@@ -66,7 +66,7 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     ordered = [xlogs[n] for n in sorted(xlogs)]
     chain = _chain_from(ordered, start)
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
-    wal_dir = Path(next((e.name for e in base.files if e.kind == "xlog"), "wal/x")).parent.as_posix()
+    wal_dir = wal_dir_of(base)
     entries = [(_layout_name(base, e), e) for e in base_files]
     log_dir = staging / ".walvault-log"
     log_entries = [(Path(e.name).name, e) for e in chain]
@@ -76,9 +76,9 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     log_dir.mkdir(exist_ok=True)
     reused += materialize(repo, log_entries, log_dir, tracker)
     out = staging / wal_dir
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.xlog"):  # an interrupted run's cut log (the wal dir may be the data dir itself)
+        stale.unlink()
     try:
         result = cut_chain([log_dir / name for name, _ in log_entries], out, point, start_vclock=start)
     except PointError as e:
@@ -87,6 +87,16 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     info = {"point": point.describe(), "base": base.id, "xlogs": result.files, "cut": result.cut_file,
             "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
     return reused, info, entries
+
+
+def wal_dir_of(m: BackupManifest) -> Path:
+    """Where a Tarantool backup's log goes: where it keeps its xlogs; a snapshot holds none, so where its source
+    kept them (recorded), else beside its .snap."""
+    xlog = next((e.name for e in m.files if e.kind == "xlog"), None)
+    if xlog is not None:
+        return Path(xlog).parent
+    snap = m.checks.get("snapshot", {})
+    return Path(snap["wal_dir"]) if snap.get("wal_dir") else Path(snap["name"]).parent
 
 
 def _chain_from(xlogs: list[FileEntry], start: dict[int, int]) -> list[FileEntry]:
@@ -127,9 +137,10 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
                       "refused")
     epoch = int(text)
     reached = manifest.position.get("epoch", 0)
+    log: list[FileEntry] = []
     if epoch > reached:
-        raise Refused(f"backup {manifest.id} reaches epoch {reached}, before the point {epoch}", "refused")
-    entries = [(_layout_name(manifest, e), e) for e in manifest.files]
+        manifest, log = _limestone_log(repo, manifest, epoch)
+    entries = [(_layout_name(manifest, e), e) for e in manifest.files] + [(e.name, e) for e in log]
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
@@ -146,7 +157,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
             raise Refused(f"the compacted file folds every epoch up to {folded} (compaction catalog MAX_EPOCH_ID "
                           f"{catalog.max_epoch_id}, and the files it covers): the state at epoch {epoch} is not in "
                           "this backup", "refused")
-        if gone := [n for n in catalog.detached_pwals if n not in ranges]:
+        if manifest.type != "snapshot" and (gone := [n for n in catalog.detached_pwals if n not in ranges]):
             notes.append(f"{len(gone)} files the compacted file covers are not in the backup: it may hold sessions "
                          f"of epochs past MAX_EPOCH_ID {catalog.max_epoch_id} that were in flight at its rotation")
     tmp = staging / f".{EPOCH_NAME}.walvault-tmp"
@@ -155,7 +166,30 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, staging / EPOCH_NAME)
-    info = {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch}
+    info = {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch,
+            "archived_files": len(log)}
     if notes:
         info["notes"] = notes
     return reused, info, entries
+
+
+def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tuple[BackupManifest, list[FileEntry]]:
+    """A point past the backup: the base reaching furthest at or before it (this backup, or a snapshot of the
+    instance taken no later), and the archived files that carry the log from there (rotated pwal files neither
+    in the base nor folded into its compacted file, and the blobs)."""
+    backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.family == "limestone"
+               and r.instance == newest.instance and r.manifest.finished <= newest.finished
+               and (r.id == newest.id or r.manifest.type == "snapshot")]
+    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch] or [newest]
+    base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
+    archived = archived_entries(repo, "limestone", newest.instance)
+    durable = max([base.position.get("epoch", 0)] + [e.range["epochs"][1] for e in archived
+                                                     if e.kind == "epoch_rotated" and e.range.get("epochs")])
+    if epoch > durable:
+        raise Refused(f"the log of {newest.instance} in the repository reaches epoch {durable} (backup {base.id} "
+                      f"and the archived epoch files), before the point {epoch}", "refused")
+    have = {Path(e.name).name for e in base.files}
+    have |= set(base.checks.get("snapshot", {}).get("detached", []))
+    log = [e for e in archived if e.kind == "pwal_rotated" and Path(e.name).name not in have]
+    log += [e for e in archived if e.kind == "blob" and Path(e.name).name not in have]
+    return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)

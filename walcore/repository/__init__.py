@@ -3,8 +3,11 @@
 Layout under the root (names are what `Repository` builds; nothing else is written there):
 
     walvault.repo(.copy)                              format version, checksummed
-    locks/<family>-<instance>.lease                   one backup or expiry of a source at a time
-    <family>/<instance>/backups/<id>/<name>.zst       a backup's own files, zstd-compressed
+    walvault.policy(.copy)                            the retention policy (checksummed): {"days": N}
+    locks/<family>-<instance>.lease                   one backup, snapshot or expiry of a source at a time
+    locks/<family>-<instance>.restore-<hex>.lease     a restore in progress (expiry leaves the source alone)
+    audit/<YYYYMMDD-HHMMSS>-<hex8>/<nnnnnn>.json      append-only: every deletion of an expiry, just before it
+    <family>/<instance>/backups/<id>/<name>.zst       a backup's (or a snapshot's) own files, zstd-compressed
     <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
@@ -21,14 +24,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lease import DEFAULT_TTL, Lease, acquire
-from .manifest import (MANIFEST_NAME, BackupManifest, ManifestError, decode_checked, encode_checked, ensure_info,
-                       load_checked, read_info)
+from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
+from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, ManifestError, decode_checked, encode_checked, ensure_info,
+                       load_checked, read_info, save_checked)
 from .storage import RepositoryError, Storage, UnsafeName, check_name
 
 FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_BACKUP_ID = re.compile(r"\d{8}-\d{6}F(_\d{8}-\d{6}I)?")
+_BACKUP_ID = re.compile(r"\d{8}-\d{6}(F(_\d{8}-\d{6}I)?|S)")
 READ_CHUNK = 1 << 20
 
 
@@ -115,6 +118,60 @@ class Repository:
     def lease(self, family: str, instance: str, command: str, *, wait: float = 0.0,
               ttl: float = DEFAULT_TTL) -> Lease:
         return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.lease", command, ttl=ttl, wait=wait)
+
+    def restore_pin(self, family: str, instance: str) -> Lease | None:
+        """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None
+        when the repository cannot be written (a restore from a read-only copy needs no mark: nothing expires
+        there)."""
+        import uuid
+
+        name = f"locks/{family}-{check_instance(instance)}.restore-{uuid.uuid4().hex[:16]}.lease"
+        try:
+            return acquire(self.storage, name, "restore")
+        except RepositoryError:
+            return None
+
+    def restores_in_progress(self, family: str, instance: str) -> list[str]:
+        """What each live restore mark of the source says (a stale one, of a dead process, does not count)."""
+        import json
+
+        prefix = f"locks/{family}-{check_instance(instance)}.restore-"
+        found = []
+        for name in self.storage.list("locks"):
+            if not name.startswith(prefix):
+                continue
+            try:
+                info = json.loads(self.storage.read_bytes(name))
+            except FileNotFoundError:
+                continue
+            except ValueError:
+                info = {}  # torn: judged live until its file is old, as a lease is
+                if time.time() - self.storage.fs.modified(self.storage.full(name)).timestamp() > DEFAULT_TTL:
+                    continue
+            if isinstance(info, dict) and info and stale(info):
+                continue
+            found.append(describe(info) if isinstance(info, dict) else name)
+        return found
+
+    # -- the retention policy and the audit log
+
+    def policy(self) -> dict | None:
+        try:
+            return load_checked(self.storage, POLICY_NAME).obj
+        except FileNotFoundError:
+            return None
+
+    def set_policy(self, days: float) -> dict:
+        policy = {"days": days, "set": utc_now(), "by": f"walvault {walvault_version()}"}
+        save_checked(self.storage, POLICY_NAME, policy)
+        return policy
+
+    def audit(self, run: str, seq: int, record: dict) -> str:
+        """Append one record to the audit log: a new object, never rewritten."""
+        name = f"audit/{run}/{seq:06d}.json"
+        if not self.storage.create(name, encode_checked(record)):
+            raise RepositoryError(f"audit record {name} exists already: another expiry used the same run id")
+        return name
 
     # -- objects
 
@@ -273,7 +330,7 @@ class Repository:
             if len(chain) > 10000 or record.manifest in chain:
                 raise RepositoryError(f"backup {manifest.id}: its parent chain loops")
             chain.insert(0, record.manifest)
-        if chain[0].type != "full":
+        if chain[0].type not in ("full", "snapshot") or any(m.type == "snapshot" for m in chain[1:]):
             raise RepositoryError(f"backup {manifest.id}: its chain does not start with a full backup")
         return chain
 

@@ -16,6 +16,7 @@ from .storage import RepositoryError, Storage, check_name
 REPO_FORMAT = 1
 INFO_NAME = "walvault.repo"
 MANIFEST_NAME = "backup.manifest"
+POLICY_NAME = "walvault.policy"
 COPY_SUFFIX = ".copy"
 
 
@@ -140,7 +141,7 @@ class FileEntry:
 @dataclass
 class BackupManifest:
     id: str
-    type: str  # full | incremental
+    type: str  # full | incremental | snapshot
     parent: str | None
     family: str  # tarantool | limestone
     source: dict  # {"instance", "path", "host", "live", "connect"}

@@ -173,3 +173,12 @@ def current_vclock(uri: str, *, timeout: float = 30.0) -> Vclock:
         return _vclock(_eval(conn, uri, "return box.info.vclock", "box.info.vclock")[0])
     finally:
         conn.close()
+
+
+def take_snapshot(uri: str, *, timeout: float = 600.0) -> None:
+    """box.snapshot() on the instance at `uri`: a new checkpoint of everything written so far."""
+    conn = _connect(uri, timeout)
+    try:
+        _eval(conn, uri, "box.snapshot()", "box.snapshot()")
+    finally:
+        conn.close()

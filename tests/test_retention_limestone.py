@@ -1,0 +1,263 @@
+"""walvault snapshot and expire on limestone: compacted snapshots built from the archive, and retention by them.
+
+The oracle for a state is walcore's state rule over the source's own pwal files (`build_state` at an epoch) or
+`walvault state` of the source directory, never the compaction's own walk; limestone's reader rules are checked
+on every stored compacted file (check_compacted), and fixture 11 holds limestone's own compacted file.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_limestone_fixture, require_limestone, run_cli, tree_snapshot
+from test_limestone_compact import CLEAN
+from walcore.limestone.catalog import CATALOG_NAME, parse_catalog
+from walcore.limestone.compact import COMPACTED_NAME, check_compacted
+from walcore.limestone.layout import blob_path
+from walcore.limestone.pwal import CLEAR_STORAGE, REMOVE_STORAGE
+from walcore.limestone.state import build_state, format_tsv
+from walcore.limestone.writer import LogDir, put, remove, storage_op
+
+DAY = 86400
+KEYS = [b"a", b"b", b"k\x00z", b"\xff" * 16, b"", b"key-5", b"\x00", b"zz"]
+STORAGES = (7, 300, 70000)  # >= 256: little-endian byte order differs from numeric order
+
+
+def _json(proc):
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _state(root: Path) -> str:
+    proc = run_cli("state", root)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _state_at(root: Path, epoch: int) -> str:
+    """The source's state at an epoch: every pwal file it holds, the entries durable by then."""
+    return format_tsv(build_state(sorted(root.glob("pwal_*")), epoch, set()))
+
+
+class Writer:
+    """Sessions of puts, removes, clears, storage removals and blob puts over several channels, epoch by epoch."""
+
+    def __init__(self, root: Path, seed: int, channels: int = 3):
+        self.root, self.rng, self.channels = root, random.Random(seed), channels
+        self.minor, self.blob = 0, 0
+
+    def epochs(self, epochs: range) -> None:
+        d = LogDir(self.root, channels=self.channels)
+        rng = self.rng
+        for epoch in epochs:
+            for ch in range(self.channels):
+                entries = []
+                for _ in range(rng.randint(1, 6)):
+                    self.minor += 1
+                    wv, sid, key, roll = (epoch, self.minor), rng.choice(STORAGES), rng.choice(KEYS), rng.random()
+                    if roll < 0.55:
+                        entries.append(put(sid, key, f"v{epoch}-{self.minor}".encode(), wv))
+                    elif roll < 0.8:
+                        entries.append(remove(sid, key, wv))
+                    elif roll < 0.87:
+                        entries.append(storage_op(rng.choice((CLEAR_STORAGE, REMOVE_STORAGE)), sid, wv))
+                    else:
+                        self.blob += 1
+                        path = blob_path(self.root, self.blob)
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_bytes(f"blob {self.blob}".encode() * 20)
+                        entries.append(put(sid, key, b"with-blob", wv, (self.blob,)))
+                d.session(ch, epoch, entries)
+            d.make_durable(epoch)
+        d.close()
+
+
+def _cycle(src: Path, repo: Path, *commands) -> list[dict]:
+    assert run_cli("rotate", src).returncode == 0
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    return [_json(run_cli(c, src, "--repo", repo, "--json")) for c in commands]
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """epochs 1-5, S1; 6-10, F1 (full backup); 11-15, S2; [mid]; 16-20 archived; 21-23 still active."""
+    root = tmp_path_factory.mktemp("limestone-retention")
+    src, repo = root / "src", root / "repo"
+    w = Writer(src, seed=13)
+    w.epochs(range(1, 6))
+    (s1,) = _cycle(src, repo, "snapshot")
+    time.sleep(1.1)
+    w.epochs(range(6, 11))
+    (f1,) = _cycle(src, repo, "backup")
+    time.sleep(1.1)
+    w.epochs(range(11, 16))
+    (s2,) = _cycle(src, repo, "snapshot")
+    time.sleep(1.1)
+    mid = time.time()
+    time.sleep(1.1)
+    w.epochs(range(16, 21))
+    _cycle(src, repo)
+    w.epochs(range(21, 24))
+    return {"src": src, "repo": repo, "S1": s1, "F1": f1, "S2": s2, "mid": mid, "done": time.time()}
+
+
+@pytest.fixture
+def repo(history, tmp_path) -> Path:
+    copy = tmp_path / "repo"
+    shutil.copytree(history["repo"], copy)
+    return copy
+
+
+def _restore(repo, backup_id, target, *to) -> dict:
+    return _json(run_cli("restore", backup_id, target, "--repo", repo, "--json", *(["--to", str(to[0])] if to else [])))
+
+
+def _stored_compaction(repo: Path, snapshot_id: str, tmp_path: Path) -> Path:
+    target = tmp_path / f"snap-{snapshot_id}"
+    _restore(repo, snapshot_id, target)
+    return target
+
+
+@require_limestone
+def test_a_snapshot_is_a_compacted_file_in_limestones_format(history, tmp_path):
+    repo, src = history["repo"], history["src"]
+    for key, epoch in (("S1", 5), ("S2", 15)):
+        snap = history[key]
+        assert snap["type"] == "snapshot" and snap["position"] == {"epoch": epoch}
+        assert snap["covers"]["epoch"] == epoch
+        restored = _stored_compaction(repo, snap["id"], tmp_path)
+        names = sorted(p.name for p in restored.iterdir())
+        assert {COMPACTED_NAME, CATALOG_NAME, "limestone-manifest.json", "epoch"} <= set(names)
+        assert not [n for n in names if n.startswith("pwal_") and n != COMPACTED_NAME], "the log is folded"
+        assert check_compacted(restored / COMPACTED_NAME) == []
+        catalog = parse_catalog((restored / CATALOG_NAME).read_bytes())
+        assert catalog.compacted_files == {COMPACTED_NAME: 1}
+        assert catalog.max_epoch_id == epoch
+        assert sorted(catalog.detached_pwals) == snap["covers"]["detached"]
+        assert set(snap["covers"]["folded"]) <= set(catalog.detached_pwals)
+        blobs_by_then = [int(p.stem, 16) for p in src.rglob("*.blob")]
+        if key == "S2":  # every blob was written by epoch 15's end or later; S2 folded all of 1-15
+            assert catalog.max_blob_id >= max(b for b in blobs_by_then if b <= catalog.max_blob_id)
+        assert (restored / "limestone-manifest.json").read_bytes() == (src / "limestone-manifest.json").read_bytes()
+        # the snapshot alone is the source's state at its epoch; limestone's check passes it
+        assert _state(restored) == _state_at(src, epoch)
+        assert run_cli("verify", restored).returncode == 0
+    assert set(history["S1"]["covers"]["folded"]) < set(history["S2"]["covers"]["detached"])
+    assert history["S2"]["covers"]["previous"] == history["S1"]["id"]
+
+
+@require_limestone
+def test_a_snapshot_and_the_log_after_it_restore_the_source(history, tmp_path):
+    repo, src = history["repo"], history["src"]
+    for point in (15, 17, 20):
+        result = _restore(repo, history["S2"]["id"], tmp_path / f"r{point}", point)
+        assert result["point"]["base"] == history["S2"]["id"]
+        assert (result["point"]["archived_files"] > 0) == (point > 15), "the log after the snapshot is the archive's"
+        assert _state(tmp_path / f"r{point}") == _state_at(src, point)
+
+
+@require_limestone
+@pytest.mark.parametrize("name", CLEAN)
+def test_every_clean_fixture_snapshots_to_its_own_state(name, tmp_path):
+    src = copy_limestone_fixture(name, tmp_path, "src")
+    repo = tmp_path / "repo"
+    expected = _state(src)
+    rotate = run_cli("rotate", src)
+    if rotate.returncode != 0:  # 13 refers to a blob it does not hold: nothing of it is archived, so no snapshot
+        assert "does not exist" in rotate.stderr
+        run_cli("archive", src, "--repo", repo)
+        proc = run_cli("snapshot", src, "--repo", repo)
+        assert proc.returncode == 1 and "no snapshot" in proc.stderr
+        return
+    (snap,) = _cycle(src, repo, "snapshot")
+    before = tree_snapshot(src)
+    restored = tmp_path / "r"
+    durable = json.loads(run_cli("inspect", src, "--json").stdout)["dirs"][0]["durable_epoch"]
+    _restore(repo, snap["id"], restored, durable)
+    assert _state(restored) == expected
+    assert check_compacted(restored / COMPACTED_NAME) == []
+    assert tree_snapshot(src) == before, "the restore wrote to the source"
+
+
+@require_limestone
+def test_fixture_11_limestones_own_compaction_is_the_base(tmp_path):
+    """Its detached files deleted by an operator: their keys are only in limestone's compacted file."""
+    src = copy_limestone_fixture("11-online-compaction", tmp_path, "src")
+    expected = _state(src)
+    theirs = parse_catalog((src / CATALOG_NAME).read_bytes())
+    for name in theirs.detached_pwals:
+        (src / name).unlink()
+    assert _state(src) == expected
+    repo = tmp_path / "repo"
+    (snap,) = _cycle(src, repo, "snapshot")
+    restored = tmp_path / "r"
+    _restore(repo, snap["id"], restored)
+    catalog = parse_catalog((restored / CATALOG_NAME).read_bytes())
+    assert set(theirs.detached_pwals) <= set(catalog.detached_pwals)
+    assert catalog.max_blob_id >= theirs.max_blob_id and catalog.compacted_files == {COMPACTED_NAME: 1}
+    assert json.loads((restored / "limestone-manifest.json").read_text())["instance_uuid"] == json.loads(
+        (src / "limestone-manifest.json").read_text())["instance_uuid"]
+    assert list(restored.rglob("*.blob")), "the blob its compacted file references is carried"
+    assert _state(restored) == expected
+    assert check_compacted(restored / COMPACTED_NAME) == [] and check_compacted(src / COMPACTED_NAME) == []
+
+
+@require_limestone
+def test_nothing_new_to_fold_is_said(history, tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    shutil.copytree(history["src"], src)
+    shutil.copytree(history["repo"], repo)
+    assert run_cli("snapshot", src, "--repo", repo).returncode == 0  # folds 16-20
+    proc = run_cli("snapshot", src, "--repo", repo)
+    assert proc.returncode == 1 and "still covers" in proc.stderr
+
+
+@require_limestone
+def test_expiry_deletes_what_the_anchor_folded_and_every_window_point_restores(repo, history, tmp_path):
+    src = history["src"]
+    result = _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY),
+                           "--apply", "--json"))
+    (source,) = result["sources"]
+    assert source["anchor"]["name"] == history["S2"]["id"] and source["anchor"]["position"] == {"epoch": 15}
+    detached = set(history["S2"]["covers"]["detached"])
+    gone = {Path(d["path"]).name.removesuffix(".zst") for d in source["delete"]}
+    pwals_gone = {n for n in gone if n.startswith("pwal_")}
+    assert pwals_gone == detached, "exactly the files the anchor folded"
+    epochs_gone = {n for n in gone if n.startswith("epoch.")}
+    assert epochs_gone and all(int(n.split(".")[-1]) <= 15 for n in epochs_gone)
+    archive = {p.name.removesuffix(".zst") for p in repo.rglob("archive/*.zst")}
+    assert not archive & gone and any(n.startswith("pwal_") for n in archive), "the log after the anchor stays"
+    backups = {b["id"] for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    assert backups == {history["S2"]["id"], history["F1"]["id"]}, "S1 expired; F1 is the newest full backup"
+    # every point of the window (the window starts at the anchor's epoch here) restores from what is left
+    for point in range(15, 21):
+        target = tmp_path / f"p{point}"
+        _restore(repo, "latest", target, point)
+        assert _state(target) == _state_at(src, point), point
+    target = tmp_path / "f1"
+    _restore(repo, history["F1"]["id"], target)
+    assert _state(target) == _state_at(src, 10)
+
+
+@require_limestone
+def test_an_uncovered_limestone_source_keeps_everything(history, tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    shutil.copytree(history["src"], src)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    before = tree_snapshot(repo)
+    result = _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY),
+                           "--json"))
+    (source,) = result["sources"]
+    assert source["anchor"] is None and source["delete"] == []
+    assert tree_snapshot(repo) == before

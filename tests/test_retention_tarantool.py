@@ -1,0 +1,378 @@
+"""walvault snapshot and expire on real Tarantool histories, with a controllable clock (--as-of).
+
+One history is built once (archive, backups, a snapshot, more writes between them, a second between phases so
+that manifests' times differ) and each test works on its own copy of the repository. What must never happen is
+asserted by hashing the repository tree; what must still work is proven by restoring and starting Tarantool.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+import tarantool_real as tr
+from conftest import require_tarantool, run_cli, tree_snapshot
+
+pytestmark = require_tarantool
+DAY = 86400
+
+
+def _json(proc):
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _kept_tree(repo) -> dict:
+    """The repository's tree but its leases (an applied expiry takes and releases one per source, creating locks/)."""
+    return {k: v for k, v in tree_snapshot(repo).items() if k not in (".", "locks") and not k.startswith("locks/")}
+
+
+def _iso(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _backup(src, repo, *extra) -> str:
+    return _json(run_cli("backup", src, "--repo", repo, "--json", *extra))["id"]
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """F1 (full), more writes with a checkpoint, I1 on F1, S1 (snapshot), [mid], more writes, F2, more writes, I2
+    on F2; every sealed file archived along the way. `mid` is a time between S1 and F2."""
+    root = tmp_path_factory.mktemp("retention")
+    src, repo = root / "src", root / "repo"
+    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    ids = {}
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    ids["F1"] = _backup(src, repo)
+    time.sleep(1.1)
+    tr.write_more(src, rows=800, snapshot=True, seed=1)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    ids["I1"] = _backup(src, repo, "--type", "incremental")
+    time.sleep(1.1)
+    snap = _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    ids["S1"] = snap["id"]
+    time.sleep(1.1)
+    mid = time.time()
+    time.sleep(1.1)
+    tr.write_more(src, rows=800, snapshot=True, seed=2)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    ids["F2"] = _backup(src, repo)
+    time.sleep(1.1)
+    tr.write_more(src, rows=400, snapshot=False, seed=3)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    ids["I2"] = _backup(src, repo, "--type", "incremental")
+    end = tr.dump_data_dir(src)
+    return {"root": root, "src": src, "repo": repo, "ids": ids, "mid": mid, "snapshot": snap, "end": end,
+            "done": time.time()}
+
+
+@pytest.fixture
+def repo(history, tmp_path) -> Path:
+    copy = tmp_path / "repo"
+    shutil.copytree(history["repo"], copy)
+    return copy
+
+
+def _expire(repo, *args):
+    proc = run_cli("expire", "--repo", repo, "--json", *args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def _plan(repo, as_of: float, *args) -> dict:
+    return _json(_expire(repo, "--days", "30", "--as-of", _iso(as_of), *args))
+
+
+def _source(result: dict) -> dict:
+    (source,) = result["sources"]
+    return source
+
+
+def _backup_ids(repo) -> set[str]:
+    return {b["id"] for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+
+
+def test_snapshot_holds_the_checkpoint_only_and_covers_up_to_its_vclock(history, tmp_path):
+    snap = history["snapshot"]
+    assert snap["type"] == "snapshot" and snap["id"].endswith("S") and snap["parent"] is None
+    repo = history["repo"]
+    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+    entry = next(b for b in listed if b["id"] == snap["id"])
+    assert entry["type"] == "snapshot" and entry["status"] == "ok"
+    assert snap["covers"]["vclock"] == snap["position"]["vclock"] and snap["covers"]["time"] > 0
+    restored = tmp_path / "r"
+    assert run_cli("restore", snap["id"], restored, "--repo", repo).returncode == 0
+    kinds = {p.suffix for p in restored.rglob("*") if p.is_file()}
+    assert ".snap" in kinds and ".xlog" not in kinds and ".vylog" in kinds
+    dump = tr.dump_data_dir(restored)
+    assert dump["vclock"] == {int(k): v for k, v in snap["position"]["vclock"].items() if v}
+    assert len(dump["spaces"]["vin"]) > 0 and len(dump["spaces"]["mem"]) > 0
+    # verify --repo checks it like any backup
+    report = json.loads(run_cli("verify", snap["id"], "--repo", repo, "--json").stdout)
+    assert report["intact"]
+
+
+def test_no_policy_deletes_nothing_and_exits_2(repo, history):
+    before = _kept_tree(repo)
+    proc = _expire(repo, "--as-of", _iso(history["done"] + 400 * DAY), "--apply")
+    assert proc.returncode == 2 and "no retention policy" in proc.stderr
+    assert _kept_tree(repo) == before
+
+
+@pytest.mark.parametrize("days", ["0", "-3", "0.5", "abc", "nan", "inf", "1e9", ""])
+def test_bad_windows_are_refused(repo, days):
+    before = tree_snapshot(repo)
+    proc = _expire(repo, "--days", days, "--apply")
+    assert proc.returncode == 2 and "--days" in proc.stderr
+    proc = run_cli("policy", "--repo", repo, "--days", days)
+    assert proc.returncode == 2
+    assert tree_snapshot(repo) == before
+
+
+def test_a_bad_as_of_is_refused(repo):
+    before = tree_snapshot(repo)
+    proc = _expire(repo, "--days", "30", "--as-of", "next tuesday", "--apply")
+    assert proc.returncode == 2 and "--as-of" in proc.stderr
+    assert tree_snapshot(repo) == before
+
+
+def test_the_stored_policy_is_used(repo, history):
+    assert _json(run_cli("policy", "--repo", repo, "--days", "30", "--json"))["policy"]["days"] == 30
+    result = _json(_expire(repo, "--as-of", _iso(history["done"] + 31 * DAY)))
+    assert result["policy"] == {"days": 30} and result["deleted"] == 0
+    assert _source(result)["delete"], "the stored policy found nothing to expire"
+    assert _json(_expire(repo, "--days", "400", "--as-of", _iso(history["done"] + 31 * DAY)))["policy"]["days"] == 400
+
+
+def test_the_plan_alone_writes_nothing(repo, history):
+    before = tree_snapshot(repo)
+    result = _plan(repo, history["done"] + 31 * DAY)
+    assert _source(result)["delete"] and result["deleted"] == 0 and not result["applied"]
+    assert tree_snapshot(repo) == before
+
+
+def test_inside_the_window_everything_is_kept(repo, history):
+    before = _kept_tree(repo)
+    result = _plan(repo, history["done"] + 10 * DAY, "--apply")
+    source = _source(result)
+    assert source["anchor"] is None, "no snapshot is at or before the window's start"
+    assert source["delete"] == [] and result["deleted"] == 0
+    kept_backups = {Path(k["path"]).name for k in source["keep"] if k["kind"].startswith("backup")}
+    assert kept_backups == set(history["ids"].values())
+    assert _kept_tree(repo) == before
+
+
+def test_an_uncovered_source_keeps_everything_and_is_reported(tmp_path, history):
+    repo = tmp_path / "repo"
+    assert run_cli("archive", history["src"], "--repo", repo).returncode == 0  # the archive alone: no snapshot
+    before = _kept_tree(repo)
+    result = _plan(repo, history["done"] + 400 * DAY, "--apply")
+    source = _source(result)
+    assert source["anchor"] is None and source["delete"] == [] and result["deleted"] == 0
+    assert all("no verified snapshot" in k["reason"] or "log files only" in k["reason"] for k in source["keep"])
+    proc = run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY))
+    assert "UNCOVERED" in proc.stdout
+    assert _kept_tree(repo) == before
+
+
+def _xlog_records(repo: Path) -> dict[str, dict]:
+    out = {}
+    for record in repo.rglob("archive/**/*.xlog.zst.json"):
+        obj = json.loads(record.read_text())
+        out[obj["name"]] = obj
+    return out
+
+
+def test_covered_old_files_go_and_the_rest_stays_restorable(repo, history, tmp_path):
+    ids = history["ids"]
+    records = _xlog_records(repo)
+    size_before = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
+    result = _plan(repo, history["mid"] + 30 * DAY, "--apply")
+    source = _source(result)
+    anchor = source["anchor"]
+    assert anchor["name"] == ids["S1"], "the newest snapshot at or before the window's start anchors it"
+    anchor_vclock = {int(k): v for k, v in anchor["position"]["vclock"].items()}
+    deleted = {d["path"] for d in source["delete"]}
+    assert result["deleted"] == len(deleted) > 0
+    for name, record in records.items():
+        end = {int(k): v for k, v in record["range"]["vclock"][1].items()}
+        covered = all(v <= anchor_vclock.get(k, 0) for k, v in end.items() if v)
+        gone = not (repo / record["stored"]).exists()
+        assert gone == covered, (name, end, anchor_vclock)
+        assert gone == (not (repo / (record["stored"] + ".json")).exists())
+    for d in source["delete"]:
+        if d["kind"] == "xlog":
+            assert d["covered_by"]["name"] == ids["S1"] and "covered by" in d["reason"]
+    # the backups: I1 is the newest before the window (F1 its parent), S1 the anchor, F2 and I2 inside it
+    assert _backup_ids(repo) == set(ids.values())
+    assert sum(p.stat().st_size for p in repo.rglob("*") if p.is_file()) < size_before
+    # every point of the window is still restorable: its start, and the end of the log
+    for point, expected in ((f"@{history['mid']:.3f}", None), (None, history["end"])):
+        target = tmp_path / f"r{bool(point)}"
+        args = ["restore", "latest", target, "--repo", repo] + (["--to", point] if point else [])
+        assert run_cli(*args).returncode == 0
+        dump = tr.dump_data_dir(target)
+        if expected:
+            assert dump == expected
+    # the audit log: one record per deletion, saying why and which snapshot covered it
+    audit = sorted((repo / result["audit"]).glob("*.json"))
+    assert len(audit) == result["deleted"]
+    first = json.loads(audit[0].read_text())
+    assert first["covered_by"]["name"] == ids["S1"] and first["reason"] and first["path"] in deleted
+    # a second run finds nothing more to do, and writes no audit
+    again = _plan(repo, history["mid"] + 30 * DAY, "--apply")
+    assert again["deleted"] == 0 and again["audit"] is None
+
+
+def test_a_backups_parent_chain_is_protected(repo, history):
+    ids = history["ids"]
+    result = _plan(repo, history["done"] + 31 * DAY, "--apply")
+    source = _source(result)
+    keep = {Path(k["path"]).name: k["reason"] for k in source["keep"] if k["kind"].startswith("backup")}
+    assert keep[ids["I2"]].startswith("the newest backup before the window")
+    assert keep[ids["F2"]] == f"in the parent chain of {ids['I2']}"
+    assert source["anchor"]["name"] == ids["I2"]
+    assert _backup_ids(repo) == {ids["F2"], ids["I2"]}
+    assert not any((repo / "tarantool").glob(f"*/backups/{ids['F1']}"))
+    restored = Path(str(repo) + "-restored")
+    assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
+    assert tr.dump_data_dir(restored) == history["end"]
+
+
+def test_the_newest_restorable_backup_is_never_deleted(repo, history):
+    ids = history["ids"]
+    # I2 loses an object: it cannot be restored, so the newest restorable is F2, which stays whatever the window
+    (inst,) = [p.name for p in (repo / "tarantool").iterdir()]
+    victim = next((repo / "tarantool" / inst / "backups" / ids["I2"]).rglob("*.zst"))
+    victim.unlink()
+    result = _plan(repo, history["done"] + 400 * DAY, "--apply")
+    keep = {Path(k["path"]).name: k["reason"] for k in _source(result)["keep"] if k["kind"].startswith("backup")}
+    assert ids["F2"] in keep
+    assert ids["F2"] in _backup_ids(repo)
+    restored = Path(str(repo) + "-restored")
+    assert run_cli("restore", ids["F2"], restored, "--repo", repo).returncode == 0
+
+
+def test_an_expiry_racing_a_backup_lease_deletes_nothing(repo, history):
+    from walcore.repository import Repository
+
+    r = Repository(str(repo))
+    (family, instance), = r.sources()
+    before = tree_snapshot(repo / family)
+    with r.lease(family, instance, "backup"):
+        proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
+    assert proc.returncode == 1 and "held by backup" in proc.stderr
+    assert tree_snapshot(repo / family) == before
+
+
+def test_a_restore_in_progress_blocks_the_source(repo, history):
+    from walcore.repository import Repository
+
+    r = Repository(str(repo))
+    (family, instance), = r.sources()
+    before = tree_snapshot(repo / family)
+    pin = r.restore_pin(family, instance)
+    try:
+        result = _plan(repo, history["done"] + 31 * DAY, "--apply")
+    finally:
+        pin.release()
+    source = _source(result)
+    assert source["blocked"] and "restore" in source["blocked"] and result["deleted"] == 0
+    assert tree_snapshot(repo / family) == before
+    assert _plan(repo, history["done"] + 31 * DAY, "--apply")["deleted"] > 0, "the mark was released"
+
+
+def test_an_unreadable_manifest_stops_the_expiry(repo, history):
+    ids = history["ids"]
+    (inst,) = [p.name for p in (repo / "tarantool").iterdir()]
+    for name in ("backup.manifest", "backup.manifest.copy"):
+        path = repo / "tarantool" / inst / "backups" / ids["F1"] / name
+        path.write_bytes(path.read_bytes().replace(b'"full"', b'"fuII"'))
+    before = _kept_tree(repo)
+    proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
+    assert proc.returncode == 1 and ids["F1"] in proc.stderr and "not garbage" in proc.stderr
+    assert _kept_tree(repo) == before
+
+
+def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_path):
+    """Kill the expiry after a few removals (in-process: the storage's remove raises), then run it again."""
+    from walcore.command.expire import expire
+    from walcore.repository import Repository
+    from walcore.repository.storage import Storage
+
+    r = Repository(str(repo))
+    calls = {"n": 0}
+    real_remove = Storage.remove
+
+    def dying_remove(self, name):
+        calls["n"] += 1
+        if calls["n"] == 4:  # inside the first backup's deletion: its manifest is gone, its objects not
+            raise KeyboardInterrupt
+        real_remove(self, name)
+
+    Storage.remove = dying_remove
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            expire(r, 30, as_of=history["done"] + 31 * DAY, apply=True)
+    finally:
+        Storage.remove = real_remove
+    # what the crash left: a backup without its manifest is no backup; every kept one still restores
+    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+    assert any(b["status"] != "ok" for b in listed) or len(listed) < len(history["ids"])
+    result = _plan(repo, history["done"] + 31 * DAY, "--apply")
+    assert result["deleted"] > 0 and not _source(result)["stopped"]
+    ids = history["ids"]
+    assert _backup_ids(repo) == {ids["F2"], ids["I2"]}
+    assert not [p for p in (repo / "tarantool").glob("*/backups/*") if p.name not in (ids["F2"], ids["I2"])]
+    report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    assert report["intact"], report
+    for backup_id in (ids["F2"], ids["I2"]):
+        assert run_cli("restore", backup_id, tmp_path / backup_id, "--repo", repo).returncode == 0
+    assert tr.dump_data_dir(tmp_path / ids["I2"]) == history["end"]
+
+
+def test_every_deletion_rechecks_its_conditions(repo, history):
+    """A record that changed between the plan and the deletion stops the source's expiry there."""
+    from walcore.command.expire import _apply, plan_source
+    from walcore.repository import Repository
+
+    r = Repository(str(repo))
+    (family, instance), = r.sources()
+    plan = plan_source(r, family, instance, history["done"] + DAY)
+    archived = [i for i in plan.delete if i.record is not None]
+    assert archived
+    target = archived[0]
+    (repo / target.record).write_bytes((repo / target.record).read_bytes() + b" ")
+    before = tree_snapshot(repo / family)
+    with r.lease(family, instance, "expire") as lease:
+        _apply(r, plan, lease, "20990101-000000-test0000", [0], {"days": 30})
+    assert plan.stopped and target.record in plan.stopped
+    assert (repo / target.path).exists() and (repo / target.record).exists()
+    changed = {k for k in set(before) | set(tree_snapshot(repo / family)) if before.get(k)
+               != tree_snapshot(repo / family).get(k)}
+    assert all(("backups" in k) for k in changed if not k.endswith(".lease")), \
+        "only backups (ordered before the archive) could go before the changed record stopped it"
+
+
+def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
+    import s3fs
+
+    bucket = f"walvault-expire-{time.time_ns()}"
+    fs = s3fs.S3FileSystem(endpoint_url=s3_endpoint)
+    fs.mkdir(bucket)
+    fs.put(str(history["repo"]) + "/", f"{bucket}/repo/", recursive=True)
+    args = ["--repo-option", f"endpoint_url={s3_endpoint}"]
+    s3 = _plan(f"s3://{bucket}/repo", history["mid"] + 30 * DAY, "--apply", *args)
+    local_repo = tmp_path / "repo"
+    shutil.copytree(history["repo"], local_repo)
+    local = _plan(local_repo, history["mid"] + 30 * DAY, "--apply")
+    assert s3["deleted"] == local["deleted"] > 0
+    assert [d["path"] for d in _source(s3)["delete"]] == [d["path"] for d in _source(local)["delete"]]
+    assert run_cli("restore", "latest", tmp_path / "r", "--repo", f"s3://{bucket}/repo", *args).returncode == 0
+    assert tr.dump_data_dir(tmp_path / "r") == history["end"]

@@ -1,0 +1,467 @@
+"""The expire command: retention under an explicit recovery window, deleting only what a verified snapshot covers.
+
+The rule, per source: every point of the last N days (before `as_of`) stays restorable.
+- The anchor is the verified snapshot reaching furthest in the log (by vclock or epoch) among those taken at or
+  before the window's start: a `walvault snapshot`, or the snapshot a Tarantool backup holds. With none,
+  nothing of the source is deleted (it is reported uncovered).
+- An archived WAL, epoch or snapshot file goes only when the anchor covers its whole range (Tarantool: the
+  anchor's vclock reaches its last row in every component; limestone: the anchor folded it, by name, or its
+  epoch is at or below the anchor's) and its range ends before the window (the rows' own timestamps, the
+  rotation time in a limestone name; the archive time where the log has none). Other archived files (vinyl,
+  blobs, limestone's catalog and manifest versions) are kept.
+- Backups inside the window, the newest one before it, the anchor and the newest restorable backup are kept
+  with their parent chains; the rest go, children before parents, each manifest before its objects (a backup
+  without its manifest does not exist), and an object only when no kept manifest references it.
+- Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
+  files are not garbage: the expiry stops).
+With `apply`, each source is expired under its lease; every deletion re-checks its conditions right before it
+acts and is first written to the append-only audit log. A crash leaves what the next run finishes: a backup
+whose manifest is gone is an interrupted one's leftovers, an archived object without its record an orphan.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..findings import Refused
+from ..repository import Repository, RepositoryError, walvault_version
+from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
+                                   decode_checked)
+from ..repository.storage import UnsafeName
+from .archive import RECORD_SUFFIX
+from .backup import STALE_TEMPORARY
+
+DAY = 86400.0
+MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
+LOG_KINDS = ("xlog", "snap", "pwal_rotated", "epoch_rotated")
+
+
+class NoPolicy(RuntimeError):
+    """No --days and no policy stored in the repository: nothing is deleted without one."""
+
+
+def check_days(value) -> float:
+    """A recovery window in days: a number from 1 to MAX_DAYS (ValueError naming what is wrong)."""
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"the window {value!r} is not a number of days") from None
+    if isinstance(value, bool) or not math.isfinite(days) or days < 1:
+        raise ValueError(f"the window {value!r} is below one day: it would expire what was just written")
+    if days > MAX_DAYS:
+        raise ValueError(f"the window {value!r} is over {MAX_DAYS} days")
+    return int(days) if days.is_integer() else days
+
+
+def iso(seconds: float | None) -> str | None:
+    return None if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _seconds(stamp: str) -> float:
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def _vclock(obj) -> dict[int, int]:
+    return {int(k): int(v) for k, v in (obj or {}).items()}
+
+
+def _leq(a: dict[int, int], b: dict[int, int]) -> bool:
+    return all(v <= b.get(k, 0) for k, v in a.items() if v)
+
+
+@dataclass
+class Item:
+    """Something the plan deletes: a backup, an archived file, or what an interrupted run left."""
+
+    path: str  # in the repository: a backup's directory, an archived object
+    kind: str
+    reason: str
+    range: dict | None = None
+    covered_by: dict | None = None
+    order: tuple = ()  # deletion order within the source
+    record: str | None = None  # an archived file's record, removed first
+    backup_id: str | None = None
+    fingerprint: bytes | None = None  # the record or manifest as planned: re-read right before deleting
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "range": self.range, "covered_by": self.covered_by,
+                "reason": self.reason}
+
+
+@dataclass
+class SourcePlan:
+    family: str
+    instance: str
+    anchor: dict | None = None  # {"name", "position", "time"}
+    delete: list[Item] = field(default_factory=list)
+    keep: list[dict] = field(default_factory=list)
+    blocked: str | None = None  # why nothing of the source is deleted now (a restore in progress)
+    stopped: str | None = None  # why an applied expiry stopped before the end
+    deleted: int = 0
+    referenced: set[str] = field(default_factory=set)  # objects kept manifests name: never deleted
+
+    def to_json(self) -> dict:
+        return {"source": self.instance, "family": self.family, "anchor": self.anchor,
+                "delete": [i.to_json() for i in self.delete], "keep": self.keep, "blocked": self.blocked,
+                "stopped": self.stopped, "deleted": self.deleted}
+
+
+@dataclass
+class ExpireResult:
+    days: float
+    as_of: float
+    applied: bool
+    sources: list[SourcePlan]
+    audit: str | None = None  # the audit log's directory of this run
+
+    @property
+    def deleted(self) -> int:
+        return sum(s.deleted for s in self.sources)
+
+    def to_json(self) -> dict:
+        return {"policy": {"days": self.days}, "as_of": iso(self.as_of), "applied": self.applied,
+                "sources": [s.to_json() for s in self.sources], "deleted": self.deleted, "audit": self.audit}
+
+
+def resolve_policy(repo: Repository, days) -> float:
+    """--days, else the policy stored in the repository; NoPolicy when there is neither."""
+    if days is not None:
+        return check_days(days)
+    policy = repo.policy()
+    if policy is None:
+        raise NoPolicy(f"no retention policy: give --days N, or store one in {repo.display} with "
+                       "`walvault policy --repo URL --days N`; nothing was deleted")
+    try:
+        return check_days(policy.get("days"))
+    except ValueError as e:
+        raise NoPolicy(f"the policy stored in {repo.display} is not usable ({e}); nothing was deleted") from None
+
+
+def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: bool = False,
+           wait: float = 0.0) -> ExpireResult:
+    days = check_days(days)
+    as_of = time.time() if as_of is None else as_of
+    result = ExpireResult(days, as_of, apply, [])
+    sources = repo.sources()
+    if not apply:  # the plan alone writes nothing: no lease, no audit
+        result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
+        return result
+    run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    seq = [0]
+    for family, instance in sources:
+        with repo.lease(family, instance, "expire", wait=wait) as lease:
+            plan = plan_source(repo, family, instance, as_of - days * DAY)
+            result.sources.append(plan)
+            _apply(repo, plan, lease, run, seq, {"days": days, "as_of": iso(as_of)})
+    result.audit = f"audit/{run}" if seq[0] else None
+    return result
+
+
+# -- the plan
+
+
+def plan_source(repo: Repository, family: str, instance: str, window_start: float) -> SourcePlan:
+    plan = SourcePlan(family, instance)
+    records = [repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance)]
+    if unreadable := [r for r in records if r.manifest is None and r.complete]:
+        raise Refused(f"expiry stopped, nothing deleted: the manifest of {family} backup {unreadable[0].id} "
+                      f"({instance}) cannot be read ({unreadable[0].problem}); its files are not garbage. Restore "
+                      "the manifest (or remove the backup by hand once you know it is not needed)", "damaged")
+    manifests = [r.manifest for r in records if r.manifest is not None]
+    stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
+    restorable = {m.id: _restorable(repo, m, stored) for m in manifests}
+    anchor = _anchor(family, [m for m in manifests if restorable[m.id]], window_start)
+    if anchor is not None:
+        plan.anchor = _describe_anchor(family, anchor)
+    if busy := repo.restores_in_progress(family, instance):
+        plan.blocked = f"a restore of this source is in progress: {busy[0]}"
+    kept = _keep_backups(family, manifests, restorable, anchor, window_start, repo)
+    referenced = {e.stored for m in manifests if m.id in kept for e in m.files}
+    for m in sorted(manifests, key=lambda m: _position_key(family, m), reverse=True):
+        prefix = repo.backup_dir(family, instance, m.id)
+        if m.id in kept:
+            plan.keep.append({"path": prefix, "kind": f"backup ({m.type})", "reason": kept[m.id]})
+        elif anchor is None:
+            plan.keep.append({"path": prefix, "kind": f"backup ({m.type})",
+                              "reason": "no verified snapshot at or before the window's start covers this source"})
+        else:
+            plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
+                                    "before it, and no kept backup's parent", {"position": m.position},
+                                    plan.anchor, (0, len(plan.delete)), backup_id=m.id,
+                                    fingerprint=_manifest_bytes(repo, prefix)))
+    for r in records:
+        if not r.complete:
+            plan.delete.append(Item(repo.backup_dir(family, instance, r.id), "leftovers",
+                                    "files without a manifest: an interrupted backup's or expiry's leftovers",
+                                    order=(-1,), backup_id=r.id))
+    _plan_archive(repo, plan, anchor, window_start)
+    plan.delete.sort(key=lambda i: i.order)
+    plan.referenced = referenced
+    if plan.blocked:
+        plan.keep += [{"path": i.path, "kind": i.kind, "reason": plan.blocked} for i in plan.delete]
+        plan.delete = []
+    return plan
+
+
+def _restorable(repo: Repository, m: BackupManifest, stored: set[str]) -> bool:
+    """Its parent chain reads and every object its manifest names is there."""
+    try:
+        repo.chain(m)
+    except RepositoryError:
+        return False
+    return all(e.stored in stored for e in m.files)
+
+
+def _position_key(family: str, m: BackupManifest) -> tuple:
+    """Log position first; the finish time only orders two backups at the same position."""
+    if family == "limestone":
+        return (m.position.get("epoch", 0), m.finished, m.id)
+    return (sum(_vclock(m.position.get("vclock")).values()), m.finished, m.id)
+
+
+def _snapshot_of(family: str, m: BackupManifest) -> tuple[object, float] | None:
+    """(position, time) of the verified snapshot a backup holds, or None. A limestone snapshot is one only from
+    `walvault snapshot` (a compacted file covering named files); a limestone backup holds the log itself."""
+    snap = m.checks.get("snapshot")
+    if not isinstance(snap, dict):
+        return None
+    if family == "limestone":
+        if m.type != "snapshot" or snap.get("epoch") is None:
+            return None
+        taken = snap.get("time")
+        return int(snap["epoch"]), float(taken) if taken is not None else _seconds(m.started)
+    if snap.get("vclock") is None:
+        return None
+    taken = snap.get("time")
+    # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
+    return _vclock(snap["vclock"]), float(taken) if taken is not None else _seconds(m.started) + 1
+
+
+def _snapshot_rank(family: str, position) -> int:
+    return position if family == "limestone" else sum(position.values())
+
+
+def _anchor(family: str, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
+    candidates = []
+    for m in manifests:
+        snap = _snapshot_of(family, m)
+        if snap is not None and snap[1] <= window_start:
+            candidates.append((_snapshot_rank(family, snap[0]), m.finished, m.id, m))
+    return max(candidates, key=lambda c: c[:3])[3] if candidates else None
+
+
+def _describe_anchor(family: str, m: BackupManifest) -> dict:
+    position, taken = _snapshot_of(family, m)
+    pos = {"epoch": position} if family == "limestone" else {"vclock": {str(k): v for k, v in sorted(position.items())}}
+    return {"name": m.id, "position": pos, "time": iso(taken)}
+
+
+def _keep_backups(family: str, manifests: list[BackupManifest], restorable: dict[str, bool],
+                  anchor: BackupManifest | None, window_start: float, repo: Repository) -> dict[str, str]:
+    kept: dict[str, str] = {}
+
+    def keep(m: BackupManifest | None, why: str) -> None:
+        if m is not None and m.id not in kept:
+            kept[m.id] = why
+
+    for m in manifests:
+        if _seconds(m.finished) >= window_start:
+            keep(m, "inside the window")
+    before = [m for m in manifests if _seconds(m.finished) < window_start and restorable[m.id]]
+    keep(max(before, key=lambda m: _position_key(family, m), default=None), "the newest backup before the window")
+    keep(anchor, "the anchor: the newest verified snapshot at or before the window's start")
+    usable = [m for m in manifests if restorable[m.id]]
+    keep(max(usable, key=lambda m: _position_key(family, m), default=None),
+         "the newest restorable backup of the source")
+    keep(max((m for m in usable if m.type != "snapshot"), key=lambda m: _position_key(family, m), default=None),
+         "the newest restorable full or incremental backup of the source")
+    for m in manifests:
+        if m.id in kept:
+            try:
+                for parent in repo.chain(m)[:-1]:
+                    keep(parent, f"in the parent chain of {m.id}")
+            except RepositoryError:
+                pass  # an unrestorable chain: what of it is there is kept with the backup
+    return kept
+
+
+def _manifest_bytes(repo: Repository, prefix: str) -> bytes:
+    try:
+        return repo.storage.read_bytes(f"{prefix}/{MANIFEST_NAME}")
+    except FileNotFoundError:
+        return repo.storage.read_bytes(f"{prefix}/{MANIFEST_NAME}{COPY_SUFFIX}")
+
+
+# -- the archive
+
+
+def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | None, window_start: float) -> None:
+    from .snapshot import rotation_time
+
+    family, instance = plan.family, plan.instance
+    base = f"{repo.source_dir(family, instance)}/archive"
+    names = repo.storage.list(base)
+    records = {n for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
+    snap = _snapshot_of(family, anchor) if anchor is not None else None
+    detached = set(anchor.checks["snapshot"].get("detached", [])) if anchor is not None and family == "limestone" \
+        else set()
+    for name in names:
+        if name.endswith(".zst") and name + RECORD_SUFFIX not in records:
+            if _age(repo, name) > STALE_TEMPORARY:
+                plan.delete.append(Item(name, "orphan", "an archived object without its record: left by an "
+                                        "interrupted archive or expiry", order=(1, 0)))
+            continue
+    for record_name in sorted(records):
+        try:
+            raw = repo.storage.read_bytes(record_name)
+            obj = decode_checked(raw, record_name)
+            entry = FileEntry.from_json(obj)
+        except (FileNotFoundError, ManifestError, UnsafeName) as e:
+            plan.keep.append({"path": record_name, "kind": "record",
+                              "reason": f"its archive record cannot be read ({e}): kept with its object"})
+            continue
+        path = record_name[:-len(RECORD_SUFFIX)]
+        if entry.kind not in LOG_KINDS:
+            plan.keep.append({"path": path, "kind": entry.kind,
+                              "reason": "retention deletes log files only (WAL, epoch and snapshot files)"})
+            continue
+        if snap is None:
+            plan.keep.append({"path": path, "kind": entry.kind,
+                              "reason": "no verified snapshot at or before the window's start covers this source"})
+            continue
+        covered, rank = _covered(family, entry, snap[0], detached)
+        if not covered:
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": f"not covered by {anchor.id}: needed to "
+                              "replay the log from the anchor"})
+            continue
+        if family == "limestone":
+            ends = rotation_time(entry.name)
+        else:
+            ends = _row_time(repo, entry)
+        if ends is None:
+            ends = _seconds(obj["archived"]) if isinstance(obj.get("archived"), str) else None
+        if ends is None or ends >= window_start:
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": "inside the window" if ends is not None
+                              else "it has no time to judge it by"})
+            continue
+        plan.delete.append(Item(path, entry.kind, f"covered by {anchor.id} and ended before the window "
+                                f"({iso(ends)})", {**entry.range, "ends": iso(ends)}, plan.anchor, (2, rank, path),
+                                record=record_name, fingerprint=raw))
+
+
+def _covered(family: str, entry: FileEntry, position, detached: set[str]) -> tuple[bool, int]:
+    """Whether the anchor's position covers the file's whole range, and the file's rank in the log."""
+    if family == "limestone":
+        epochs = entry.range.get("epochs") or [0, 0]
+        if entry.kind == "pwal_rotated":
+            return Path(entry.name).name in detached, epochs[1]
+        return epochs[1] <= position, epochs[1]
+    vclock = entry.range.get("vclock")
+    if not vclock:
+        return False, 0
+    end = _vclock(vclock[1])
+    return _leq(end, position), sum(end.values())
+
+
+def _row_time(repo: Repository, entry: FileEntry) -> float | None:
+    """The time of the file's last row: from its record, or (a record of an older walvault) from its bytes."""
+    if "time" in entry.range:
+        return entry.range["time"][1] if entry.range["time"] else None
+    import shutil
+
+    from ..fsutil import owned_tempdir
+    from ..tarantool.times import row_times
+    from .backup import Progress
+    from .backup_tarantool import _snapshot_time
+    from .restore import materialize
+
+    scratch = owned_tempdir("walvault-expire-")
+    try:
+        materialize(repo, [("file", entry)], scratch, Progress(1, 0, False, "read"))
+        if entry.kind == "snap":
+            return _snapshot_time(scratch / "file")
+        times = row_times(scratch / "file")
+        return times[1] if times else None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _age(repo: Repository, name: str) -> float:
+    try:
+        return time.time() - repo.storage.fs.modified(repo.storage.full(name)).timestamp()
+    except (OSError, ValueError):
+        return 0.0
+
+
+# -- carrying it out
+
+
+class _Changed(RuntimeError):
+    """A deletion's conditions no longer hold: the source's expiry stops."""
+
+
+def _apply(repo: Repository, plan: SourcePlan, lease, run: str, seq: list[int], policy: dict) -> None:
+    for item in plan.delete:
+        try:
+            _recheck(repo, plan, lease, item)
+        except _Changed as e:
+            plan.stopped = f"stopped before {item.path}: {e}"
+            return
+        seq[0] += 1
+        repo.audit(run, seq[0], {"run": run, "seq": seq[0], "time": iso(time.time()), "policy": policy,
+                                 "family": plan.family, "instance": plan.instance, **item.to_json(),
+                                 "by": f"walvault {walvault_version()}", "host": os.uname().nodename})
+        _delete(repo, plan, item)
+        plan.deleted += 1
+
+
+def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
+    import json
+
+    try:
+        holder = json.loads(repo.storage.read_bytes(lease.name)).get("holder")
+    except (FileNotFoundError, ValueError):
+        holder = None
+    if holder != lease.holder:
+        raise _Changed("this expiry's lease was broken by another process")
+    if busy := repo.restores_in_progress(plan.family, plan.instance):
+        raise _Changed(f"a restore of this source started: {busy[0]}")
+    if item.covered_by is not None:
+        anchor = repo.load_backup(plan.family, plan.instance, item.covered_by["name"])
+        if anchor.manifest is None:
+            raise _Changed(f"the anchor {item.covered_by['name']} can no longer be read ({anchor.problem})")
+    try:
+        if item.record is not None:
+            if repo.storage.read_bytes(item.record) != item.fingerprint:
+                raise _Changed(f"the record {item.record} changed since the plan")
+        elif item.kind != "orphan" and item.kind != "leftovers":
+            if _manifest_bytes(repo, item.path) != item.fingerprint:
+                raise _Changed(f"the manifest of {item.backup_id} changed since the plan")
+    except FileNotFoundError:
+        raise _Changed(f"{item.path} changed since the plan (gone)") from None
+
+
+def _delete(repo: Repository, plan: SourcePlan, item: Item) -> None:
+    storage = repo.storage
+    if item.record is not None:
+        storage.remove(item.record)  # first: without its record the file is not archived
+        storage.remove(item.path)
+        return
+    if item.backup_id is None:  # an orphaned object
+        storage.remove(item.path)
+        return
+    for name in (MANIFEST_NAME, MANIFEST_NAME + COPY_SUFFIX):  # first: without it the backup does not exist
+        storage.remove(f"{item.path}/{name}")
+    left = [n for n in storage.list(item.path) if n in plan.referenced]
+    if not left:
+        storage.remove_tree(item.path)
+        return
+    for name in storage.list(item.path):
+        if name not in plan.referenced:
+            storage.remove(name)
