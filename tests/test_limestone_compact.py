@@ -190,7 +190,7 @@ def test_fixture_11_same_as_limestones_compaction(tmp_path):
     out = tmp_path / "out"
     result = compact([src / n for n in theirs.detached_pwals], 4, out)
     assert result == Compaction(folded=theirs.detached_pwals, detached=theirs.detached_pwals, epoch=4, max_blob_id=1,
-                                blob_ids=[1], entries=5, skipped={})
+                                blob_ids=[1], entries=5, skipped={}, reached=3)
     assert check_compacted(out / COMPACTED_NAME) == []
     assert check_compacted(src / COMPACTED_NAME) == []
     assert build_state([out / COMPACTED_NAME], 4, set()) == build_state([src / COMPACTED_NAME], 4, set()) == FINAL
@@ -216,7 +216,7 @@ def test_fixture_11_on_top_of_limestones_compaction(tmp_path):
     out = tmp_path / "out"
     result = compact([rotated], 9, out, previous=src)
     assert result == Compaction(folded=[rotated.name], detached=sorted(theirs.detached_pwals + [rotated.name]),
-                                epoch=9, max_blob_id=1, blob_ids=[1], entries=6, skipped={})
+                                epoch=9, max_blob_id=1, blob_ids=[1], entries=6, skipped={}, reached=9)
     rows = check_output(out, result)
     assert [r[:3] for r in rows] == le_sorted(expected)
     assert rows_of(restored(src, out, result, tmp_path / "restored")) == expected

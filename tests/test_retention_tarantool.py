@@ -16,8 +16,10 @@ import pytest
 
 import tarantool_real as tr
 from conftest import require_tarantool, run_cli, tree_snapshot
+import test_tarantool_live
 
 pytestmark = require_tarantool
+live = test_tarantool_live.live  # a writing instance on a loopback port (a fixture)
 DAY = 86400
 
 
@@ -376,3 +378,44 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
     assert [d["path"] for d in _source(s3)["delete"]] == [d["path"] for d in _source(local)["delete"]]
     assert run_cli("restore", "latest", tmp_path / "r", "--repo", f"s3://{bucket}/repo", *args).returncode == 0
     assert tr.dump_data_dir(tmp_path / "r") == history["end"]
+
+
+def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    snap = _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    tr.write_more(src, rows=1500, snapshot=True, seed=7)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    full = _backup(src, repo)
+    tr.write_more(src, rows=500, snapshot=False, seed=8)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    newest = _backup(src, repo, "--type", "incremental")
+    expected = tr.dump_data_dir(src)
+    size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
+    result = _plan(repo, time.time() + 31 * DAY, "--apply")
+    source = _source(result)
+    assert source["anchor"]["name"] == newest and result["deleted"] > 0
+    assert snap["id"] in {Path(d["path"]).name for d in source["delete"]}, "the older snapshot expired"
+    assert sum(p.stat().st_size for p in repo.rglob("*") if p.is_file()) < size, "the repository shrank"
+    assert _backup_ids(repo) == {full, newest}
+    assert json.loads(run_cli("verify", "--repo", repo, "--json").stdout)["intact"]
+    restored = tmp_path / "restored"
+    assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
+    dump = tr.dump_data_dir(restored)
+    assert dump == expected, "every row of every space, and the vclock"
+
+
+def test_snapshot_of_a_running_instance_takes_a_checkpoint_first(live, tmp_path):
+    before = {int(k): v for k, v in live.eval("return box.info.vclock")[0].items()}
+    snaps = set((live.work_dir).rglob("*.snap"))
+    repo = tmp_path / "repo"
+    result = _json(run_cli("snapshot", live.work_dir, "--repo", repo, "--connect", live.uri, "--json"))
+    assert test_tarantool_live.PASSWORD not in json.dumps(result)
+    assert set(live.work_dir.rglob("*.snap")) - snaps, "box.snapshot() made a new checkpoint"
+    assert not live.backup_pinned(), "box.backup.stop() was not called"
+    position = {int(k): v for k, v in result["position"]["vclock"].items()}
+    assert all(position.get(k, 0) >= v for k, v in before.items()), "the snapshot covers what was written before"
+    restored = tmp_path / "restored"
+    assert run_cli("restore", result["id"], restored, "--repo", repo).returncode == 0
+    assert tr.dump_data_dir(restored)["vclock"] == {k: v for k, v in position.items() if v}

@@ -465,9 +465,8 @@ def _expire(args) -> int:
             print(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
                                                    if anchor else "UNCOVERED: no verified snapshot at or before the "
                                                    "window's start; nothing of it is deleted"))
-            for item in s.delete:
-                print(f"  {'deleted' if args.apply and item in s.delete[:s.deleted] else 'delete'}  {item.path}: "
-                      f"{item.reason}")
+            for n, item in enumerate(s.delete):
+                print(f"  {'deleted' if n < s.deleted else 'delete'}  {item.path}: {item.reason}")
             print(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in _count(k["reason"] for k in s.keep)))
             if s.blocked:
                 print(f"  blocked: {s.blocked}")

@@ -81,8 +81,10 @@ def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupMa
                   kind: str = "full") -> str:
     """pgBackRest's labels: `YYYYMMDD-HHMMSSF` for a full backup, `<full>_YYYYMMDD-HHMMSSI` for an incremental,
     and walvault's `YYYYMMDD-HHMMSSS` for a snapshot. A clock set back must not sort a new backup before older
-    ones: the label then moves past the newest."""
+    ones: the label then moves past the newest. A label another source of the repository uses is skipped too, so
+    that an id names one backup (what restore and verify take)."""
     existing = repo.backup_ids(family, instance)
+    others = {b for f, i in repo.sources() if (f, i) != (family, instance) for b in repo.backup_ids(f, i)}
     now = time.time()
     while True:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
@@ -90,7 +92,7 @@ def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupMa
             label = f"{parent.id.split('_')[0]}_{stamp}I"
         else:
             label = f"{stamp}{'S' if kind == 'snapshot' else 'F'}"
-        if all(_stamp(label) > _stamp(e) for e in existing):
+        if all(_stamp(label) > _stamp(e) for e in existing) and label not in others:
             return label
         now += 1
 

@@ -152,6 +152,8 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
     if not apply:  # the plan alone writes nothing: no lease, no audit
         result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
         return result
+    for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
+        plan_source(repo, family, instance, as_of - days * DAY)
     run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     seq = [0]
     for family, instance in sources:
@@ -196,7 +198,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
                                     plan.anchor, (0, len(plan.delete)), backup_id=m.id,
                                     fingerprint=_manifest_bytes(repo, prefix)))
     for r in records:
-        if not r.complete:
+        if not r.complete and anchor is not None:  # an uncovered source is left as it is, garbage included
             plan.delete.append(Item(repo.backup_dir(family, instance, r.id), "leftovers",
                                     "files without a manifest: an interrupted backup's or expiry's leftovers",
                                     order=(-1,), backup_id=r.id))
@@ -243,6 +245,26 @@ def _snapshot_of(family: str, m: BackupManifest) -> tuple[object, float] | None:
     return _vclock(snap["vclock"]), float(taken) if taken is not None else _seconds(m.started) + 1
 
 
+def backup_time(family: str, m: BackupManifest) -> float:
+    """When the point a backup restores to was written, by the log's own time: a Tarantool backup's newest row (or
+    its snapshot's), a limestone snapshot's newest folded file, the newest rotation among a limestone backup's
+    files; the backup's finish time where the log says nothing (a limestone backup of active files only)."""
+    from .snapshot import rotation_time
+
+    if family == "tarantool":
+        times = [e.range["time"][1] for e in m.files if e.kind == "xlog" and e.range.get("time")]
+        if all("time" in e.range for e in m.files if e.kind == "xlog"):
+            snap = _snapshot_of(family, m)
+            times += [snap[1]] if snap else []
+            if times:
+                return max(times)
+    elif m.type == "snapshot":
+        return _snapshot_of(family, m)[1]
+    elif times := [t for t in (rotation_time(e.name) for e in m.files) if t is not None]:
+        return max(times)
+    return _seconds(m.finished)
+
+
 def _snapshot_rank(family: str, position) -> int:
     return position if family == "limestone" else sum(position.values())
 
@@ -271,9 +293,9 @@ def _keep_backups(family: str, manifests: list[BackupManifest], restorable: dict
             kept[m.id] = why
 
     for m in manifests:
-        if _seconds(m.finished) >= window_start:
+        if backup_time(family, m) >= window_start:
             keep(m, "inside the window")
-    before = [m for m in manifests if _seconds(m.finished) < window_start and restorable[m.id]]
+    before = [m for m in manifests if backup_time(family, m) < window_start and restorable[m.id]]
     keep(max(before, key=lambda m: _position_key(family, m), default=None), "the newest backup before the window")
     keep(anchor, "the anchor: the newest verified snapshot at or before the window's start")
     usable = [m for m in manifests if restorable[m.id]]
@@ -312,11 +334,10 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
     detached = set(anchor.checks["snapshot"].get("detached", [])) if anchor is not None and family == "limestone" \
         else set()
     for name in names:
-        if name.endswith(".zst") and name + RECORD_SUFFIX not in records:
-            if _age(repo, name) > STALE_TEMPORARY:
-                plan.delete.append(Item(name, "orphan", "an archived object without its record: left by an "
-                                        "interrupted archive or expiry", order=(1, 0)))
-            continue
+        if snap is not None and name.endswith(".zst") and name + RECORD_SUFFIX not in records \
+                and _age(repo, name) > STALE_TEMPORARY:
+            plan.delete.append(Item(name, "orphan", "an archived object without its record: left by an "
+                                    "interrupted archive or expiry", order=(1, 0)))
     for record_name in sorted(records):
         try:
             raw = repo.storage.read_bytes(record_name)

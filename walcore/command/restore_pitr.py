@@ -153,6 +153,8 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
         ranges = {Path(e.name).name: e.range.get("epochs") for e in manifest.files}
         covered = [ranges[n][1] for n in catalog.detached_pwals if ranges.get(n)]
         folded = max([catalog.max_epoch_id, *covered])
+        if manifest.type == "snapshot":  # walvault's own: it knows the newest epoch it folded, and nothing else
+            folded = manifest.position.get("epoch", 0)  # at or below MAX_EPOCH_ID was left out
         if epoch < folded:
             raise Refused(f"the compacted file folds every epoch up to {folded} (compaction catalog MAX_EPOCH_ID "
                           f"{catalog.max_epoch_id}, and the files it covers): the state at epoch {epoch} is not in "

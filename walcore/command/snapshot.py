@@ -123,12 +123,17 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                 raise Refused(f"no rotated pwal file of limestone {instance} is archived whole and durable: rotate "
                               "and archive the source first", "refused")
             write_atomic(out / "limestone-manifest.json", [manifest_bytes])
-            write_atomic(out / EPOCH_NAME, [durable_epoch(folded.epoch)])
+            # The snapshot's position: the newest epoch it folded. Its state is exact from there up to MAX_EPOCH_ID
+            # (no file left out holds an epoch at or below that), and it was reached by the newest folded file's
+            # rotation: the time retention judges it by.
+            reached = max(before.get("epoch", 0), folded.reached)
+            write_atomic(out / EPOCH_NAME, [durable_epoch(reached)])
             blobs = _blob_entries(folded.blob_ids, archived, previous)
             materialize(repo, blobs, out, Progress(len(blobs), 0, False, "read"))
             shutil.rmtree(work)
             times = [t for t in (rotation_time(n) for n in folded.detached) if t is not None]
-            covers = {"epoch": folded.epoch, "time": max([before.get("time") or 0, *times]) or None,
+            covers = {"epoch": reached, "max_epoch_id": folded.epoch,
+                      "time": max([before.get("time") or 0, *times]) or None,
                       "folded": folded.folded, "detached": folded.detached, "max_blob_id": folded.max_blob_id,
                       "previous": previous.id if previous else None, "skipped": folded.skipped}
             plan = LimestonePlan(out, origin=source)

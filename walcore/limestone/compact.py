@@ -43,6 +43,7 @@ class Compaction:
     blob_ids: list[int]  # blob ids the entries of the new compacted file reference (sorted)
     entries: int  # entries written to the compacted file
     skipped: dict[str, str] = field(default_factory=dict)  # pwal name -> why it was not folded
+    reached: int = 0  # the highest snippet epoch among the files folded now: the state is exact from there on
 
 
 def plan_fold(files: dict[str, list[int] | None], durable_epoch: int) -> tuple[list[str], int]:
@@ -103,7 +104,8 @@ def compact(pwal_paths: list[Path], durable_epoch: int, out_dir: Path, *,
     lines += [b"DETACHED_PWAL " + os.fsencode(n) for n in detached]
     lines += [f"MAX_EPOCH_ID {epoch}".encode(), f"MAX_BLOB_ID {max_blob}".encode(), FOOTER]
     write_atomic(out_dir / CATALOG_NAME, [b"".join(line + b"\n" for line in lines)])
-    return Compaction(names, detached, epoch, max_blob, sorted(blob_ids), len(live), skipped)
+    reached = max((ranges[n][1] for n in names if ranges[n]), default=0)
+    return Compaction(names, detached, epoch, max_blob, sorted(blob_ids), len(live), skipped, reached)
 
 
 def _previous(previous: Path | None) -> tuple[Catalog, Path | None]:
