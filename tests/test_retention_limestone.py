@@ -261,3 +261,81 @@ def test_an_uncovered_limestone_source_keeps_everything(history, tmp_path):
     (source,) = result["sources"]
     assert source["anchor"] is None and source["delete"] == []
     assert tree_snapshot(repo) == before
+
+
+@require_limestone
+def test_after_expiry_an_older_base_never_restores_a_wrong_state(repo, history, tmp_path):
+    """F1 is kept, but the files after it that the anchor folded are gone: past F1 the anchor is the base, and a
+    point only F1 could have reached is refused, never restored wrong."""
+    src = history["src"]
+    _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY), "--apply",
+                  "--json"))
+    for point in (15, 17, 20):
+        result = _restore(repo, history["F1"]["id"], tmp_path / f"p{point}", point)
+        assert result["point"]["base"] == history["S2"]["id"]
+        assert _state(tmp_path / f"p{point}") == _state_at(src, point)
+    proc = run_cli("restore", history["F1"]["id"], tmp_path / "p12", "--repo", repo, "--to", "12")
+    assert proc.returncode == 1 and "retention deleted" in proc.stderr
+    assert not (tmp_path / "p12").exists()
+
+
+@require_limestone
+def test_a_channel_left_active_bounds_what_the_archive_restores(tmp_path):
+    """A rotation that skips a small channel: the archived epoch files say epoch 6 is durable, but channel 1's
+    entries of epochs 4-6 are not archived, so a point past 3 is refused rather than restored without them."""
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    w = Writer(src, seed=5, channels=2)
+    w.epochs(range(1, 4))
+    (snap,) = _cycle(src, repo, "snapshot")
+    d = LogDir(src, channels=2)
+    for epoch in range(4, 7):
+        d.session(0, epoch, [put(7, b"big", b"x" * 400, (epoch, 1))])
+        d.session(1, epoch, [put(7, f"small{epoch}".encode(), b"s", (epoch, 2))])
+        d.make_durable(epoch)
+    d.close()
+    assert run_cli("rotate", src, "--min-bytes", "300").returncode == 0
+    assert (src / "pwal_0001").stat().st_size > 0, "the small channel stays active"
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    proc = run_cli("restore", snap["id"], tmp_path / "r5", "--repo", repo, "--to", "5")
+    assert proc.returncode == 1 and "every channel archived up to epoch 3" in proc.stderr
+    _restore(repo, snap["id"], tmp_path / "r3", 3)
+    assert _state(tmp_path / "r3") == _state_at(src, 3)
+    # once the channel is rotated and archived, the points are there
+    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
+    _restore(repo, snap["id"], tmp_path / "r5b", 5)
+    assert _state(tmp_path / "r5b") == _state_at(src, 5)
+
+
+@require_limestone
+def test_a_snapshot_is_refused_while_a_manifest_cannot_be_read(history, tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    shutil.copytree(history["src"], src)
+    shutil.copytree(history["repo"], repo)
+    for name in ("backup.manifest", "backup.manifest.copy"):
+        path = next(repo.glob(f"limestone/*/backups/{history['S2']['id']}")) / name
+        path.write_bytes(path.read_bytes().replace(b'"snapshot"', b'"snapsh0t"'))
+    before = tree_snapshot(repo)
+    proc = run_cli("snapshot", src, "--repo", repo)
+    assert proc.returncode == 1 and history["S2"]["id"] in proc.stderr and "cannot be read" in proc.stderr
+    assert {k: v for k, v in tree_snapshot(repo).items() if not k.startswith("locks") and k != "."} == \
+        {k: v for k, v in before.items() if not k.startswith("locks") and k != "."}
+
+
+@require_limestone
+def test_an_archive_conflict_is_kept_until_resolved(tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    w = Writer(src, seed=9, channels=1)
+    w.epochs(range(1, 4))
+    (snap,) = _cycle(src, repo, "snapshot")
+    rotated = next(src.glob("pwal_0000.*"))
+    data = bytearray(rotated.read_bytes())
+    data[-1] ^= 0x01  # other bytes under the same name (a value's last byte)
+    rotated.write_bytes(bytes(data))
+    assert run_cli("archive", src, "--repo", repo).returncode == 1  # the conflict
+    result = _json(run_cli("expire", "--repo", repo, "--days", "1", "--as-of", _iso(time.time() + 3 * DAY),
+                           "--json"))
+    (source,) = result["sources"]
+    assert source["anchor"]["name"] == snap["id"]
+    assert not [d for d in source["delete"] if rotated.name in d["path"]]
+    kept = [k for k in source["keep"] if rotated.name in k["path"]]
+    assert len(kept) == 2 and all("conflict" in k["reason"] for k in kept)

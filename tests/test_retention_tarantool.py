@@ -137,9 +137,10 @@ def test_bad_windows_are_refused(repo, days):
     assert tree_snapshot(repo) == before
 
 
-def test_a_bad_as_of_is_refused(repo):
+@pytest.mark.parametrize("as_of", ["next tuesday", "@1e30", "@nan"])
+def test_a_bad_as_of_is_refused(repo, as_of):
     before = tree_snapshot(repo)
-    proc = _expire(repo, "--days", "30", "--as-of", "next tuesday", "--apply")
+    proc = _expire(repo, "--days", "30", "--as-of", as_of, "--apply")
     assert proc.returncode == 2 and "--as-of" in proc.stderr
     assert tree_snapshot(repo) == before
 
@@ -302,8 +303,10 @@ def test_an_unreadable_manifest_stops_the_expiry(repo, history):
     assert _kept_tree(repo) == before
 
 
-def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_path):
-    """Kill the expiry after a few removals (in-process: the storage's remove raises), then run it again."""
+@pytest.mark.parametrize("crash_at", [4, 40])
+def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_path, crash_at):
+    """Kill the expiry after a few removals (in-process: the storage's remove raises) — inside a backup's deletion,
+    or inside the archive's — then run it again."""
     from walcore.command.expire import expire
     from walcore.repository import Repository
     from walcore.repository.storage import Storage
@@ -314,7 +317,7 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
 
     def dying_remove(self, name):
         calls["n"] += 1
-        if calls["n"] == 4:  # inside the first backup's deletion: its manifest is gone, its objects not
+        if calls["n"] == crash_at:
             raise KeyboardInterrupt
         real_remove(self, name)
 
@@ -325,8 +328,6 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
     finally:
         Storage.remove = real_remove
     # what the crash left: a backup without its manifest is no backup; every kept one still restores
-    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
-    assert any(b["status"] != "ok" for b in listed) or len(listed) < len(history["ids"])
     result = _plan(repo, history["done"] + 31 * DAY, "--apply")
     assert result["deleted"] > 0 and not _source(result)["stopped"]
     ids = history["ids"]
@@ -334,6 +335,13 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
     assert not [p for p in (repo / "tarantool").glob("*/backups/*") if p.name not in (ids["F2"], ids["I2"])]
     report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
     assert report["intact"], report
+    orphans = [p for p in repo.rglob("archive/**/*.zst") if not Path(str(p) + ".json").exists()]
+    assert not orphans, "the next run finishes what the crash left"
+    clean = tmp_path / "clean"
+    shutil.copytree(history["repo"], clean)
+    _plan(clean, history["done"] + 31 * DAY, "--apply")
+    assert sorted(p.relative_to(clean).as_posix() for p in clean.rglob("*.zst")) == \
+        sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.zst")), "the same as an uninterrupted expiry"
     for backup_id in (ids["F2"], ids["I2"]):
         assert run_cli("restore", backup_id, tmp_path / backup_id, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(tmp_path / ids["I2"]) == history["end"]
@@ -400,6 +408,15 @@ def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
     assert sum(p.stat().st_size for p in repo.rglob("*") if p.is_file()) < size, "the repository shrank"
     assert _backup_ids(repo) == {full, newest}
     assert json.loads(run_cli("verify", "--repo", repo, "--json").stdout)["intact"]
+    # the source still holds old xlogs: archiving again does not undo the expiry
+    shrunk = tree_snapshot(repo)
+    again = _json(run_cli("archive", src, "--repo", repo, "--json"))
+    deleted = {Path(d["path"]).name.removesuffix(".zst") for d in source["delete"] if d["kind"] in ("xlog", "snap")}
+    still_there = {p.name for p in src.rglob("*") if p.suffix in (".xlog", ".snap")} & deleted
+    assert any(n.endswith(".xlog") for n in still_there)
+    assert {Path(p).name for p in again["expired"]} == still_there and again["stored"] == []
+    assert {k: v for k, v in tree_snapshot(repo).items() if k != "." and not k.startswith("locks")} == \
+        {k: v for k, v in shrunk.items() if k != "." and not k.startswith("locks")}
     restored = tmp_path / "restored"
     assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
     dump = tr.dump_data_dir(restored)

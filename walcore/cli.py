@@ -242,7 +242,9 @@ def _as_of(text: str) -> float | None:
 
     try:
         point = parse_point(text)
-    except ValueError:
+        if point.time is not None:
+            time.gmtime(point.time)  # a time walvault can print (not 1e30)
+    except (ValueError, OverflowError, OSError):
         return None
     return point.time
 
@@ -391,6 +393,7 @@ def _archive(args) -> int:
         _print_json(result.to_json())
     else:
         for what, paths in (("archived", result.stored), ("already archived", result.already),
+                            ("deleted by retention before, not archived again", result.expired),
                             ("not sealed, not archived", result.not_sealed)):
             for path in paths:
                 print(f"{what}: {path}")

@@ -25,6 +25,7 @@ from ..repository.storage import UnsafeName
 from .backup import Progress
 
 RECORD_SUFFIX = ".json"
+EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 VERSIONED_KINDS = ("compacted", "catalog", "manifest")
 
 
@@ -32,6 +33,7 @@ VERSIONED_KINDS = ("compacted", "catalog", "manifest")
 class ArchiveResult:
     stored: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)  # deleted by retention before: not archived again
     not_sealed: list[str] = field(default_factory=list)
     refused: list[dict] = field(default_factory=list)  # {"path", "findings"}
     conflicts: list[dict] = field(default_factory=list)  # {"path", "archived_sha256", "sha256", "kept_as"}
@@ -83,7 +85,8 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
     with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
         list(pool.map(lambda item: _store(repo, item, result, level, tracker), items))
-    for field_name in ("stored", "already", "not_sealed"):
+    _record_complete(repo, report, result)
+    for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
 
@@ -152,8 +155,6 @@ def _instance_near(root: Path, files: dict) -> str | None:
 
 
 def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
-    import hashlib
-
     items = []
     sealed = ("pwal_rotated", "epoch_rotated", "blob") + VERSIONED_KINDS
     for d in report.dirs:
@@ -161,8 +162,7 @@ def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
         if d.status == "cannot_check" or d.manifest is None:
             result.refused.append({"path": d.path, "findings": [x.to_json() for x in d.findings]})
             continue
-        instance = d.manifest.instance_uuid or "path-" + hashlib.sha256(
-            os.fsencode(os.path.realpath(root))).hexdigest()[:16]
+        instance = _limestone_instance(d)
         for f in report.files:
             if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
                 continue
@@ -177,6 +177,46 @@ def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
     return items
 
 
+def _limestone_instance(d) -> str:
+    import hashlib
+
+    return d.manifest.instance_uuid or "path-" + hashlib.sha256(os.fsencode(os.path.realpath(d.path))).hexdigest()[:16]
+
+
+def _complete_name(repo: Repository, family: str, instance: str) -> str:
+    return f"{repo.source_dir(family, instance)}/archive-complete.json"
+
+
+def archive_complete(repo: Repository, family: str, instance: str) -> int | None:
+    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded)."""
+    try:
+        epoch = decode_checked(repo.storage.read_bytes(_complete_name(repo, family, instance)), "archive-complete")
+    except (FileNotFoundError, ManifestError):
+        return None
+    return epoch.get("epoch") if isinstance(epoch.get("epoch"), int) else None
+
+
+def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
+    """Record how far each limestone source's log is archived whole: below the lowest epoch of any of its pwal
+    files that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
+    Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry
+    always has an epoch past the durable one."""
+    archived = set(result.stored) | set(result.already) | set(result.expired)
+    for d in report.dirs:
+        if d.status == "cannot_check" or d.manifest is None:
+            continue
+        root = Path(d.path)
+        lows = [f.epoch_range[0] for f in report.files if f.to_json()["family"] == "limestone"
+                and f.kind in ("pwal", "pwal_rotated") and Path(f.path).is_relative_to(root) and f.epoch_range
+                and f.path not in archived]
+        complete = min([d.durable_epoch or 0] + [low - 1 for low in lows])
+        instance = _limestone_instance(d)
+        before = archive_complete(repo, "limestone", instance)
+        if before is None or complete > before:
+            repo.storage.write_bytes(_complete_name(repo, "limestone", instance),
+                                     encode_checked({"epoch": complete, "updated": utc_now()}))
+
+
 def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress) -> None:
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     name = item.name
@@ -184,6 +224,10 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
         name = f"{name}@{file_sha256(item.path)[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
+    if existing is None and _expired(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}", item.path):
+        result.expired.append(str(item.path))
+        tracker.advance(0)
+        return
     if existing is not None and existing.size == item.path.stat().st_size \
             and existing.sha256 == file_sha256(item.path):
         result.already.append(str(item.path))
@@ -214,6 +258,15 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     else:
         result.stored.append(str(item.path))
     tracker.advance(stored.size)
+
+
+def _expired(repo: Repository, tombstone: str, path: Path) -> bool:
+    """Whether retention deleted exactly these bytes from the archive (a source keeps old files a while)."""
+    try:
+        record = decode_checked(repo.storage.read_bytes(tombstone), tombstone)
+    except (FileNotFoundError, ManifestError):
+        return False
+    return record.get("size") == path.stat().st_size and record.get("sha256") == file_sha256(path)
 
 
 def _verdict_record(item: _Item) -> dict:

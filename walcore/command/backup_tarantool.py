@@ -180,7 +180,7 @@ def file_range(f, path: Path) -> dict:
         from ..tarantool.times import row_times
 
         try:
-            out["time"] = row_times(path, stop=f.size)
+            out["time"] = row_times(path, stop=f.size, edges=f.edge_blocks)
         except (OSError, ValueError):  # changed since it was checked: judged by its archive time instead
             out["time"] = None
     elif f.kind == "snap":

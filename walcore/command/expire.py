@@ -32,9 +32,9 @@ from pathlib import Path
 from ..findings import Refused
 from ..repository import Repository, RepositoryError, walvault_version
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
-                                   decode_checked)
+                                   decode_checked, encode_checked)
 from ..repository.storage import UnsafeName
-from .archive import RECORD_SUFFIX
+from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from .backup import STALE_TEMPORARY
 
 DAY = 86400.0
@@ -333,21 +333,32 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
     snap = _snapshot_of(family, anchor) if anchor is not None else None
     detached = set(anchor.checks["snapshot"].get("detached", [])) if anchor is not None and family == "limestone" \
         else set()
+    present = set(names)
     for name in names:
-        if snap is not None and name.endswith(".zst") and name + RECORD_SUFFIX not in records \
-                and _age(repo, name) > STALE_TEMPORARY:
+        if snap is None or not name.endswith(".zst") or name + RECORD_SUFFIX in records:
+            continue
+        if name + EXPIRED_SUFFIX in present:  # its tombstone says an expiry was deleting it
+            plan.delete.append(Item(name, "orphan", "an expired object without its record: left by an interrupted "
+                                    "expiry", order=(1, 0)))
+        elif _age(repo, name) > STALE_TEMPORARY:  # younger, it may be an archive's write in progress
             plan.delete.append(Item(name, "orphan", "an archived object without its record: left by an "
-                                    "interrupted archive or expiry", order=(1, 0)))
+                                    "interrupted archive", order=(1, 0)))
+    entries: dict[str, tuple[bytes, dict, FileEntry]] = {}
     for record_name in sorted(records):
         try:
             raw = repo.storage.read_bytes(record_name)
             obj = decode_checked(raw, record_name)
-            entry = FileEntry.from_json(obj)
+            entries[record_name] = (raw, obj, FileEntry.from_json(obj))
         except (FileNotFoundError, ManifestError, UnsafeName) as e:
             plan.keep.append({"path": record_name, "kind": "record",
                               "reason": f"its archive record cannot be read ({e}): kept with its object"})
-            continue
+    conflicted = {e.name for name, (_, _, e) in entries.items() if ".conflict-" in name}
+    for record_name, (raw, obj, entry) in entries.items():
         path = record_name[:-len(RECORD_SUFFIX)]
+        if entry.name in conflicted:
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": "archived twice with different bytes (a "
+                              "conflict): kept, both versions, until it is resolved"})
+            continue
         if entry.kind not in LOG_KINDS:
             plan.keep.append({"path": path, "kind": entry.kind,
                               "reason": "retention deletes log files only (WAL, epoch and snapshot files)"})
@@ -471,7 +482,12 @@ def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
 def _delete(repo: Repository, plan: SourcePlan, item: Item) -> None:
     storage = repo.storage
     if item.record is not None:
-        storage.remove(item.record)  # first: without its record the file is not archived
+        # The tombstone first: the source may still hold the file, and archive must not store it again.
+        record = decode_checked(item.fingerprint, item.record)
+        storage.write_bytes(item.path + EXPIRED_SUFFIX, encode_checked({
+            "name": record["name"], "size": record["size"], "sha256": record["sha256"], "expired": iso(time.time()),
+            "covered_by": item.covered_by, "reason": item.reason}))
+        storage.remove(item.record)  # then the record: without it the file is not archived
         storage.remove(item.path)
         return
     if item.backup_id is None:  # an orphaned object

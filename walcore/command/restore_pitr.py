@@ -176,22 +176,39 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
 
 
 def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tuple[BackupManifest, list[FileEntry]]:
-    """A point past the backup: the base reaching furthest at or before it (this backup, or a snapshot of the
-    instance taken no later), and the archived files that carry the log from there (rotated pwal files neither
-    in the base nor folded into its compacted file, and the blobs)."""
+    """A point past the backup: a base (this backup, or a snapshot of the instance) at or before it from which the
+    archive still holds the whole log, and the archived files that carry the log from there (rotated pwal files
+    neither in the base nor folded into its compacted file, and the blobs). Refused past what the archive holds
+    whole: every channel's entries up to the point archived (what `archive` records), and durable."""
+    from .archive import EXPIRED_SUFFIX, archive_complete
+
     backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.family == "limestone"
-               and r.instance == newest.instance and r.manifest.finished <= newest.finished
-               and (r.id == newest.id or r.manifest.type == "snapshot")]
-    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch] or [newest]
-    base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
+               and r.instance == newest.instance and (r.id == newest.id or r.manifest.type == "snapshot")]
     archived = archived_entries(repo, "limestone", newest.instance)
+    # Files retention deleted: a base that lacks one (neither holds nor folded it) cannot reach past it.
+    prefix = f"{repo.source_dir('limestone', newest.instance)}/archive"
+    expired = {Path(n).name.removesuffix(".zst" + EXPIRED_SUFFIX) for n in repo.storage.list(prefix)
+               if n.endswith(".zst" + EXPIRED_SUFFIX)}
+
+    def holds(m: BackupManifest) -> set[str]:
+        return {Path(e.name).name for e in m.files} | set(m.checks.get("snapshot", {}).get("detached", []))
+
+    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch and not {
+        n for n in expired if n.startswith("pwal_")} - holds(m)]
+    if not bases:
+        raise Refused(f"no backup or snapshot of {newest.instance} at or before epoch {epoch} has the whole log "
+                      "after it in the repository (retention deleted files it would need: restore from the newest "
+                      "snapshot instead)", "refused")
+    base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
     durable = max([base.position.get("epoch", 0)] + [e.range["epochs"][1] for e in archived
                                                      if e.kind == "epoch_rotated" and e.range.get("epochs")])
+    complete = archive_complete(repo, "limestone", newest.instance)
+    if complete is not None:
+        durable = min(durable, max(complete, base.position.get("epoch", 0)))
     if epoch > durable:
-        raise Refused(f"the log of {newest.instance} in the repository reaches epoch {durable} (backup {base.id} "
-                      f"and the archived epoch files), before the point {epoch}", "refused")
-    have = {Path(e.name).name for e in base.files}
-    have |= set(base.checks.get("snapshot", {}).get("detached", []))
-    log = [e for e in archived if e.kind == "pwal_rotated" and Path(e.name).name not in have]
-    log += [e for e in archived if e.kind == "blob" and Path(e.name).name not in have]
+        raise Refused(f"the log of {newest.instance} in the repository reaches epoch {durable} (backup {base.id}, "
+                      f"the archived epoch files, and every channel archived up to epoch {complete}), before the "
+                      f"point {epoch}", "refused")
+    have = holds(base)
+    log = [e for e in archived if e.kind in ("pwal_rotated", "blob") and Path(e.name).name not in have]
     return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)

@@ -85,6 +85,11 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                 raise Refused(f"{r.name} is archived twice with different bytes (a conflict): resolve it before a "
                               "snapshot folds it", "damaged")
             archived.setdefault(r.name, r)
+        unreadable = [r for r in (repo.load_backup("limestone", instance, b)
+                                  for b in repo.backup_ids("limestone", instance)) if r.manifest is None and r.complete]
+        if unreadable:  # it may be the previous snapshot: folding without it would lose what it holds
+            raise Refused(f"the manifest of backup {unreadable[0].id} of limestone {instance} cannot be read "
+                          f"({unreadable[0].problem}): no snapshot is built until it is restored", "damaged")
         previous = newest_snapshot(repo, "limestone", instance)
         before = previous.checks.get("snapshot", {}) if previous else {}
         scratch = owned_tempdir("walvault-snapshot-")

@@ -11,6 +11,8 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
+    <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)
+    <family>/<instance>/archive-complete.json         limestone: the epoch up to which every channel is archived
     <family>/<instance>/ledger/<sha256>.json          what verifying those bytes found (so they are not re-read)
 """
 
@@ -25,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
-from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, ManifestError, decode_checked, encode_checked, ensure_info,
-                       load_checked, read_info, save_checked)
+from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, ManifestError, decode_checked, encode_checked,
+                       ensure_info, load_checked, read_info, save_checked)
 from .storage import RepositoryError, Storage, UnsafeName, check_name
 
 FAMILIES = ("tarantool", "limestone")

@@ -192,6 +192,7 @@ def verdict_record(f: TarantoolFile) -> dict:
     out = f.to_json()
     del out["path"]
     out["lsns"] = {str(c): r for c, r in f.lsns.items()}
+    out["edge_blocks"] = f.edge_blocks
     return out
 
 
@@ -202,7 +203,8 @@ def verdict_from_record(path: str, record: dict) -> TarantoolFile:
     return TarantoolFile(path, record["kind"], record["status"], record["size"], record.get("rows"),
                          record.get("blocks"), record.get("zstd_blocks"), record.get("eof", False),
                          record.get("instance"), vclock(record.get("vclock")), vclock(record.get("prev_vclock")),
-                         {int(c): list(r) for c, r in record.get("lsns", {}).items()})
+                         {int(c): list(r) for c, r in record.get("lsns", {}).items()},
+                         edge_blocks=record.get("edge_blocks"))
 
 
 __all__ = ["SetFile", "TarantoolSet", "select", "judge", "instance_of", "verdict_record", "verdict_from_record"]

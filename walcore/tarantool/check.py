@@ -34,6 +34,7 @@ class TarantoolFile:
     # component -> [first, last, min, max] LSN
     lsns: dict[int, list[int]] = field(default_factory=dict)
     findings: FindingList = field(default_factory=FindingList)
+    edge_blocks: list[int] | None = None  # offsets of the first and the last block: where row_times reads
 
     def end_vclock(self) -> Vclock | None:
         """The vclock after this file's last row."""
@@ -124,7 +125,8 @@ def file_verdict(scan: FileScan) -> TarantoolFile:
         rows=span.rows if meta else None, blocks=span.blocks if meta else None,
         zstd_blocks=span.zstd_blocks if meta else None, eof=span.eof,
         instance=meta.instance if meta else None, vclock=meta.vclock if meta else None,
-        prev_vclock=meta.prev_vclock if meta else None, lsns=span.lsns, findings=findings)
+        prev_vclock=meta.prev_vclock if meta else None, lsns=span.lsns, findings=findings,
+        edge_blocks=[span.first_pos, span.last_block_pos] if span.blocks else None)
 
 
 def _leq(a: Vclock, b: Vclock) -> bool:

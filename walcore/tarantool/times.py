@@ -1,8 +1,8 @@
 """The time range of a file's rows: the first row's timestamp and the last one's.
 
 Retention judges an xlog by the log's own time (the rows' timestamps), never by its name or mtime. Only the
-first and the last block are decoded: the blocks between are stepped over by their fixed headers, so the
-cost is one small read per block whatever the file's size.
+first and the last block are decoded, found where the file's scan saw them (or, for a record of an older
+walvault, by stepping over the blocks' fixed headers).
 """
 
 from __future__ import annotations
@@ -14,24 +14,16 @@ from .meta import MAX_META_SIZE, parse_meta
 from .row import TIMESTAMP, RowError, iter_rows
 
 
-def row_times(path: Path | str, *, stop: int | None = None) -> list[float] | None:
+def row_times(path: Path | str, *, stop: int | None = None, edges: list[int] | None = None) -> list[float] | None:
     """[first, last] row timestamp of a checked file (of its blocks before byte `stop`), or None when its rows
-    carry none. ValueError when a block it decodes is damaged (a file that verified clean has none)."""
+    carry none. `edges`: the offsets of its first and last block, as its scan found them (else the blocks are
+    stepped over to find them). ValueError when a block it decodes is damaged (a file that verified clean has
+    none)."""
     with open(path, "rb") as f:
-        meta = parse_meta(f.read(MAX_META_SIZE))
-        if meta is None:
-            raise ValueError(f"{path}: no meta block")
-        size = f.seek(0, 2) if stop is None else stop
-        pos, first_block, last_block = meta.size, None, None
-        while pos + FIXHEADER_SIZE <= size:
-            f.seek(pos)
-            head = f.read(FIXHEADER_SIZE)
-            if head[:4] == EOF_MAGIC:
-                break
-            _compressed, length, _crc = parse_fixheader(head)
-            first_block = pos if first_block is None else first_block
-            last_block = pos
-            pos += FIXHEADER_SIZE + length
+        if edges:
+            first_block, last_block = edges
+        else:
+            first_block, last_block = _edges(f, path, stop)
         if first_block is None:
             return None
         first = _block_times(f, first_block, path)
@@ -39,6 +31,24 @@ def row_times(path: Path | str, *, stop: int | None = None) -> list[float] | Non
     if first is None or last is None:
         return None
     return [first[0], last[1]]
+
+
+def _edges(f, path, stop: int | None) -> tuple[int | None, int | None]:
+    meta = parse_meta(f.read(MAX_META_SIZE))
+    if meta is None:
+        raise ValueError(f"{path}: no meta block")
+    size = f.seek(0, 2) if stop is None else stop
+    pos, first_block, last_block = meta.size, None, None
+    while pos + FIXHEADER_SIZE <= size:
+        f.seek(pos)
+        head = f.read(FIXHEADER_SIZE)
+        if head[:4] == EOF_MAGIC:
+            break
+        _compressed, length, _crc = parse_fixheader(head)
+        first_block = pos if first_block is None else first_block
+        last_block = pos
+        pos += FIXHEADER_SIZE + length
+    return first_block, last_block
 
 
 def _block_times(f, pos: int, path) -> tuple[float, float] | None:
