@@ -436,3 +436,18 @@ def test_snapshot_of_a_running_instance_takes_a_checkpoint_first(live, tmp_path)
     restored = tmp_path / "restored"
     assert run_cli("restore", result["id"], restored, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(restored)["vclock"] == {k: v for k, v in position.items() if v}
+
+
+def test_a_damaged_anchor_confirms_nothing(repo, history):
+    """Coverage is confirmed on the anchor's stored bytes: one flipped byte in them and nothing is deleted."""
+    ids = history["ids"]
+    obj = next(next(repo.glob(f"tarantool/*/backups/{ids['S1']}")).rglob("*.snap.zst"))
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    obj.write_bytes(bytes(data))
+    before = _kept_tree(repo)
+    proc = _expire(repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY), "--apply")
+    assert proc.returncode == 1
+    source = _source(json.loads(proc.stdout))
+    assert source["anchor"]["name"] == ids["S1"] and "not intact" in source["stopped"] and source["deleted"] == 0
+    assert _kept_tree(repo) == before

@@ -8,15 +8,17 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   anchor's vclock reaches its last row in every component; limestone: the anchor folded it, by name, or its
   epoch is at or below the anchor's) and its range ends before the window (the rows' own timestamps, the
   rotation time in a limestone name; the archive time where the log has none). Other archived files (vinyl,
-  blobs, limestone's catalog and manifest versions) are kept.
-- Backups inside the window, the newest one before it, the anchor and the newest restorable backup are kept
-  with their parent chains; the rest go, children before parents, each manifest before its objects (a backup
-  without its manifest does not exist), and an object only when no kept manifest references it.
+  blobs, limestone's catalog and manifest versions) are kept, and so are both sides of an archive conflict.
+- Backups whose point is inside the window (by the log's time), the newest one before it, the anchor and the
+  newest restorable backup are kept with their parent chains; the rest go, children before parents, each
+  manifest before its objects (a backup without its manifest does not exist), and an object only when no kept
+  manifest references it.
 - Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
   files are not garbage: the expiry stops).
 With `apply`, each source is expired under its lease; every deletion re-checks its conditions right before it
-acts and is first written to the append-only audit log. A crash leaves what the next run finishes: a backup
-whose manifest is gone is an interrupted one's leftovers, an archived object without its record an orphan.
+acts and is first written to the append-only audit log. An archived file leaves a tombstone (so that archive
+does not store it again while the source keeps it). A crash leaves what the next run finishes: a backup whose
+manifest is gone is an interrupted one's leftovers, an archived object without its record an orphan.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def check_days(value) -> float:
         days = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"the window {value!r} is not a number of days") from None
-    if isinstance(value, bool) or not math.isfinite(days) or days < 1:
+    if isinstance(value, bool) or not math.isfinite(days):
+        raise ValueError(f"the window {value!r} is not a finite number of days")
+    if days < 1:
         raise ValueError(f"the window {value!r} is below one day: it would expire what was just written")
     if days > MAX_DAYS:
         raise ValueError(f"the window {value!r} is over {MAX_DAYS} days")
@@ -105,6 +109,7 @@ class SourcePlan:
     stopped: str | None = None  # why an applied expiry stopped before the end
     deleted: int = 0
     referenced: set[str] = field(default_factory=set)  # objects kept manifests name: never deleted
+    anchor_files: list[FileEntry] = field(default_factory=list)  # re-hashed before anything is deleted
 
     def to_json(self) -> dict:
         return {"source": self.instance, "family": self.family, "anchor": self.anchor,
@@ -181,6 +186,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     anchor = _anchor(family, [m for m in manifests if restorable[m.id]], window_start)
     if anchor is not None:
         plan.anchor = _describe_anchor(family, anchor)
+        plan.anchor_files = list(anchor.files)
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
     kept = _keep_backups(family, manifests, restorable, anchor, window_start, repo)
@@ -439,6 +445,9 @@ class _Changed(RuntimeError):
 
 
 def _apply(repo: Repository, plan: SourcePlan, lease, run: str, seq: list[int], policy: dict) -> None:
+    if plan.delete and (damaged := _damaged_anchor_object(repo, plan)):
+        plan.stopped = f"nothing deleted: the anchor {plan.anchor['name']} is not intact ({damaged})"
+        return
     for item in plan.delete:
         try:
             _recheck(repo, plan, lease, item)
@@ -451,6 +460,24 @@ def _apply(repo: Repository, plan: SourcePlan, lease, run: str, seq: list[int], 
                                  "by": f"walvault {walvault_version()}", "host": os.uname().nodename})
         _delete(repo, plan, item)
         plan.deleted += 1
+
+
+def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
+    """Coverage is confirmed on the anchor's stored bytes before anything it covers goes: each object is read
+    and its size and SHA-256 checked against its manifest."""
+    import hashlib
+
+    for entry in plan.anchor_files:
+        digest, size = hashlib.sha256(), 0
+        try:
+            for chunk in repo.storage.iter_bytes(entry.stored):
+                digest.update(chunk)
+                size += len(chunk)
+        except FileNotFoundError:
+            return f"{entry.stored} is missing"
+        if (size, digest.hexdigest()) != (entry.stored_size, entry.stored_sha256):
+            return f"{entry.stored} does not match its recorded size and SHA-256"
+    return None
 
 
 def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
@@ -468,6 +495,8 @@ def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
         anchor = repo.load_backup(plan.family, plan.instance, item.covered_by["name"])
         if anchor.manifest is None:
             raise _Changed(f"the anchor {item.covered_by['name']} can no longer be read ({anchor.problem})")
+    if item.kind == "orphan" and repo.storage.exists(item.path + RECORD_SUFFIX):
+        raise _Changed(f"{item.path} has its record now (an archive wrote it)")
     try:
         if item.record is not None:
             if repo.storage.read_bytes(item.record) != item.fingerprint:

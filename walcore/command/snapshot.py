@@ -7,10 +7,11 @@ It is stored as a backup of type `snapshot` (id `YYYYMMDD-HHMMSSS`): the same ma
 - Tarantool: the newest checkpoint — its `.snap` and the vinyl files it needs, no xlog (`--connect` first asks
   the running instance for `box.snapshot()`). It covers every xlog whose last row its vclock reaches.
 - limestone: a compacted file in limestone's own format, built from the archived rotated pwal files and the
-  previous snapshot's compacted file (never from or in the source directory), with its catalog (the
-  `COMPACTED_FILE` line, every folded file as `DETACHED_PWAL`, `MAX_EPOCH_ID`, a true `MAX_BLOB_ID`), the
-  source's manifest (its instance id kept), the blob files its entries reference and an `epoch` file at the
-  epoch it folds. It covers exactly the files it folded: limestone decides coverage by those names.
+  previous snapshot's compacted file (for the first, the source's own compacted file when limestone made one;
+  never built in the source directory, which is only read), with its catalog (the `COMPACTED_FILE` line, every
+  folded file as `DETACHED_PWAL`, `MAX_EPOCH_ID`, a true `MAX_BLOB_ID`), the source's manifest (its instance
+  id kept), the blob files its entries reference and an `epoch` file at the newest epoch it folded (its
+  position). It covers exactly the files it folded: limestone decides coverage by those names.
 """
 
 from __future__ import annotations
