@@ -339,3 +339,52 @@ def test_an_archive_conflict_is_kept_until_resolved(tmp_path):
     assert not [d for d in source["delete"] if rotated.name in d["path"]]
     kept = [k for k in source["keep"] if rotated.name in k["path"]]
     assert len(kept) == 2 and all("conflict" in k["reason"] for k in kept)
+    assert not [d for d in source["delete"] if "/archive/" in d["path"]], "two histories: nothing of the archive"
+
+
+@require_limestone
+def test_a_refused_damaged_file_holds_back_what_the_archive_restores(tmp_path):
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    w = Writer(src, seed=21, channels=1)
+    w.epochs(range(1, 4))
+    (snap,) = _cycle(src, repo, "snapshot")
+    w.epochs(range(4, 7))
+    assert run_cli("rotate", src).returncode == 0
+    damaged = max(src.glob("pwal_0000.*"))
+    data = bytearray(damaged.read_bytes())
+    data[0] = 0xEE  # an unknown entry type: limestone cannot read the file
+    damaged.write_bytes(bytes(data))
+    assert run_cli("archive", src, "--repo", repo).returncode == 1  # refused, the epoch file archived
+    proc = run_cli("restore", snap["id"], tmp_path / "r", "--repo", repo, "--to", "5")
+    assert proc.returncode == 1 and "before the point 5" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@require_limestone
+def test_files_limestones_own_compaction_folded_and_an_operator_deleted(tmp_path):
+    """Their keys are only in the source's compacted file: a restore from an older backup past them is refused,
+    and so is a snapshot built over an archive that never held them."""
+    from walcore.limestone.compact import compact
+
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    w = Writer(src, seed=23, channels=1)
+    w.epochs(range(1, 4))
+    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
+    (snap,) = [_json(run_cli("snapshot", src, "--repo", repo, "--json"))]
+    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    w.epochs(range(4, 7))
+    assert run_cli("rotate", src).returncode == 0
+    folded = [p for p in src.glob("pwal_0000.*") if p.name not in snap["covers"]["detached"]]
+    assert not (src / CATALOG_NAME).exists()
+    staging = tmp_path / "staging"  # limestone's online compaction, standing in: its compacted file and catalog
+    compact(folded, 6, staging)
+    for name in (COMPACTED_NAME, CATALOG_NAME):
+        shutil.copyfile(staging / name, src / name)
+    for p in folded:
+        p.unlink()  # the operator deletes what the compaction detached, before it was archived
+    w.epochs(range(7, 10))
+    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
+    proc = run_cli("restore", full["id"], tmp_path / "r", "--repo", repo, "--to", "8")
+    assert proc.returncode == 1 and "never archived" in proc.stderr, proc.stderr
+    proc = run_cli("snapshot", src, "--repo", repo)
+    assert proc.returncode == 1 and "own compaction folded" in proc.stderr

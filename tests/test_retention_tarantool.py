@@ -451,3 +451,27 @@ def test_a_damaged_anchor_confirms_nothing(repo, history):
     source = _source(json.loads(proc.stdout))
     assert source["anchor"]["name"] == ids["S1"] and "not intact" in source["stopped"] and source["deleted"] == 0
     assert _kept_tree(repo) == before
+
+
+def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(tmp_path):
+    """A copy of the data dir that wrote on (a restore started again): its newest xlog takes the name of one
+    retention deleted, with other bytes. It is kept as a conflict, and nothing of the archive expires while two
+    histories share the instance (a vclock no longer says which one a file belongs to)."""
+    src, fork, repo = tmp_path / "src", tmp_path / "fork", tmp_path / "repo"
+    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    shutil.copytree(src, fork)
+    tr.write_more(src, rows=800, snapshot=True, seed=1)
+    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    _backup(src, repo)
+    expired = _plan(repo, time.time() + 31 * DAY, "--apply")
+    assert expired["deleted"] > 0
+    tr.write_more(fork, rows=300, snapshot=False, seed=2)
+    proc = run_cli("archive", fork, "--repo", repo, "--json")
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 1 and result["conflicts"], "the other history's bytes under an expired name"
+    for conflict in result["conflicts"]:
+        assert ".conflict-" in conflict["kept_as"]
+    source = _source(_plan(repo, time.time() + 31 * DAY))
+    assert not [d for d in source["delete"] if "/archive/" in d["path"]]
+    assert any("two histories" in k["reason"] for k in source["keep"])

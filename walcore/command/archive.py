@@ -206,10 +206,11 @@ def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
         if d.status == "cannot_check" or d.manifest is None:
             continue
         root = Path(d.path)
-        lows = [f.epoch_range[0] for f in report.files if f.to_json()["family"] == "limestone"
-                and f.kind in ("pwal", "pwal_rotated") and Path(f.path).is_relative_to(root) and f.epoch_range
-                and f.path not in archived]
-        complete = min([d.durable_epoch or 0] + [low - 1 for low in lows])
+        left = [f for f in report.files if f.to_json()["family"] == "limestone" and f.kind in ("pwal", "pwal_rotated")
+                and Path(f.path).is_relative_to(root) and f.path not in archived and f.size]
+        if any(f.epoch_range is None for f in left):
+            continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
+        complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
         instance = _limestone_instance(d)
         before = archive_complete(repo, "limestone", instance)
         if before is None or complete > before:
@@ -224,10 +225,13 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
         name = f"{name}@{file_sha256(item.path)[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
-    if existing is None and _expired(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}", item.path):
-        result.expired.append(str(item.path))
-        tracker.advance(0)
-        return
+    if existing is None:  # retention may have deleted this name: the same bytes are not stored again, and other
+        existing = _tombstone(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}")  # bytes are another history's: a conflict
+        if existing is not None and existing.size == item.path.stat().st_size \
+                and existing.sha256 == file_sha256(item.path):
+            result.expired.append(str(item.path))
+            tracker.advance(0)
+            return
     if existing is not None and existing.size == item.path.stat().st_size \
             and existing.sha256 == file_sha256(item.path):
         result.already.append(str(item.path))
@@ -260,13 +264,19 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     tracker.advance(stored.size)
 
 
-def _expired(repo: Repository, tombstone: str, path: Path) -> bool:
-    """Whether retention deleted exactly these bytes from the archive (a source keeps old files a while)."""
+@dataclass
+class _Expired:
+    size: int | None
+    sha256: str | None
+
+
+def _tombstone(repo: Repository, name: str) -> _Expired | None:
+    """What retention deleted under this name (a source keeps old files a while after they expire)."""
     try:
-        record = decode_checked(repo.storage.read_bytes(tombstone), tombstone)
+        record = decode_checked(repo.storage.read_bytes(name), name)
     except (FileNotFoundError, ManifestError):
-        return False
-    return record.get("size") == path.stat().st_size and record.get("sha256") == file_sha256(path)
+        return None
+    return _Expired(record.get("size"), record.get("sha256"))
 
 
 def _verdict_record(item: _Item) -> dict:

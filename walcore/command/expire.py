@@ -361,9 +361,11 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
     conflicted = {e.name for name, (_, _, e) in entries.items() if ".conflict-" in name}
     for record_name, (raw, obj, entry) in entries.items():
         path = record_name[:-len(RECORD_SUFFIX)]
-        if entry.name in conflicted:
-            plan.keep.append({"path": path, "kind": entry.kind, "reason": "archived twice with different bytes (a "
-                              "conflict): kept, both versions, until it is resolved"})
+        if conflicted:  # two histories under one instance (a restored copy that wrote on): a vclock or an epoch
+            # no longer says which history a file belongs to, so nothing of the archive is judged covered
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": "the archive holds a conflict (a name "
+                              f"archived with different bytes: {sorted(conflicted)[0]}): two histories of this "
+                              "source; nothing of its archive expires until it is resolved"})
             continue
         if entry.kind not in LOG_KINDS:
             plan.keep.append({"path": path, "kind": entry.kind,

@@ -193,12 +193,17 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     def holds(m: BackupManifest) -> set[str]:
         return {Path(e.name).name for e in m.files} | set(m.checks.get("snapshot", {}).get("detached", []))
 
-    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch and not {
-        n for n in expired if n.startswith("pwal_")} - holds(m)]
+    # Files limestone's own compaction folded (named by an archived catalog) that the archive never held: their
+    # keys are in the source's compacted file only, so a base that neither holds nor folded them cannot reach past.
+    names = {Path(e.name).name for e in archived}
+    folded_away = {n for n in _archived_detached(repo, archived) if n not in names}
+    missing = {n for n in expired if n.startswith("pwal_")} | folded_away
+    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch and not missing - holds(m)]
     if not bases:
         raise Refused(f"no backup or snapshot of {newest.instance} at or before epoch {epoch} has the whole log "
-                      "after it in the repository (retention deleted files it would need: restore from the newest "
-                      "snapshot instead)", "refused")
+                      "after it in the repository (retention deleted files it would need, or limestone's own "
+                      "compaction folded files that were never archived: restore from the newest snapshot)",
+                      "refused")
     base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
     durable = max([base.position.get("epoch", 0)] + [e.range["epochs"][1] for e in archived
                                                      if e.kind == "epoch_rotated" and e.range.get("epochs")])
@@ -212,3 +217,18 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     have = holds(base)
     log = [e for e in archived if e.kind in ("pwal_rotated", "blob") and Path(e.name).name not in have]
     return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)
+
+
+def _archived_detached(repo: Repository, archived: list[FileEntry]) -> set[str]:
+    """Every DETACHED_PWAL name of the archived versions of the source's compaction catalog."""
+    from ..limestone.catalog import CatalogError, parse_catalog
+
+    out: set[str] = set()
+    for e in archived:
+        if e.kind == "catalog" and e.size < (1 << 24):
+            data = b"".join(repo.read_object(e.stored, size=e.size, sha256=e.sha256, stored_sha256=e.stored_sha256))
+            try:
+                out |= set(parse_catalog(data).detached_pwals)
+            except CatalogError:
+                continue  # a damaged .back limestone would not read either
+    return out

@@ -21,8 +21,8 @@ import shutil
 from pathlib import Path
 
 from ..findings import Refused
-from ..limestone.catalog import CATALOG_NAME, parse_catalog
 from ..fsutil import owned_tempdir, write_atomic
+from ..limestone.catalog import CATALOG_NAME, parse_catalog
 from ..repository import Repository
 from ..repository.manifest import BackupManifest, FileEntry
 from .backup import BackupResult, Progress, plan_for, store_set
@@ -105,6 +105,13 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                 _source_compaction(source, prev_dir)
             detached = set(parse_catalog((prev_dir / CATALOG_NAME).read_bytes()).detached_pwals) \
                 if (prev_dir / CATALOG_NAME).exists() else set()
+            source_catalog = prepare(source).catalog
+            if lost := set(source_catalog.detached_pwals if source_catalog else []) - set(archived) - detached:
+                # limestone's own compaction folded them since the last snapshot: their keys may be nowhere else
+                raise Refused(f"limestone's own compaction folded {len(lost)} pwal files the archive does not hold "
+                              f"({', '.join(sorted(lost)[:3])}): archive them first; if they were deleted, their "
+                              "keys are only in the source's compacted file, which this snapshot would not hold",
+                              "refused")
             pwals = sorted((e for e in archived.values() if e.kind == "pwal_rotated" and e.name not in detached),
                            key=lambda e: e.name)
             epochs = [e.range["epochs"][1] for e in archived.values()
