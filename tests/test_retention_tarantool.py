@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import require_tarantool, run_cli, tree_snapshot
+from conftest import LIMESTONE_FIXTURES, require_tarantool, run_cli, tree_snapshot
 import test_tarantool_live
 
 pytestmark = require_tarantool
@@ -270,8 +270,53 @@ def test_an_expiry_racing_a_backup_lease_deletes_nothing(repo, history):
     before = tree_snapshot(repo / family)
     with r.lease(family, instance, "backup"):
         proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
-    assert proc.returncode == 1 and "held by backup" in proc.stderr
+    assert proc.returncode == 1
+    source = _source(json.loads(proc.stdout))
+    assert "held by backup" in source["stopped"] and source["deleted"] == 0
     assert tree_snapshot(repo / family) == before
+
+
+def test_a_busy_source_is_reported_and_the_others_expire(repo, history, tmp_path):
+    """Two sources in one repository, one of them busy: the other is expired, and the report says both."""
+    from walcore.repository import Repository
+
+    ls_src = tmp_path / "ls"
+    shutil.copytree(LIMESTONE_FIXTURES / "20-random-small", ls_src)
+    for p in [ls_src, *ls_src.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
+    assert run_cli("archive", ls_src, "--repo", repo).returncode == 0
+    r = Repository(str(repo))
+    (ls_instance,) = [i for f, i in r.sources() if f == "limestone"]
+    with r.lease("limestone", ls_instance, "backup"):
+        proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
+    assert proc.returncode == 1
+    result = json.loads(proc.stdout)
+    by_family = {s["family"]: s for s in result["sources"]}
+    assert "held by backup" in by_family["limestone"]["stopped"] and by_family["limestone"]["deleted"] == 0
+    assert by_family["tarantool"]["deleted"] > 0 and not by_family["tarantool"]["stopped"]
+    assert result["deleted"] == by_family["tarantool"]["deleted"] and result["audit"]
+
+
+def test_a_repository_failing_mid_expiry_is_reported(repo, history):
+    from walcore.command.expire import expire
+    from walcore.repository import Repository, RepositoryError
+    from walcore.repository.storage import Storage
+
+    real = Storage.write_bytes
+
+    def failing(self, name, data):
+        if name.endswith(".expired"):
+            raise RepositoryError(f"cannot write {name}: Permission denied")
+        real(self, name, data)
+
+    Storage.write_bytes = failing
+    try:
+        result = expire(Repository(str(repo)), 30, as_of=history["done"] + 31 * DAY, apply=True)
+    finally:
+        Storage.write_bytes = real
+    (source,) = result.sources
+    assert "the repository failed" in source.stopped and "may not have happened" in source.stopped
+    assert result.audit is not None  # what was deleted before is in the audit log
 
 
 def test_a_restore_in_progress_blocks_the_source(repo, history):

@@ -232,6 +232,8 @@ def _usage_error(args) -> str | None:
             check_days(args.days)
         except ValueError as e:
             return f"--days: {e}"
+    if getattr(args, "wait", None) is not None and args.wait < 0:
+        return "--wait must not be negative"
     if args.command == "expire" and args.as_of is not None and _as_of(args.as_of) is None:
         return f"--as-of {args.as_of!r} is not a time (ISO 8601 UTC, or @unix seconds)"
     return None
@@ -407,8 +409,9 @@ def _archive(args) -> int:
 
 
 def _backup(args) -> int:
-    from .command.backup import backup
+    from .command.backup import backup, plan_for
 
+    plan_for(args.source, check_only=True)
     repo = _repository(args, create=True)
     result = backup(args.source, repo, incremental=args.type == "incremental", connect=args.connect,
                     level=args.level, runner=args.runner, progress=_progress(args), wait=args.wait)
@@ -426,8 +429,10 @@ def _backup(args) -> int:
 
 
 def _snapshot(args) -> int:
+    from .command.backup import plan_for
     from .command.snapshot import snapshot
 
+    plan_for(args.source, check_only=True)  # a wrong SOURCE is said before a repository is created
     repo = _repository(args, create=True)
     result = snapshot(args.source, repo, connect=args.connect, level=args.level, runner=args.runner,
                       progress=_progress(args), wait=args.wait)
@@ -492,7 +497,7 @@ def _count(reasons) -> list[tuple[str, int]]:
 def _policy(args) -> int:
     from .command.expire import check_days
 
-    repo = _repository(args, create=args.days is not None)
+    repo = _repository(args)  # a typo in --repo must not leave a repository holding only a policy
     policy = repo.set_policy(check_days(args.days)) if args.days is not None else repo.policy()
     if args.json:
         _print_json({"policy": policy})

@@ -9,8 +9,9 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   epoch is at or below the anchor's) and its range ends before the window (the rows' own timestamps, the
   rotation time in a limestone name; the archive time where the log has none). Other archived files (vinyl,
   blobs, limestone's catalog and manifest versions) are kept, and so are both sides of an archive conflict.
-- Backups whose point is inside the window (by the log's time), the newest one before it, the anchor and the
-  newest restorable backup are kept with their parent chains; the rest go, children before parents, each
+- Backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
+  the newest restorable backup and the newest restorable full or incremental one are kept with their parent
+  chains; the rest go, children before parents, each
   manifest before its objects (a backup without its manifest does not exist), and an object only when no kept
   manifest references it.
 - Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
@@ -35,6 +36,7 @@ from ..findings import Refused
 from ..repository import Repository, RepositoryError, walvault_version
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
+from ..repository.lease import LeaseBusy
 from ..repository.storage import UnsafeName
 from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from .backup import STALE_TEMPORARY
@@ -162,10 +164,19 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
     run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     seq = [0]
     for family, instance in sources:
-        with repo.lease(family, instance, "expire", wait=wait) as lease:
-            plan = plan_source(repo, family, instance, as_of - days * DAY)
-            result.sources.append(plan)
-            _apply(repo, plan, lease, run, seq, {"days": days, "as_of": iso(as_of)})
+        plan = SourcePlan(family, instance)
+        try:
+            with repo.lease(family, instance, "expire", wait=wait) as lease:
+                plan = plan_source(repo, family, instance, as_of - days * DAY)
+                _apply(repo, plan, lease, run, seq, {"days": days, "as_of": iso(as_of)})
+        except LeaseBusy as e:  # another source's expiry goes on; this one is reported
+            plan.stopped = f"not expired: {e}"
+        except Refused as e:
+            plan.stopped = f"not expired: {e}"
+        except RepositoryError as e:
+            last = f"; the audit record {seq[0]:06d} names a deletion that may not have happened" if seq[0] else ""
+            plan.stopped = f"the repository failed: {e}{last}"
+        result.sources.append(plan)
     result.audit = f"audit/{run}" if seq[0] else None
     return result
 
