@@ -24,6 +24,14 @@ from pathlib import Path
 
 import pytest
 
+# Airflow writes under AIRFLOW_HOME when it is first imported: the tests' own directory, never ~/airflow.
+if "AIRFLOW_HOME" not in os.environ:
+    import atexit
+    import tempfile
+
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="walvault-test-airflow-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 if str(TESTS) not in sys.path:

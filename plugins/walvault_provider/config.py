@@ -1,0 +1,205 @@
+"""walvault's pipeline configuration: the sources, the repository connection, retention, schedules and Spark.
+
+One YAML file, its path from `WALVAULT_CONFIG`, else `walvault.yaml` beside the DAGs. It is read at DAG parse
+time for the schedules and the trigger form's choices, so reading it is cheap: one small file, no database and no
+network. Secrets are never in it: the repository's credentials and a running Tarantool's password live in Airflow
+connections, which the file names. Every error names the key at fault.
+
+    repository:
+      connection: walvault_repo        # an Airflow connection: a path, or S3 with its credentials
+    sources:
+      - name: tt1                      # what the trigger form offers
+        family: tarantool              # tarantool | limestone
+        path: /data/tt1                # the data dir (relative: to this file)
+        connection: tt1_live           # optional: a running Tarantool (host, port, login, password)
+      - name: ls1
+        family: limestone
+        path: /data/ls1
+        rotate_min_bytes: 67108864     # limestone: rotate once the active files hold this much (default 64 MiB)
+    retention:
+      days: 30                         # the recovery window (walvault expire)
+    schedules:                         # cron expressions or presets; null: triggered only
+      archive: "*/15 * * * *"
+      backup: "@daily"
+      snapshot: "@daily"
+      retention: "@daily"
+      restore_drill: "@weekly"
+    spark:
+      connection: spark_default        # SparkSubmitOperator's connection: local[2] embedded, a master in production
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_VAR = "WALVAULT_CONFIG"
+DEFAULT_NAME = "walvault.yaml"
+FAMILIES = ("tarantool", "limestone")
+DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "@daily", "snapshot": "@daily", "retention": "@daily",
+                     "restore_drill": "@weekly"}
+DEFAULT_ROTATE_MIN_BYTES = 64 << 20
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+_PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
+_SECRET_WORDS = ("password", "secret", "token", "access_key", "private_key")
+
+
+class ConfigError(ValueError):
+    """The configuration file cannot be used; the message names the file and the key at fault."""
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    family: str
+    path: Path
+    connection: str | None = None  # an Airflow connection to a running Tarantool
+    rotate_min_bytes: int = DEFAULT_ROTATE_MIN_BYTES
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    sources: tuple[Source, ...]
+    repository_connection: str = "walvault_repo"
+    retention_days: float = 30
+    schedules: dict = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
+    spark_connection: str = "spark_default"
+
+    def source(self, name: str) -> Source:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise ConfigError(f"{self.path}: no source named {name!r} (configured: "
+                          f"{', '.join(s.name for s in self.sources)})")
+
+
+def config_path(dags_folder: Path | None = None) -> Path:
+    """`WALVAULT_CONFIG`, else walvault.yaml beside the DAGs."""
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR])
+    return (dags_folder or Path(__file__).resolve().parents[2] / "dags") / DEFAULT_NAME
+
+
+def load(path: Path | None = None) -> Config:
+    import yaml
+
+    path = Path(path) if path is not None else config_path()
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the walvault configuration ({e.strerror or e}); set {ENV_VAR} "
+                          "to its path") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML: {e}") from None
+    return parse(raw, path)
+
+
+def parse(raw, path: Path) -> Config:
+    where = str(path)
+
+    def fail(key: str, message: str):
+        raise ConfigError(f"{where}: {key}: {message}")
+
+    if not isinstance(raw, dict):
+        fail("(top)", "the file must hold a mapping (repository, sources, retention, schedules, spark)")
+    _no_secrets(raw, "", fail)
+    _known(raw, ("repository", "sources", "retention", "schedules", "spark"), "", fail)
+    repository = _section(raw, "repository", ("connection",), fail)
+    retention = _section(raw, "retention", ("days",), fail)
+    spark = _section(raw, "spark", ("connection",), fail)
+    schedules_raw = _section(raw, "schedules", tuple(DEFAULT_SCHEDULES), fail)
+    sources_raw = raw.get("sources")
+    if not isinstance(sources_raw, list) or not sources_raw:
+        fail("sources", "a list of at least one source (name, family, path)")
+    sources, names = [], set()
+    for i, item in enumerate(sources_raw):
+        key = f"sources[{i}]"
+        if not isinstance(item, dict):
+            fail(key, "a mapping with name, family and path")
+        _known(item, ("name", "family", "path", "connection", "rotate_min_bytes"), key, fail)
+        name = item.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            fail(f"{key}.name", f"{name!r} is not a name (letters, digits, '_', '.', '-'; up to 64)")
+        if name in names:
+            fail(f"{key}.name", f"{name!r} is configured twice")
+        names.add(name)
+        family = item.get("family")
+        if family not in FAMILIES:
+            fail(f"{key}.family", f"{family!r} is not one of {', '.join(FAMILIES)}")
+        source_path = item.get("path")
+        if not isinstance(source_path, str) or not source_path:
+            fail(f"{key}.path", "the source directory, a string")
+        connection = item.get("connection")
+        if connection is not None and (family != "tarantool" or not isinstance(connection, str)
+                                       or not _CONN_ID.fullmatch(connection)):
+            fail(f"{key}.connection", "an Airflow connection id, for a running Tarantool only")
+        min_bytes = item.get("rotate_min_bytes", DEFAULT_ROTATE_MIN_BYTES)
+        if "rotate_min_bytes" in item and family != "limestone":
+            fail(f"{key}.rotate_min_bytes", "limestone sources only")
+        if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 1:
+            fail(f"{key}.rotate_min_bytes", f"{min_bytes!r} is not a positive number of bytes")
+        full = Path(source_path) if Path(source_path).is_absolute() else (path.parent / source_path)
+        sources.append(Source(name, family, full, connection, min_bytes))
+    days = retention.get("days", 30)
+    try:
+        from walcore.command.expire import check_days
+
+        days = check_days(days)
+    except ValueError as e:
+        fail("retention.days", str(e))
+    schedules = dict(DEFAULT_SCHEDULES)
+    for name, value in schedules_raw.items():
+        if value is not None and not _schedule(value):
+            fail(f"schedules.{name}", f"{value!r} is not a cron expression (5 fields) or a preset "
+                 f"({', '.join(sorted(_PRESETS))})")
+        schedules[name] = value
+    conns = {}
+    for key, section, default in (("repository.connection", repository, "walvault_repo"),
+                                  ("spark.connection", spark, "spark_default")):
+        value = section.get("connection", default)
+        if not isinstance(value, str) or not _CONN_ID.fullmatch(value):
+            fail(key, f"{value!r} is not an Airflow connection id")
+        conns[key] = value
+    return Config(path, tuple(sources), conns["repository.connection"], days, schedules, conns["spark.connection"])
+
+
+def _section(raw: dict, name: str, keys: tuple[str, ...], fail) -> dict:
+    section = raw.get(name) or {}
+    if not isinstance(section, dict):
+        fail(name, "a mapping")
+    _known(section, keys, name, fail)
+    return section
+
+
+def _known(mapping: dict, keys: tuple[str, ...], where: str, fail) -> None:
+    for key in mapping:
+        if key not in keys:
+            fail(f"{where}.{key}" if where else str(key), f"unknown key (known: {', '.join(keys)})")
+
+
+def _no_secrets(obj, where: str, fail) -> None:
+    """Credentials belong in Airflow connections: a key that names one is refused wherever it is."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            here = f"{where}.{key}" if where else str(key)
+            if any(word in str(key).lower() for word in _SECRET_WORDS):
+                fail(here, "secrets are not kept in this file: put them in the Airflow connection it names")
+            _no_secrets(value, here, fail)
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            _no_secrets(value, f"{where}[{i}]", fail)
+
+
+def _schedule(value) -> bool:
+    if not isinstance(value, str):
+        return False
+    if value in _PRESETS:
+        return True
+    fields = value.split()
+    return len(fields) == 5 and all(re.fullmatch(r"[0-9*/,\-A-Za-z?LW#]+", f) for f in fields)

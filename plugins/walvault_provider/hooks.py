@@ -1,0 +1,69 @@
+"""The repository hook: a walvault repository addressed by an Airflow connection (`walvault_repo` by default).
+
+The connection holds what the configuration file must not: where the repository is and its credentials.
+- conn_type `walvault_repo` (any type works): `extra` {"url": "/backups" | "s3://bucket/prefix", "options": {...}}
+  (fsspec storage options, e.g. {"endpoint_url": "http://127.0.0.1:9000"}); without `url`, `host` is the path.
+- For S3, `login` and `password` are the access key id and the secret; they go to the storage options, never to
+  a command line (`subprocess_env` hands them to a child process through the environment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from airflow.sdk import BaseHook
+
+
+@dataclass
+class RepoTarget:
+    url: str
+    options: dict = field(default_factory=dict)  # fsspec storage options, credentials included
+    env: dict = field(default_factory=dict)  # the credentials as a child process reads them
+
+    def cli_args(self) -> list[str]:
+        """`--repo URL --repo-option K=V ...` for walvault, without the credentials (see `env`)."""
+        import json
+
+        args = ["--repo", self.url]
+        for key, value in self.options.items():
+            if key not in ("key", "secret"):
+                args += ["--repo-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+        return args
+
+
+class WalvaultRepoHook(BaseHook):
+    conn_name_attr = "walvault_conn_id"
+    default_conn_name = "walvault_repo"
+    conn_type = "walvault_repo"
+    hook_name = "walvault repository"
+
+    def __init__(self, walvault_conn_id: str = default_conn_name, **kwargs):
+        super().__init__(**kwargs)
+        self.walvault_conn_id = walvault_conn_id
+
+    def target(self) -> RepoTarget:
+        conn = self.get_connection(self.walvault_conn_id)
+        extra = conn.extra_dejson or {}
+        url = extra.get("url") or conn.host
+        if not url:
+            raise ValueError(f"connection {self.walvault_conn_id!r}: no repository (extra 'url', or host)")
+        options = dict(extra.get("options") or {})
+        env = {}
+        if str(url).startswith("s3://") and conn.login:
+            options.update({"key": conn.login, "secret": conn.password or ""})
+            env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password or ""}
+        return RepoTarget(str(url), options, env)
+
+    def repository(self, *, create: bool = False):
+        """The walcore Repository the connection names."""
+        from walcore.repository import Repository
+
+        target = self.target()
+        return Repository(target.url, target.options, create=create)
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            repo = self.repository()
+        except Exception as e:  # shown in the UI's connection test, whatever went wrong
+            return False, str(e)
+        return True, f"walvault repository {repo.display} (format {repo.info.get('format')})"

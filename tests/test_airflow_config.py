@@ -1,0 +1,166 @@
+"""The pipeline's configuration file and the repository hook (plugins/walvault_provider).
+
+The configuration is read at DAG parse time: one small YAML file, no database, no network, and no Airflow
+import; every error names the key at fault; secrets are refused. The hook reads a real Airflow connection (from
+the environment, as Airflow resolves `AIRFLOW_CONN_*`) and opens the repository it names, a path or S3 on
+loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, S3_CREDENTIALS
+from walvault_provider.config import ConfigError, config_path, load
+
+SHIPPED = REPO / "dags" / "walvault.yaml"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "walvault.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+sources:
+  - {name: tt1, family: tarantool, path: data/tt1, connection: tt1_live}
+  - {name: ls1, family: limestone, path: /srv/ls1, rotate_min_bytes: 1024}
+retention: {days: 7}
+schedules: {archive: "*/5 * * * *", backup: null}
+"""
+
+
+def test_the_shipped_configuration_loads_with_a_30_day_window():
+    config = load(SHIPPED)
+    assert config.retention_days == 30 and config.repository_connection == "walvault_repo"
+    assert {s.family for s in config.sources} == {"tarantool", "limestone"}
+    assert all(s.path.is_absolute() and s.path.is_relative_to(REPO) for s in config.sources)
+    assert config.schedules["archive"] == "*/15 * * * *" and config.spark_connection == "spark_default"
+
+
+def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
+    path = _write(tmp_path, GOOD)
+    config = load(path)
+    tt1, ls1 = config.sources
+    assert tt1.path == tmp_path / "data/tt1" and tt1.connection == "tt1_live"
+    assert ls1.path == Path("/srv/ls1") and ls1.rotate_min_bytes == 1024
+    assert config.retention_days == 7
+    assert config.schedules["archive"] == "*/5 * * * *" and config.schedules["backup"] is None
+    assert config.schedules["retention"] == "@daily", "unset schedules keep their defaults"
+    assert config.source("ls1") is ls1
+    with pytest.raises(ConfigError, match="no source named 'nope'"):
+        config.source("nope")
+    monkeypatch.delenv("WALVAULT_CONFIG", raising=False)
+    assert config_path() == SHIPPED
+    monkeypatch.setenv("WALVAULT_CONFIG", str(path))
+    assert config_path() == path and load().sources == config.sources
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[1, 2]", "(top)"),
+    ("sources: []", "sources"),
+    ("sourcez: []", "sourcez"),
+    ("sources: [{name: a, family: mysql, path: /x}]", "sources[0].family"),
+    ("sources: [{name: 'a b', family: tarantool, path: /x}]", "sources[0].name"),
+    ("sources: [{name: a, family: tarantool, path: /x}, {name: a, family: limestone, path: /y}]", "sources[1].name"),
+    ("sources: [{name: a, family: tarantool}]", "sources[0].path"),
+    ("sources: [{name: a, family: limestone, path: /x, connection: c}]", "sources[0].connection"),
+    ("sources: [{name: a, family: tarantool, path: /x, rotate_min_bytes: 5}]", "sources[0].rotate_min_bytes"),
+    ("sources: [{name: a, family: limestone, path: /x, rotate_min_bytes: 0}]", "sources[0].rotate_min_bytes"),
+    ("sources: [{name: a, family: tarantool, path: /x, colour: red}]", "sources[0].colour"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nretention: {days: 0}", "retention.days"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nretention: {days: thirty}", "retention.days"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {archive: every minute}", "schedules.archive"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {hourly: '@daily'}", "schedules.hourly"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: 'a b'}", "repository.connection"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: r, password: hunter2}",
+     "repository.password"),
+    ("sources: [{name: a, family: tarantool, path: /x, aws_secret_access_key: k}]", "sources[0].aws_secret_access_key"),
+])
+def test_every_error_names_its_key(tmp_path, text, key):
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert f"{path}: {key}:" in str(e.value)
+    assert "hunter2" not in str(e.value)
+
+
+def test_unreadable_or_not_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not YAML"):
+        load(_write(tmp_path, "sources: [unclosed"))
+
+
+def test_reading_it_imports_no_airflow_and_touches_no_network(tmp_path):
+    """What a DAG file does at parse time: import the module and load the file."""
+    path = _write(tmp_path, GOOD)
+    code = ("import socket, sys\n"
+            "def refuse(*a, **k): raise AssertionError('network at parse time')\n"
+            "socket.socket.connect = refuse\n"
+            "from walvault_provider.config import load\n"
+            f"load({str(path)!r})\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'sqlalchemy', 'pyspark')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# -- the repository hook
+
+
+def _connection(monkeypatch, conn: dict, conn_id: str = "walvault_repo") -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
+def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
+    from walvault_provider.hooks import WalvaultRepoHook
+
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo")}})
+    hook = WalvaultRepoHook()
+    ok, message = hook.test_connection()
+    assert not ok and "not a walvault repository" in message
+    repo = hook.repository(create=True)
+    assert (tmp_path / "repo" / "walvault.repo").is_file() and repo.sources() == []
+    assert hook.test_connection() == (True, f"walvault repository {tmp_path / 'repo'} (format 1)")
+    assert hook.target().cli_args() == ["--repo", str(tmp_path / "repo")]
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "host": str(tmp_path / "other")}, "by_host")
+    assert WalvaultRepoHook("by_host").target().url == str(tmp_path / "other")
+    _connection(monkeypatch, {"conn_type": "walvault_repo"}, "empty")
+    with pytest.raises(ValueError, match="'empty': no repository"):
+        WalvaultRepoHook("empty").target()
+
+
+def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoint, tmp_path):
+    import s3fs
+
+    from walvault_provider.hooks import WalvaultRepoHook
+
+    for key in S3_CREDENTIALS:  # only the connection may supply them here
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    key, secret = S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+    bucket = f"walvault-hook-{tmp_path.name[-12:].lower().replace('_', '-')}"
+    s3fs.S3FileSystem(endpoint_url=s3_endpoint, key=key, secret=secret).mkdir(bucket)
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "login": key, "password": secret,
+                              "extra": {"url": f"s3://{bucket}/repo", "options": {"endpoint_url": s3_endpoint}}})
+    hook = WalvaultRepoHook()
+    repo = hook.repository(create=True)
+    repo.set_policy(30)
+    assert repo.policy()["days"] == 30
+    target = hook.target()
+    assert secret not in " ".join(target.cli_args()) and key not in " ".join(target.cli_args())
+    assert target.cli_args() == ["--repo", f"s3://{bucket}/repo", "--repo-option", f"endpoint_url={s3_endpoint}"]
+    assert target.env == {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
+    # the same repository through walvault's command line, with the credentials in the environment only
+    proc = subprocess.run([str(Path(sys.executable).with_name("walvault")), "policy", *target.cli_args(), "--json"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **target.env,
+                                                               "AWS_DEFAULT_REGION": "us-east-1"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["policy"]["days"] == 30
