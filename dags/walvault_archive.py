@@ -1,0 +1,60 @@
+"""walvault_archive: rotate limestone sources past their threshold, archive every sealed file of every configured
+source, and verify what was archived now with the Spark verify job. A re-run of an interval changes nothing."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import dag, task
+
+from walvault_provider.config import load
+from walvault_provider.operators import WalvaultArchiveOperator
+from walvault_provider.spark import application
+
+CONFIG = load()
+
+
+@dag(dag_id="walvault_archive", schedule=CONFIG.schedules["archive"], start_date=datetime(2026, 1, 1),
+     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+def walvault_archive():
+    archived = WalvaultArchiveOperator(task_id="rotate_and_archive")
+
+    @task
+    def verify_plan(archived: dict, run_id=None) -> str:
+        from airflow.exceptions import AirflowSkipException
+
+        from walvault_provider.spark import work_dir, write_plan
+
+        if not archived["new"]:
+            raise AirflowSkipException("nothing new was archived: nothing to verify")
+        return write_plan(work_dir(run_id, "verify"), {"job": "verify", "sources": archived["new"],
+                                                       "options": {"json": True}})
+
+    plan = verify_plan(archived.output)
+    verify = SparkSubmitOperator(task_id="verify_new_files", application=application("verify"),
+                                 application_args=[plan], conn_id=CONFIG.spark_connection, name="walvault-verify")
+
+    @task
+    def report(plan: str) -> dict:
+        import json
+
+        from walvault_provider.spark import job_result
+
+        code, out, err = job_result(plan)
+        result = json.loads(out) if out.strip().startswith("{") else {}
+        files = result.get("files", [])
+        damaged = [f for f in files if f.get("status") == "damaged"]
+        lines = [f"{len(files)} files verified by Spark, {len(damaged)} damaged"]
+        lines += [f"DAMAGED {f['path']}: {f['findings'][0]['code']} at {f['findings'][0]['offset']}: "
+                  f"{f['findings'][0]['message']}" for f in damaged if f.get("findings")]
+        print("walvault verify of the files archived now\n" + "\n".join(f"  {line}" for line in lines))
+        if code != 0:
+            raise RuntimeError(f"verify exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
+        return {"files": len(files), "damaged": len(damaged)}
+
+    verified = report(plan)
+    plan >> verify >> verified
+
+
+walvault_archive()

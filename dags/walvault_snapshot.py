@@ -1,0 +1,23 @@
+"""walvault_snapshot: store and verify a covering snapshot of every configured source (walvault snapshot), so that
+retention has coverage to confirm."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import dag
+
+from walvault_provider.config import load
+from walvault_provider.operators import WalvaultSnapshotOperator
+
+CONFIG = load()
+
+
+@dag(dag_id="walvault_snapshot", schedule=CONFIG.schedules["snapshot"], start_date=datetime(2026, 1, 1),
+     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+def walvault_snapshot():
+    for source in CONFIG.sources:
+        WalvaultSnapshotOperator(task_id=f"snapshot_{source.name.replace('.', '_')}", source=source.name)
+
+
+walvault_snapshot()

@@ -1,0 +1,158 @@
+"""walvault's operators: thin Airflow tasks over walcore's commands (walcore does the work; these read the
+configuration and the repository connection, log a readable summary as the last lines, and return what the
+next task or the UI needs as XCom).
+
+Importing this module has no side effects: the configuration is read and walcore is imported when a task runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from airflow.sdk import BaseOperator
+
+
+class _WalvaultOperator(BaseOperator):
+    template_fields: Sequence[str] = ("config_path",)
+
+    def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.repo_conn_id = repo_conn_id
+
+    def load_config(self):
+        from .config import load
+
+        return load(self.config_path)
+
+    def repository(self, config, *, create: bool = False):
+        from .hooks import WalvaultRepoHook
+
+        return WalvaultRepoHook(self.repo_conn_id or config.repository_connection).repository(create=create)
+
+    def summary(self, title: str, lines: list[str]) -> None:
+        """What people read: the task log ends with this."""
+        self.log.info("%s\n%s", title, "\n".join(f"  {line}" for line in lines) or "  (nothing)")
+
+
+class WalvaultArchiveOperator(_WalvaultOperator):
+    """Rotate each configured limestone source whose active pwal files hold `rotate_min_bytes` (every non-empty
+    channel, with limestone's own names; never a directory a running limestone holds), then archive the sealed
+    files of every source. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
+    "counts": {...}} (the new files are what the Spark verify job checks next)."""
+
+    def execute(self, context):
+        from pathlib import Path
+
+        from walcore.command.archive import archive
+        from walcore.command.rotate import rotate
+        from walcore.limestone.layout import is_live
+
+        config = self.load_config()
+        repo = self.repository(config, create=True)
+        lines = []
+        for source in config.sources:
+            if source.family != "limestone" or not source.path.is_dir():
+                continue
+            active = sum(p.stat().st_size for p in Path(source.path).glob("pwal_????"))
+            if active < source.rotate_min_bytes:
+                lines.append(f"{source.name}: {active:,} active bytes, below {source.rotate_min_bytes:,}: not rotated")
+            elif is_live(source.path):
+                lines.append(f"{source.name}: held by a running limestone: not rotated (its online backup rotates)")
+            else:
+                renamed = rotate(source.path, min_bytes=1).renamed
+                lines.append(f"{source.name}: rotated {len(renamed)} files ({active:,} active bytes)")
+        missing = [s.name for s in config.sources if not s.path.is_dir()]
+        if missing:
+            raise FileNotFoundError(f"configured sources not found: {', '.join(missing)} "
+                                    f"({', '.join(str(config.source(n).path) for n in missing)})")
+        result = archive([s.path for s in config.sources], repo)
+        counts = {k: len(v) for k, v in result.to_json().items()}
+        lines += [f"archived {counts['stored']} files, {counts['already']} already, {counts['expired']} expired "
+                  f"before, {counts['not_sealed']} not sealed"]
+        lines += [f"REFUSED {r['path']}: {r['findings'][0]['message'] if r['findings'] else ''}"
+                  for r in result.refused]
+        lines += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
+        self.summary(f"walvault archive into {repo.display}", lines)
+        if not result.ok:
+            raise RuntimeError(f"archive found {len(result.refused)} damaged and {len(result.conflicts)} "
+                               "conflicting files (listed above)")
+        return {"new": result.stored, "counts": counts}
+
+
+class WalvaultSnapshotOperator(_WalvaultOperator):
+    """Store and verify a covering snapshot of one configured source (walvault snapshot). Nothing new to fold (a
+    limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
+
+    template_fields: Sequence[str] = ("config_path", "source")
+
+    def __init__(self, *, source: str, **kwargs):
+        super().__init__(**kwargs)
+        self.source = source
+
+    def execute(self, context):
+        from walcore.command.snapshot import snapshot
+        from walcore.findings import Refused
+
+        config = self.load_config()
+        source = config.source(self.source)
+        repo = self.repository(config, create=True)
+        connect = _tarantool_uri(source.connection) if source.connection else None
+        try:
+            result = snapshot(source.path, repo, connect=connect)
+        except Refused as e:
+            if "still covers" not in str(e):
+                raise
+            self.summary(f"walvault snapshot of {source.name}", [str(e)])
+            return {"id": None, "note": str(e)}
+        m = result.manifest
+        covers = m.checks.get("snapshot", {})
+        self.summary(f"walvault snapshot of {source.name}", [
+            f"snapshot {m.id} ({m.family} {m.instance}): {len(m.files)} files, {m.bytes:,} bytes",
+            f"covers the log up to {m.position}" + (f", folding {len(covers.get('folded', []))} pwal files"
+                                                    if m.family == "limestone" else "")])
+        return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance}
+
+
+class WalvaultExpireOperator(_WalvaultOperator):
+    """Retention under the configured recovery window (walvault expire): with `dry_run` the plan only. Returns
+    the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and why."""
+
+    template_fields: Sequence[str] = ("config_path", "dry_run", "days")
+
+    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.dry_run = dry_run
+        self.days = days
+
+    def execute(self, context):
+        from walcore.command.expire import check_days, expire
+
+        config = self.load_config()
+        repo = self.repository(config)
+        dry_run = self.dry_run if isinstance(self.dry_run, bool) else str(self.dry_run).lower() in ("true", "1")
+        days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
+        result = expire(repo, days, apply=not dry_run)
+        lines = []
+        for s in result.sources:
+            anchor = s.anchor
+            lines.append(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']}"
+                                                          if anchor else "UNCOVERED: nothing of it is deleted"))
+            lines += [f"  {'deleted' if n < s.deleted else 'would delete' if dry_run else 'delete'} {i.path}: "
+                      f"{i.reason}" for n, i in enumerate(s.delete)]
+            lines.append(f"  keeps {len(s.keep)}" + (f"; STOPPED: {s.stopped}" if s.stopped else ""))
+        lines.append(f"{'plan only (dry run): nothing deleted' if dry_run else f'{result.deleted} deleted'}"
+                     + (f"; audit log {result.audit}" if result.audit else ""))
+        self.summary(f"walvault expire: keep every point of the last {days} days", lines)
+        if any(s.stopped for s in result.sources):
+            raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
+        return result.to_json()
+
+
+def _tarantool_uri(conn_id: str) -> str:
+    """[user:password@]host:port of a running Tarantool, from its Airflow connection."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    auth = f"{conn.login}:{conn.password}@" if conn.login else ""
+    return f"{auth}{conn.host}:{conn.port or 3301}"

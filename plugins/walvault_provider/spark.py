@@ -1,0 +1,55 @@
+"""Submitting walvault's Spark jobs from Airflow: the plan file a job reads, and what it left behind.
+
+A job's plan (spark_jobs/plan.py) goes to a file in a work directory shared by the tasks of a run (beside
+the scheduler here; a shared volume in docker-compose), so that no path list or repository option is on a
+command line; the job leaves its stdout, stderr and exit code in the plan's `output` directory, which the
+next task reads and reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+WORK_ENV = "WALVAULT_WORK_DIR"
+
+
+def application(job: str) -> str:
+    """The path of a job's application file (spark_jobs/<job>.py), found without importing it."""
+    from importlib.util import find_spec
+
+    spec = find_spec("spark_jobs")
+    return str(Path(next(iter(spec.submodule_search_locations))) / f"{job}.py")
+
+
+def work_dir(run_id: str, task: str) -> Path:
+    base = Path(os.environ.get(WORK_ENV) or Path(tempfile.gettempdir()) / "walvault-airflow")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{task}")
+    path = base / safe
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_plan(directory: Path, plan: dict) -> str:
+    """Write the plan (with its output directory) and return the job's argument, `@<plan file>`."""
+    output = directory / "output"
+    output.mkdir(exist_ok=True)
+    for stale in ("stdout", "stderr", "result.json"):  # a re-run of the task must not read the last run's
+        (output / stale).unlink(missing_ok=True)
+    path = directory / "plan.json"
+    path.write_text(json.dumps({**plan, "output": str(output)}))
+    os.chmod(path, 0o600)
+    return f"@{path}"
+
+
+def job_result(plan_arg: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) the job left; RuntimeError when it left no exit code (it died)."""
+    plan = json.loads(Path(plan_arg.removeprefix("@")).read_text())
+    output = Path(plan["output"])
+    result = output / "result.json"
+    if not result.exists():
+        raise RuntimeError(f"the Spark job left no result in {output}: it did not finish (see the submit task's log)")
+    code = json.loads(result.read_text())["exit"]
+    return code, (output / "stdout").read_text(), (output / "stderr").read_text()
