@@ -69,7 +69,7 @@ def test_the_dags_import_without_errors(airflow_env):
     listed = _airflow(airflow_env["env"], "dags", "list", "--local", "--output", "json")
     # Airflow logs to stdout too: the listing is the line holding the JSON array
     ids = {d["dag_id"] for d in json.loads(next(ln for ln in listed.stdout.splitlines() if ln.startswith("[{")))}
-    assert {"walvault_archive", "walvault_snapshot", "walvault_retention"} <= ids
+    assert {"walvault_archive", "walvault_backup", "walvault_snapshot", "walvault_retention"} <= ids
 
 
 def test_archive_snapshot_and_retention_dry_run(airflow_env):
@@ -94,3 +94,26 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env):
     log = _dags_test(env, "walvault_retention")
     assert "plan only (dry run): nothing deleted" in log and "keep every point of the last 30 days" in log
     assert sorted((p.relative_to(repo).as_posix(), p.stat().st_size) for p in repo.rglob("*") if p.is_file()) == tree
+
+
+def test_backup_from_the_form_and_on_schedule(airflow_env):
+    """A manual run with the form's params (source, type, verify), then an incremental of it."""
+    env, repo = airflow_env["env"], airflow_env["repo"]
+    log = _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "ls", "type": "full", "verify": True}))
+    assert "walvault verify --repo" in log and ": ok" in log
+    tr.write_more(airflow_env["tt"], rows=200, snapshot=False, seed=4)
+    _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "full", "verify": True}))
+    _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "incremental",
+                                                              "verify": False}))
+    backups = [b for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+               if b["type"] != "snapshot"]
+    kinds = sorted((b["family"], b["type"]) for b in backups)
+    assert kinds == [("limestone", "full"), ("tarantool", "full"), ("tarantool", "incremental")]
+    assert all(b["status"] == "ok" for b in backups)
+    report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    assert report["intact"]
+    restored = airflow_env["root"] / "restored"
+    latest_tt = max((b for b in backups if b["family"] == "tarantool"), key=lambda b: b["id"])
+    assert run_cli("restore", latest_tt["id"], restored, "--repo", repo).returncode == 0
+    assert tr.dump_data_dir(restored) == tr.dump_data_dir(airflow_env["tt"])
+    assert not list((airflow_env["root"] / "work").rglob("plan.json")), "plan files (with options) are removed"

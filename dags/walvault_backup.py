@@ -1,0 +1,103 @@
+"""walvault_backup: a full or incremental backup of a configured source with the Spark backup job, then its
+verification and its record. From the UI: the trigger form picks the source, the type and whether to verify
+after. On schedule: every source, incremental when a full backup exists. Runs never overlap (one at a time, and
+each backup waits for its source's lease)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, dag, task
+
+from walvault_provider.config import load
+from walvault_provider.spark import application
+
+CONFIG = load()
+NAMES = [s.name for s in CONFIG.sources]
+
+
+@dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
+     max_active_runs=1, tags=["walvault"], doc_md=__doc__,
+     params={"source": Param(NAMES[0], enum=NAMES, description="the configured source to back up (a scheduled "
+                             "run backs up every source)"),
+             "type": Param("full", enum=["full", "incremental"], description="full, or incremental on the newest "
+                           "full backup of the source"),
+             "verify": Param(True, type="boolean", description="verify the backup in the repository after")})
+def walvault_backup():
+    @task
+    def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
+        """One Spark plan per source to back up; the repository's options (credentials included) only in the plan
+        file (mode 0600, removed once read back)."""
+        from walvault_provider.hooks import WalvaultRepoHook
+        from walvault_provider.spark import work_dir, write_plan
+
+        config = load()
+        target = WalvaultRepoHook(config.repository_connection).target()
+        manual = dag_run.run_type == "manual"
+        sources = [config.source(params["source"])] if manual else list(config.sources)
+        args = []
+        for source in sources:
+            kind = params["type"] if manual else "incremental"
+            if kind == "incremental" and not manual and not _has_full(target, source):
+                kind = "full"
+            options = {"type": kind, "json": True, "wait": 3600.0}
+            args.append([write_plan(work_dir(run_id, f"backup-{source.name}"),
+                                    {"job": "backup", "sources": [str(source.path)], "repo": target.url,
+                                     "repo_options": target.options, "options": options})])
+        return args
+
+    plans = plan()
+    backups = SparkSubmitOperator.partial(task_id="spark_backup", application=application("backup"),
+                                          conn_id=CONFIG.spark_connection, name="walvault-backup").expand(
+        application_args=plans)
+
+    @task
+    def record(plan_args: list[str], params=None) -> dict:
+        import json
+        from pathlib import Path
+
+        from walvault_provider.spark import job_result
+
+        code, out, err = job_result(plan_args[0])
+        Path(plan_args[0].removeprefix("@")).unlink(missing_ok=True)  # it held the repository's options
+        if code != 0:
+            raise RuntimeError(f"the backup job exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
+        result = json.loads(out)
+        print(f"walvault backup {result['id']} ({result['type']}) of {result['family']} "
+              f"{result['source']['instance']}\n  {result['files']} files, {result['bytes']:,} bytes, "
+              f"{result['stored_bytes']:,} stored; restores to {result['position']}")
+        return result
+
+    @task
+    def verify(result: dict, params=None) -> dict:
+        from airflow.exceptions import AirflowSkipException
+
+        from walcore.command.repo_verify import verify_repository
+        from walvault_provider.hooks import WalvaultRepoHook
+
+        if not params["verify"]:
+            raise AirflowSkipException("verify after: unticked")
+        repo = WalvaultRepoHook(load().repository_connection).repository()
+        report = verify_repository(repo, result["id"])
+        lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
+        lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
+        print(f"walvault verify --repo {result['id']}\n" + "\n".join(f"  {line}" for line in lines))
+        if not report.intact:
+            raise RuntimeError(f"backup {result['id']} does not verify: see the findings above")
+        return {"id": result["id"], "objects": report.objects, "bytes": report.bytes}
+
+    recorded = record.expand(plan_args=plans)
+    backups >> recorded
+    verify.expand(result=recorded)
+
+
+def _has_full(target, source) -> bool:
+    from walcore.repository import Repository
+
+    repo = Repository(target.url, target.options)
+    return any(r.manifest is not None and r.manifest.type == "full" and r.manifest.source.get("path") ==
+               str(source.path.resolve()) for r in repo.backups())
+
+
+walvault_backup()
