@@ -117,3 +117,15 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
     assert run_cli("restore", latest_tt["id"], restored, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(restored) == tr.dump_data_dir(airflow_env["tt"])
     assert not list((airflow_env["root"] / "work").rglob("plan.json")), "plan files (with options) are removed"
+
+
+def test_the_restore_drill_proves_the_newest_backups(airflow_env):
+    env, repo = airflow_env["env"], airflow_env["repo"]
+    for source in (airflow_env["tt"], airflow_env["ls"]):
+        assert run_cli("backup", source, "--repo", repo).returncode == 0
+    log = _dags_test(env, "walvault_restore_drill")
+    assert "tarantool started on it at the recorded vclock" in log and "limestone's checks pass" in log
+    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+    drilled = [b for b in listed if b.get("drill")]
+    assert sorted(b["family"] for b in drilled) == ["limestone", "tarantool"]
+    assert all(b["drill"]["status"] == "ok" for b in drilled)

@@ -118,6 +118,15 @@ def _parser() -> argparse.ArgumentParser:
     _repo_arguments(cmd)
     cmd.add_argument("--days", metavar="N", help="store this recovery window (days, 1..36500)")
     cmd.add_argument("--json", action="store_true")
+    cmd = sub.add_parser("drill", help="restore a backup into a scratch directory and prove it; the verdict is "
+                         "recorded beside the backup (walvault backups shows it)",
+                         description="Restore BACKUP (an id, or latest) into a scratch directory, every hash "
+                         "checked; Tarantool: start a real tarantool on it (where installed) and check the recorded "
+                         "vclock; limestone: check the restored directory, its durable epoch and entries. Exit 1 "
+                         "when the drill fails.")
+    cmd.add_argument("backup", metavar="BACKUP")
+    _repo_arguments(cmd)
+    cmd.add_argument("--json", action="store_true")
     cmd = sub.add_parser("backups", help="list the repository's backups, oldest first")
     _repo_arguments(cmd)
     cmd.add_argument("--json", action="store_true")
@@ -157,7 +166,7 @@ def _work_arguments(cmd) -> None:
 # What stderr says first when a command that writes or trusts a directory does not go ahead.
 _NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state", "archive": "not archived",
              "backup": "not backed up", "restore": "not restored", "backups": "cannot list",
-             "snapshot": "no snapshot", "expire": "nothing expired", "policy": "no policy"}
+             "snapshot": "no snapshot", "expire": "nothing expired", "policy": "no policy", "drill": "no drill"}
 
 
 def main(argv: list[str] | None = None, runner=None) -> int:
@@ -509,6 +518,21 @@ def _policy(args) -> int:
     return EXIT_OK
 
 
+def _drill(args) -> int:
+    from .command.drill import drill
+
+    result = drill(_repository(args), args.backup)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(f"drill of backup {result.backup} ({result.family} {result.instance}): {result.status.upper()}")
+        for check in result.checks:
+            print(f"  {check}")
+        if result.problem:
+            print(f"  problem: {result.problem}")
+    return EXIT_OK if result.status == "ok" else EXIT_FINDINGS
+
+
 def _backups(args) -> int:
     from .command.repo_verify import list_backups
 
@@ -519,8 +543,11 @@ def _backups(args) -> int:
     for b in backups:
         parent = f" <- {b['parent']}" if b["parent"] else ""
         size = f"{b['files']} files, {b['bytes']:,} bytes ({b['stored_bytes']:,} stored)" if b["files"] is not None else ""
+        drill = b.get("drill")
+        drilled = f"  drill {drill['status']} {drill['time']}" if drill else ""
+        drilled = drilled.replace("drill failed", "DRILL FAILED")
         print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
-              f"{b['position'] or ''}{parent}")
+              f"{b['position'] or ''}{parent}{drilled}")
     if not backups:
         print("no backups")
     return EXIT_OK

@@ -156,3 +156,34 @@ def _tarantool_uri(conn_id: str) -> str:
     conn = BaseHook.get_connection(conn_id)
     auth = f"{conn.login}:{conn.password}@" if conn.login else ""
     return f"{auth}{conn.host}:{conn.port or 3301}"
+
+
+class WalvaultDrillOperator(_WalvaultOperator):
+    """Restore the newest backup of one configured source into a scratch directory and prove it (walvault drill):
+    every hash; Tarantool started on it at the recorded vclock where installed; limestone's checks and recorded
+    counts. The verdict is recorded beside the backup, so `walvault backups` marks one whose drill failed."""
+
+    template_fields: Sequence[str] = ("config_path", "source")
+
+    def __init__(self, *, source: str, **kwargs):
+        super().__init__(**kwargs)
+        self.source = source
+
+    def execute(self, context):
+        from walcore.command.drill import drill
+
+        config = self.load_config()
+        source = config.source(self.source)
+        repo = self.repository(config)
+        path = str(source.path.resolve())
+        backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.manifest.type != "snapshot"
+                   and r.manifest.source.get("path") == path]
+        if not backups:
+            raise RuntimeError(f"{source.name}: no backup of {path} in {repo.display} to drill")
+        newest = max(backups, key=lambda m: (m.finished, m.id))
+        result = drill(repo, newest.id)
+        self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
+                     result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
+        if result.status != "ok":
+            raise RuntimeError(f"the drill of backup {result.backup} failed: {result.problem}")
+        return result.to_json()

@@ -195,7 +195,9 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
 
 
 def list_backups(repo: Repository) -> list[dict]:
-    """`walvault backups --json`: every backup, oldest first."""
+    """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None)."""
+    from .drill import last_drill
+
     out = []
     for r in repo.backups():
         m = r.manifest
@@ -208,5 +210,6 @@ def list_backups(repo: Repository) -> list[dict]:
         out.append({"id": m.id, "type": m.type, "parent": m.parent, "source": m.instance, "family": m.family,
                     "status": "ok" if r.problem is None else "manifest_copy_used", "files": len(m.files),
                     "bytes": m.bytes, "stored_bytes": m.stored_bytes, "started": m.started, "finished": m.finished,
-                    "position": m.position, **({"problem": r.problem} if r.problem else {})})
+                    "position": m.position, "drill": last_drill(repo, m.family, m.instance, m.id),
+                    **({"problem": r.problem} if r.problem else {})})
     return out

@@ -1,0 +1,24 @@
+"""walvault_restore_drill: weekly, restore the newest backup of each source into a scratch directory and prove it
+(every hash; Tarantool started on it at the recorded vclock where installed; limestone's checks and recorded
+counts). A failed drill marks the backup in `walvault backups`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import dag
+
+from walvault_provider.config import load
+from walvault_provider.operators import WalvaultDrillOperator
+
+CONFIG = load()
+
+
+@dag(dag_id="walvault_restore_drill", schedule=CONFIG.schedules["restore_drill"], start_date=datetime(2026, 1, 1),
+     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+def walvault_restore_drill():
+    for source in CONFIG.sources:
+        WalvaultDrillOperator(task_id=f"drill_{source.name.replace('.', '_')}", source=source.name)
+
+
+walvault_restore_drill()
