@@ -9,6 +9,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     audit/<YYYYMMDD-HHMMSS>-<hex8>/<nnnnnn>.json      append-only: every deletion of an expiry, just before it
     <family>/<instance>/backups/<id>/<name>.zst       a backup's (or a snapshot's) own files, zstd-compressed
     <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
+    <family>/<instance>/backups/<id>/drill.json       the verdict of the backup's last restore drill
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)
