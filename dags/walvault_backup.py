@@ -53,14 +53,12 @@ def walvault_backup():
         application_args=plans)
 
     @task
-    def record(plan_args: list[str], params=None) -> dict:
+    def record(plan_args: list[str]) -> dict:
         import json
-        from pathlib import Path
 
         from walvault_provider.spark import job_result
 
         code, out, err = job_result(plan_args[0])
-        Path(plan_args[0].removeprefix("@")).unlink(missing_ok=True)  # it held the repository's options
         if code != 0:
             raise RuntimeError(f"the backup job exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
         result = json.loads(out)

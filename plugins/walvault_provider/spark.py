@@ -45,8 +45,11 @@ def write_plan(directory: Path, plan: dict) -> str:
 
 
 def job_result(plan_arg: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) the job left; RuntimeError when it left no exit code (it died)."""
-    plan = json.loads(Path(plan_arg.removeprefix("@")).read_text())
+    """(exit code, stdout, stderr) the job left; RuntimeError when it left no exit code (it died). The plan file
+    is removed once read: it may hold the repository's options, credentials included."""
+    plan_file = Path(plan_arg.removeprefix("@"))
+    plan = json.loads(plan_file.read_text())
+    plan_file.unlink()
     output = Path(plan["output"])
     result = output / "result.json"
     if not result.exists():
