@@ -445,9 +445,9 @@ def _row_time(repo: Repository, entry: FileEntry) -> float | None:
 
 def _age(repo: Repository, name: str) -> float:
     try:
-        return time.time() - repo.storage.fs.modified(repo.storage.full(name)).timestamp()
+        return repo.storage.age(name)
     except (OSError, ValueError):
-        return 0.0
+        return 0.0  # unknown: taken for young, so not deleted
 
 
 # -- carrying it out

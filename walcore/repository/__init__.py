@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
+from .lease import read as read_lease
 from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, ManifestError, decode_checked, encode_checked,
                        ensure_info, load_checked, read_info, save_checked)
 from .storage import RepositoryError, Storage, UnsafeName, check_name
@@ -136,24 +137,12 @@ class Repository:
 
     def restores_in_progress(self, family: str, instance: str) -> list[str]:
         """What each live restore mark of the source says (a stale one, of a dead process, does not count)."""
-        import json
-
         prefix = f"locks/{family}-{check_instance(instance)}.restore-"
         found = []
         for name in self.storage.list("locks"):
-            if not name.startswith(prefix):
-                continue
-            try:
-                info = json.loads(self.storage.read_bytes(name))
-            except FileNotFoundError:
-                continue
-            except ValueError:
-                info = {}  # torn: judged live until its file is old, as a lease is
-                if time.time() - self.storage.fs.modified(self.storage.full(name)).timestamp() > DEFAULT_TTL:
-                    continue
-            if isinstance(info, dict) and info and stale(info):
-                continue
-            found.append(describe(info) if isinstance(info, dict) else name)
+            lease = read_lease(self.storage, name, DEFAULT_TTL) if name.startswith(prefix) else None
+            if lease is not None and not stale(lease[1]):
+                found.append(describe(lease[1]))
         return found
 
     # -- the retention policy and the audit log

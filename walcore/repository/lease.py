@@ -91,19 +91,10 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_T
     while True:
         if storage.create(name, lease._body()):
             break
-        try:
-            raw = storage.read_bytes(name)
-            info = json.loads(raw)
-            if not isinstance(info, dict):
-                raise ValueError("not a JSON object")
-        except FileNotFoundError:
+        found = read(storage, name, ttl)
+        if found is None:
             continue  # released meanwhile
-        except ValueError:
-            info = {}  # a torn or foreign lease: judge it by its age alone
-            try:
-                info = {"expires": 0} if _age(storage, name) > ttl else {"expires": time.time() + ttl}
-            except OSError:
-                continue
+        raw, info = found
         if stale(info):
             if _break(storage, name, raw):
                 lease.broke = describe(info)
@@ -118,8 +109,22 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float = DEFAULT_T
     return lease
 
 
-def _age(storage: Storage, name: str) -> float:
-    return time.time() - storage.fs.modified(storage.full(name)).timestamp()
+def read(storage: Storage, name: str, ttl: float) -> tuple[bytes, dict] | None:
+    """A lease's bytes and what they say (None when it is gone); a torn or foreign one is judged by its age alone:
+    live while younger than `ttl`."""
+    try:
+        raw = storage.read_bytes(name)
+        info = json.loads(raw)
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        try:
+            info = {"expires": 0} if storage.age(name) > ttl else {"expires": time.time() + ttl}
+        except OSError:
+            return None
+    return raw, info
 
 
 def _break(storage: Storage, name: str, judged: bytes) -> bool:

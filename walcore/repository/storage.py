@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
@@ -197,6 +198,10 @@ class Storage:
         except Exception as e:
             raise self.error(f"cannot stat {name}", e) from None
 
+    def age(self, name: str) -> float:
+        """Seconds since the object was last written (OSError when it is gone)."""
+        return time.time() - self.fs.modified(self.full(name)).timestamp()
+
     def list(self, prefix: str) -> list[str]:
         """Every object name under a directory prefix (recursive), relative to the root, sorted."""
         base = self.full(prefix)
@@ -341,8 +346,6 @@ class Storage:
         under a prefix (or right at the root for None); an object store has none (a PUT is whole or absent)."""
         if not self.local:
             return []
-        import time
-
         base = Path(self.full(prefix)) if prefix is not None else Path(self.root)
         found = base.rglob(".*.walvault-tmp") if prefix is not None else base.glob(".*.walvault-tmp")
         removed = []
