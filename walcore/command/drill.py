@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import Refused
+from ..fsutil import owned_tempdir
 from ..repository import Repository, utc_now, walvault_version
 from ..repository.manifest import BackupManifest, ManifestError, decode_checked, encode_checked
 
@@ -47,14 +47,15 @@ class DrillResult:
         return dict(self.__dict__)
 
 
-def drill(repo: Repository, backup_id: str, *, scratch: Path | None = None, record: bool = True) -> DrillResult:
-    """Restore the backup into a scratch directory, prove it, record the verdict (unless `record` is off)."""
+def drill(repo: Repository, backup_id: str) -> DrillResult:
+    """Restore the backup into a scratch directory (a killed drill's is removed by the next), prove it, record the
+    verdict."""
     from .restore import restore
 
     found = repo.find(backup_id)
     m = found.manifest
     result = DrillResult(m.id, m.family, m.instance, "ok")
-    work = Path(tempfile.mkdtemp(prefix="walvault-drill-", dir=scratch))
+    work = owned_tempdir("walvault-drill-")
     try:
         target = work / "restore"
         try:
@@ -68,9 +69,8 @@ def drill(repo: Repository, backup_id: str, *, scratch: Path | None = None, reco
             result.status, result.problem = "failed", str(e)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if record:
-        repo.storage.write_bytes(f"{repo.backup_dir(m.family, m.instance, m.id)}/{DRILL_NAME}",
-                                 encode_checked({**result.to_json(), "by": f"walvault {walvault_version()}"}))
+    repo.storage.write_bytes(f"{repo.backup_dir(m.family, m.instance, m.id)}/{DRILL_NAME}",
+                             encode_checked({**result.to_json(), "by": f"walvault {walvault_version()}"}))
     return result
 
 
@@ -91,7 +91,9 @@ def _prove_tarantool(m: BackupManifest, target: Path, work: Path, result: DrillR
     xlogs = sorted(target.rglob("*.xlog"))
     vylogs = sorted(target.rglob("*.vylog"))
     memtx = snaps[-1].parent if snaps else target
-    cfg = {"memtx_dir": str(memtx), "wal_dir": str(xlogs[-1].parent if xlogs else _wal_dir(m, target)),
+    from .restore_pitr import wal_dir_of
+
+    cfg = {"memtx_dir": str(memtx), "wal_dir": str(xlogs[-1].parent if xlogs else target / wal_dir_of(m)),
            "vinyl_dir": str(vylogs[-1].parent if vylogs else memtx), "work_dir": str(target),
            "log": str(work / "tarantool.log")}
     script = work / "start.lua"
@@ -110,12 +112,6 @@ def _prove_tarantool(m: BackupManifest, target: Path, work: Path, result: DrillR
     if started["uuid"] != m.instance:
         raise Refused(f"tarantool started as instance {started['uuid']}, the backup is of {m.instance}", "damaged")
     result.checks.append(f"tarantool started on it at the recorded vclock {reached}")
-
-
-def _wal_dir(m: BackupManifest, target: Path) -> Path:
-    from .restore_pitr import wal_dir_of
-
-    return target / wal_dir_of(m)
 
 
 def _prove_limestone(m: BackupManifest, target: Path, result: DrillResult) -> None:
