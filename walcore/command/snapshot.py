@@ -68,7 +68,8 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
     from .backup_limestone import LimestonePlan, _path_instance
     from .restore import materialize
 
-    report = prepare(source).report
+    source_plan = prepare(source)  # read once: the manifest, the durable epoch, limestone's own catalog
+    report = source_plan.report
     manifest = report.manifest
     if manifest is None:
         raise Refused(f"{source}: limestone cannot read its manifest", "cannot_check")
@@ -102,10 +103,10 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                 keep = [(e.name, e) for e in previous.files if e.kind in ("compacted", "catalog")]
                 materialize(repo, keep, prev_dir, Progress(len(keep), 0, False, "read"))
             else:
-                _source_compaction(source, prev_dir)
+                _source_compaction(source, source_plan.catalog, prev_dir)
             detached = set(parse_catalog((prev_dir / CATALOG_NAME).read_bytes()).detached_pwals) \
                 if (prev_dir / CATALOG_NAME).exists() else set()
-            source_catalog = prepare(source).catalog
+            source_catalog = source_plan.catalog
             if lost := set(source_catalog.detached_pwals if source_catalog else []) - set(archived) - detached:
                 # limestone's own compaction folded them since the last snapshot: their keys may be nowhere else
                 raise Refused(f"limestone's own compaction folded {len(lost)} pwal files the archive does not hold "
@@ -156,14 +157,13 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _source_compaction(source: Path, into: Path) -> None:
-    """The source's own compacted file and catalog (limestone's online compaction), copied as the base of the first
-    snapshot: the keys of files it folded may be nowhere else (an operator deletes detached files)."""
-    from ..limestone.check import prepare
+def _source_compaction(source: Path, catalog_read, into: Path) -> None:
+    """The source's own compacted file and catalog (limestone's online compaction; `catalog_read`: the catalog
+    limestone reads there, or None), copied as the base of the first snapshot: the keys of files it folded may be
+    nowhere else (an operator deletes detached files)."""
     from ..limestone.compact import COMPACTED_NAME
 
-    plan = prepare(source)
-    if plan.catalog is None:
+    if catalog_read is None:
         return
     catalog = source / CATALOG_NAME
     if _parses(catalog):
