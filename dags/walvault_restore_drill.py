@@ -17,8 +17,7 @@ CONFIG = load()
 @dag(dag_id="walvault_restore_drill", schedule=CONFIG.schedules["restore_drill"], start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
 def walvault_restore_drill():
-    for source in CONFIG.sources:
-        WalvaultDrillOperator(task_id=f"drill_{source.name.replace('.', '_')}", source=source.name)
+    WalvaultDrillOperator.per_source(CONFIG, "drill")
 
 
 walvault_restore_drill()

@@ -16,8 +16,7 @@ CONFIG = load()
 @dag(dag_id="walvault_snapshot", schedule=CONFIG.schedules["snapshot"], start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
 def walvault_snapshot():
-    for source in CONFIG.sources:
-        WalvaultSnapshotOperator(task_id=f"snapshot_{source.name.replace('.', '_')}", source=source.name)
+    WalvaultSnapshotOperator.per_source(CONFIG, "snapshot")
 
 
 walvault_snapshot()

@@ -80,9 +80,8 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         return {"new": result.stored, "counts": counts}
 
 
-class WalvaultSnapshotOperator(_WalvaultOperator):
-    """Store and verify a covering snapshot of one configured source (walvault snapshot). Nothing new to fold (a
-    limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
+class _SourceOperator(_WalvaultOperator):
+    """An operator on one configured source."""
 
     template_fields: Sequence[str] = ("config_path", "source")
 
@@ -90,9 +89,18 @@ class WalvaultSnapshotOperator(_WalvaultOperator):
         super().__init__(**kwargs)
         self.source = source
 
+    @classmethod
+    def per_source(cls, config, prefix: str, **kwargs) -> list:
+        """One task per configured source, named `<prefix>_<source name>`."""
+        return [cls(task_id=f"{prefix}_{s.name.replace('.', '_')}", source=s.name, **kwargs) for s in config.sources]
+
+
+class WalvaultSnapshotOperator(_SourceOperator):
+    """Store and verify a covering snapshot of one configured source (walvault snapshot). Nothing new to fold (a
+    limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
+
     def execute(self, context):
-        from walcore.command.snapshot import snapshot
-        from walcore.findings import Refused
+        from walcore.command.snapshot import NothingNew, snapshot
 
         config = self.load_config()
         source = config.source(self.source)
@@ -100,9 +108,7 @@ class WalvaultSnapshotOperator(_WalvaultOperator):
         connect = _tarantool_uri(source.connection) if source.connection else None
         try:
             result = snapshot(source.path, repo, connect=connect)
-        except Refused as e:
-            if "still covers" not in str(e):
-                raise
+        except NothingNew as e:
             self.summary(f"walvault snapshot of {source.name}", [str(e)])
             return {"id": None, "note": str(e)}
         m = result.manifest
@@ -158,16 +164,10 @@ def _tarantool_uri(conn_id: str) -> str:
     return f"{auth}{conn.host}:{conn.port or 3301}"
 
 
-class WalvaultDrillOperator(_WalvaultOperator):
+class WalvaultDrillOperator(_SourceOperator):
     """Restore the newest backup of one configured source into a scratch directory and prove it (walvault drill):
     every hash; Tarantool started on it at the recorded vclock where installed; limestone's checks and recorded
     counts. The verdict is recorded beside the backup, so `walvault backups` marks one whose drill failed."""
-
-    template_fields: Sequence[str] = ("config_path", "source")
-
-    def __init__(self, *, source: str, **kwargs):
-        super().__init__(**kwargs)
-        self.source = source
 
     def execute(self, context):
         from walcore.command.drill import drill

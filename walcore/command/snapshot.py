@@ -30,6 +30,10 @@ from .backup import BackupResult, Progress, plan_for, store_set
 _ROTATION_MS = re.compile(r"(?:pwal_\d{4}|epoch)\.(\d{14})\.\d+")
 
 
+class NothingNew(Refused):
+    """No archived file is left to fold: the newest snapshot still covers the log (not a failure of the log)."""
+
+
 def rotation_time(name: str) -> float | None:
     """When limestone rotated a file, from its name (`pwal_NNNN.<ms14>.<n>`, `epoch.<ms14>.<E>`): the log's own
     time for retention (every entry in it was written before)."""
@@ -130,7 +134,7 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
             except ValueError as e:
                 raise Refused(f"no snapshot of limestone {instance}: {e}", "damaged") from None
             if not folded.folded and previous is not None:
-                raise Refused(f"no archived pwal file of limestone {instance} is left to fold: snapshot "
+                raise NothingNew(f"no archived pwal file of limestone {instance} is left to fold: snapshot "
                               f"{previous.id} still covers the log up to epoch {previous.position.get('epoch')}",
                               "refused")
             if not folded.folded:
