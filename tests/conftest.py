@@ -149,6 +149,12 @@ def tree_snapshot(root: Path) -> dict:
     return out
 
 
+def tree_but_leases(repo: Path) -> dict:
+    """tree_snapshot of a repository but its leases: a command that takes and releases one (creating locks/) is
+    seen to have written nothing else."""
+    return {k: v for k, v in tree_snapshot(repo).items() if k not in (".", "locks") and not k.startswith("locks/")}
+
+
 def append_vylog_records(vylog: Path, bodies: list[dict]) -> int:
     """Append one block holding the record bodies to a vylog, every byte before it kept, and leave the file
     open as a live one is; returns the block's offset."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import LIMESTONE_FIXTURES, require_tarantool, run_cli, tree_snapshot
+from conftest import LIMESTONE_FIXTURES, require_tarantool, run_cli, tree_but_leases, tree_snapshot
 import test_tarantool_live
 
 pytestmark = require_tarantool
@@ -27,11 +27,6 @@ def _json(proc):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def _kept_tree(repo) -> dict:
-    """The repository's tree but its leases (an applied expiry takes and releases one per source, creating locks/)."""
-    return {k: v for k, v in tree_snapshot(repo).items() if k not in (".", "locks") and not k.startswith("locks/")}
 
 
 def _iso(seconds: float) -> str:
@@ -121,10 +116,10 @@ def test_snapshot_holds_the_checkpoint_only_and_covers_up_to_its_vclock(history,
 
 
 def test_no_policy_deletes_nothing_and_exits_2(repo, history):
-    before = _kept_tree(repo)
+    before = tree_but_leases(repo)
     proc = _expire(repo, "--as-of", _iso(history["done"] + 400 * DAY), "--apply")
     assert proc.returncode == 2 and "no retention policy" in proc.stderr
-    assert _kept_tree(repo) == before
+    assert tree_but_leases(repo) == before
 
 
 @pytest.mark.parametrize("days", ["0", "-3", "0.5", "abc", "nan", "inf", "1e9", ""])
@@ -161,27 +156,27 @@ def test_the_plan_alone_writes_nothing(repo, history):
 
 
 def test_inside_the_window_everything_is_kept(repo, history):
-    before = _kept_tree(repo)
+    before = tree_but_leases(repo)
     result = _plan(repo, history["done"] + 10 * DAY, "--apply")
     source = _source(result)
     assert source["anchor"] is None, "no snapshot is at or before the window's start"
     assert source["delete"] == [] and result["deleted"] == 0
     kept_backups = {Path(k["path"]).name for k in source["keep"] if k["kind"].startswith("backup")}
     assert kept_backups == set(history["ids"].values())
-    assert _kept_tree(repo) == before
+    assert tree_but_leases(repo) == before
 
 
 def test_an_uncovered_source_keeps_everything_and_is_reported(tmp_path, history):
     repo = tmp_path / "repo"
     assert run_cli("archive", history["src"], "--repo", repo).returncode == 0  # the archive alone: no snapshot
-    before = _kept_tree(repo)
+    before = tree_but_leases(repo)
     result = _plan(repo, history["done"] + 400 * DAY, "--apply")
     source = _source(result)
     assert source["anchor"] is None and source["delete"] == [] and result["deleted"] == 0
     assert all("no verified snapshot" in k["reason"] or "log files only" in k["reason"] for k in source["keep"])
     proc = run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY))
     assert "UNCOVERED" in proc.stdout
-    assert _kept_tree(repo) == before
+    assert tree_but_leases(repo) == before
 
 
 def _xlog_records(repo: Path) -> dict[str, dict]:
@@ -342,10 +337,10 @@ def test_an_unreadable_manifest_stops_the_expiry(repo, history):
     for name in ("backup.manifest", "backup.manifest.copy"):
         path = repo / "tarantool" / inst / "backups" / ids["F1"] / name
         path.write_bytes(path.read_bytes().replace(b'"full"', b'"fuII"'))
-    before = _kept_tree(repo)
+    before = tree_but_leases(repo)
     proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
     assert proc.returncode == 1 and ids["F1"] in proc.stderr and "not garbage" in proc.stderr
-    assert _kept_tree(repo) == before
+    assert tree_but_leases(repo) == before
 
 
 @pytest.mark.parametrize("crash_at", [4, 40])
@@ -454,14 +449,13 @@ def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
     assert _backup_ids(repo) == {full, newest}
     assert json.loads(run_cli("verify", "--repo", repo, "--json").stdout)["intact"]
     # the source still holds old xlogs: archiving again does not undo the expiry
-    shrunk = tree_snapshot(repo)
+    shrunk = tree_but_leases(repo)
     again = _json(run_cli("archive", src, "--repo", repo, "--json"))
     deleted = {Path(d["path"]).name.removesuffix(".zst") for d in source["delete"] if d["kind"] in ("xlog", "snap")}
     still_there = {p.name for p in src.rglob("*") if p.suffix in (".xlog", ".snap")} & deleted
     assert any(n.endswith(".xlog") for n in still_there)
     assert {Path(p).name for p in again["expired"]} == still_there and again["stored"] == []
-    assert {k: v for k, v in tree_snapshot(repo).items() if k != "." and not k.startswith("locks")} == \
-        {k: v for k, v in shrunk.items() if k != "." and not k.startswith("locks")}
+    assert tree_but_leases(repo) == shrunk
     restored = tmp_path / "restored"
     assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
     dump = tr.dump_data_dir(restored)
@@ -490,12 +484,12 @@ def test_a_damaged_anchor_confirms_nothing(repo, history):
     data = bytearray(obj.read_bytes())
     data[len(data) // 2] ^= 0x40
     obj.write_bytes(bytes(data))
-    before = _kept_tree(repo)
+    before = tree_but_leases(repo)
     proc = _expire(repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY), "--apply")
     assert proc.returncode == 1
     source = _source(json.loads(proc.stdout))
     assert source["anchor"]["name"] == ids["S1"] and "not intact" in source["stopped"] and source["deleted"] == 0
-    assert _kept_tree(repo) == before
+    assert tree_but_leases(repo) == before
 
 
 def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(tmp_path):
