@@ -168,8 +168,7 @@ def store_set(repo: Repository, plan, kind: str, *, level: int = 3, runner=None,
 
 def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | None:
     """The newest full or incremental backup (a snapshot is no parent: it holds no log)."""
-    records = [repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance)]
-    done = [r.manifest for r in records if r.manifest is not None and r.manifest.type != "snapshot"]
+    done = [r.manifest for r in repo.source_backups(family, instance) if r.manifest is not None and r.manifest.type != "snapshot"]
     return max(done, key=lambda m: (m.id, m.finished)) if done else None
 
 

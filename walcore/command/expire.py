@@ -160,7 +160,7 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
         result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
         return result
     for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
-        plan_source(repo, family, instance, as_of - days * DAY)
+        _backup_records(repo, family, instance)
     run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
     seq = [0]
     for family, instance in sources:
@@ -184,13 +184,19 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
 # -- the plan
 
 
-def plan_source(repo: Repository, family: str, instance: str, window_start: float) -> SourcePlan:
-    plan = SourcePlan(family, instance)
-    records = [repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance)]
+def _backup_records(repo: Repository, family: str, instance: str) -> list:
+    """Every backup record of the source; Refused when a manifest cannot be read (its files are not garbage)."""
+    records = repo.source_backups(family, instance)
     if unreadable := [r for r in records if r.manifest is None and r.complete]:
         raise Refused(f"expiry stopped, nothing deleted: the manifest of {family} backup {unreadable[0].id} "
                       f"({instance}) cannot be read ({unreadable[0].problem}); its files are not garbage. Restore "
                       "the manifest (or remove the backup by hand once you know it is not needed)", "damaged")
+    return records
+
+
+def plan_source(repo: Repository, family: str, instance: str, window_start: float) -> SourcePlan:
+    plan = SourcePlan(family, instance)
+    records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
     restorable = {m.id: _restorable(repo, m, stored) for m in manifests}

@@ -56,10 +56,9 @@ def snapshot(source: Path, repo: Repository, *, connect: str | None = None, leve
         return store_set(repo, plan, "snapshot", level=level, runner=runner, progress=progress)
 
 
-def newest_snapshot(repo: Repository, family: str, instance: str) -> BackupManifest | None:
-    """The snapshot of a source that reaches furthest in its log."""
-    found = [r.manifest for r in (repo.load_backup(family, instance, b) for b in repo.backup_ids(family, instance))
-             if r.manifest is not None and r.manifest.type == "snapshot"]
+def _newest_snapshot(records: list) -> BackupManifest | None:
+    """The snapshot among a source's backups that reaches furthest in its log."""
+    found = [r.manifest for r in records if r.manifest is not None and r.manifest.type == "snapshot"]
     return max(found, key=lambda m: (m.position.get("epoch", 0), m.id)) if found else None
 
 
@@ -91,12 +90,12 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                 raise Refused(f"{r.name} is archived twice with different bytes (a conflict): resolve it before a "
                               "snapshot folds it", "damaged")
             archived.setdefault(r.name, r)
-        unreadable = [r for r in (repo.load_backup("limestone", instance, b)
-                                  for b in repo.backup_ids("limestone", instance)) if r.manifest is None and r.complete]
-        if unreadable:  # it may be the previous snapshot: folding without it would lose what it holds
+        records = repo.source_backups("limestone", instance)
+        if unreadable := [r for r in records if r.manifest is None and r.complete]:
+            # it may be the previous snapshot: folding without it would lose what it holds
             raise Refused(f"the manifest of backup {unreadable[0].id} of limestone {instance} cannot be read "
                           f"({unreadable[0].problem}): no snapshot is built until it is restored", "damaged")
-        previous = newest_snapshot(repo, "limestone", instance)
+        previous = _newest_snapshot(records)
         before = previous.checks.get("snapshot", {}) if previous else {}
         scratch = owned_tempdir("walvault-snapshot-")
         try:

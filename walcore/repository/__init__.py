@@ -280,9 +280,13 @@ class Repository:
         problem = f"{loaded.problem}; {loaded.used} was used" if loaded.problem else None
         return BackupRecord(family, instance, backup_id, manifest, problem)
 
+    def source_backups(self, family: str, instance: str) -> list[BackupRecord]:
+        """Every backup of one source, as found (in no particular order)."""
+        return [self.load_backup(family, instance, b) for b in self.backup_ids(family, instance)]
+
     def backups(self) -> list[BackupRecord]:
         """Every backup of every source, oldest first (by id, then finish time)."""
-        records = [self.load_backup(f, i, b) for f, i in self.sources() for b in self.backup_ids(f, i)]
+        records = [r for f, i in self.sources() for r in self.source_backups(f, i)]
         return sorted(records, key=lambda r: (r.id, r.manifest.finished if r.manifest else ""))
 
     def find(self, backup_id: str) -> BackupRecord:
