@@ -33,13 +33,18 @@ def walvault_backup():
         from walvault_provider.spark import work_dir, write_plan
 
         config = load()
-        target = WalvaultRepoHook(config.repository_connection).target()
+        hook = WalvaultRepoHook(config.repository_connection)
+        target = hook.target()
         manual = dag_run.run_type == "manual"
         sources = [config.source(params["source"])] if manual else list(config.sources)
+        with_full = set()  # the source paths a full backup exists of (a scheduled run builds incrementals on them)
+        if not manual:
+            with_full = {r.manifest.source.get("path") for r in hook.repository(create=True).backups()
+                         if r.manifest is not None and r.manifest.type == "full"}
         args = []
         for source in sources:
             kind = params["type"] if manual else "incremental"
-            if kind == "incremental" and not manual and not _has_full(target, source):
+            if kind == "incremental" and not manual and str(source.path.resolve()) not in with_full:
                 kind = "full"
             options = {"type": kind, "json": True, "wait": 3600.0}
             args.append([write_plan(work_dir(run_id, f"backup-{source.name}"),
@@ -88,14 +93,6 @@ def walvault_backup():
     recorded = record.expand(plan_args=plans)
     backups >> recorded
     verify.expand(result=recorded)
-
-
-def _has_full(target, source) -> bool:
-    from walcore.repository import Repository
-
-    repo = Repository(target.url, target.options)
-    return any(r.manifest is not None and r.manifest.type == "full" and r.manifest.source.get("path") ==
-               str(source.path.resolve()) for r in repo.backups())
 
 
 walvault_backup()
