@@ -13,6 +13,7 @@ bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is r
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -206,7 +207,7 @@ def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
         if d.status == "cannot_check" or d.manifest is None:
             continue
         root = Path(d.path)
-        left = [f for f in report.files if f.to_json()["family"] == "limestone" and f.kind in ("pwal", "pwal_rotated")
+        left = [f for f in report.files if f.kind in ("pwal", "pwal_rotated")  # limestone's kinds only
                 and Path(f.path).is_relative_to(root) and f.path not in archived and f.size]
         if any(f.epoch_range is None for f in left):
             continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
@@ -220,27 +221,23 @@ def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
 
 def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress) -> None:
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
+    digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
     name = item.name
     if item.kind in VERSIONED_KINDS:
-        name = f"{name}@{file_sha256(item.path)[:12]}"
+        name = f"{name}@{digest()[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
+    tombstoned = False
     if existing is None:  # retention may have deleted this name: the same bytes are not stored again, and other
         existing = _tombstone(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}")  # bytes are another history's: a conflict
-        if existing is not None and existing.size == item.path.stat().st_size \
-                and existing.sha256 == file_sha256(item.path):
-            result.expired.append(str(item.path))
-            tracker.advance(0)
-            return
-    if existing is not None and existing.size == item.path.stat().st_size \
-            and existing.sha256 == file_sha256(item.path):
-        result.already.append(str(item.path))
+        tombstoned = existing is not None
+    if existing is not None and existing.size == item.path.stat().st_size and existing.sha256 == digest():
+        (result.expired if tombstoned else result.already).append(str(item.path))
         tracker.advance(0)
         return
     object_name = f"{base}/{name}.zst"
     if existing is not None:
-        sha = file_sha256(item.path)
-        object_name = f"{base}/{name}.conflict-{sha[:12]}.zst"
+        object_name = f"{base}/{name}.conflict-{digest()[:12]}.zst"
         record_name = object_name + RECORD_SUFFIX
     try:
         stored = repo.put_object(object_name, item.path, level=level)

@@ -182,8 +182,8 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     whole: every channel's entries up to the point archived (what `archive` records), and durable."""
     from .archive import EXPIRED_SUFFIX, archive_complete
 
-    backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.family == "limestone"
-               and r.instance == newest.instance and (r.id == newest.id or r.manifest.type == "snapshot")]
+    backups = [r.manifest for r in repo.source_backups("limestone", newest.instance)
+               if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot")]
     archived = archived_entries(repo, "limestone", newest.instance)
     # Files retention deleted: a base that lacks one (neither holds nor folded it) cannot reach past it.
     prefix = f"{repo.source_dir('limestone', newest.instance)}/archive"
