@@ -24,7 +24,6 @@ manifest is gone is an interrupted one's leftovers, an archived object without i
 
 from __future__ import annotations
 
-import calendar
 import math
 import os
 import time
@@ -33,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import Refused
-from ..repository import Repository, RepositoryError, walvault_version
+from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy
 from ..repository.storage import UnsafeName
+from ..tarantool.meta import vclock_from_json, vclock_leq
 from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from .backup import STALE_TEMPORARY
 
@@ -66,19 +66,7 @@ def check_days(value) -> float:
 
 
 def iso(seconds: float | None) -> str | None:
-    return None if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def _seconds(stamp: str) -> float:
-    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-def _vclock(obj) -> dict[int, int]:
-    return {int(k): int(v) for k, v in (obj or {}).items()}
-
-
-def _leq(a: dict[int, int], b: dict[int, int]) -> bool:
-    return all(v <= b.get(k, 0) for k, v in a.items() if v)
+    return None if seconds is None else time.strftime(STAMP, time.gmtime(seconds))
 
 
 @dataclass
@@ -247,7 +235,7 @@ def _position_key(family: str, m: BackupManifest) -> tuple:
     """Log position first; the finish time only orders two backups at the same position."""
     if family == "limestone":
         return (m.position.get("epoch", 0), m.finished, m.id)
-    return (sum(_vclock(m.position.get("vclock")).values()), m.finished, m.id)
+    return (sum(vclock_from_json(m.position.get("vclock")).values()), m.finished, m.id)
 
 
 def _snapshot_of(family: str, m: BackupManifest) -> tuple[object, float] | None:
@@ -260,12 +248,12 @@ def _snapshot_of(family: str, m: BackupManifest) -> tuple[object, float] | None:
         if m.type != "snapshot" or snap.get("epoch") is None:
             return None
         taken = snap.get("time")
-        return int(snap["epoch"]), float(taken) if taken is not None else _seconds(m.started)
+        return int(snap["epoch"]), float(taken) if taken is not None else stamp_seconds(m.started)
     if snap.get("vclock") is None:
         return None
     taken = snap.get("time")
     # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
-    return _vclock(snap["vclock"]), float(taken) if taken is not None else _seconds(m.started) + 1
+    return vclock_from_json(snap["vclock"]), float(taken) if taken is not None else stamp_seconds(m.started) + 1
 
 
 def backup_time(family: str, m: BackupManifest) -> float:
@@ -285,7 +273,7 @@ def backup_time(family: str, m: BackupManifest) -> float:
         return _snapshot_of(family, m)[1]
     elif times := [t for t in (rotation_time(e.name) for e in m.files) if t is not None]:
         return max(times)
-    return _seconds(m.finished)
+    return stamp_seconds(m.finished)
 
 
 def _snapshot_rank(family: str, position) -> int:
@@ -402,7 +390,7 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
         else:
             ends = _row_time(repo, entry)
         if ends is None:
-            ends = _seconds(obj["archived"]) if isinstance(obj.get("archived"), str) else None
+            ends = stamp_seconds(obj["archived"]) if isinstance(obj.get("archived"), str) else None
         if ends is None or ends >= window_start:
             plan.keep.append({"path": path, "kind": entry.kind, "reason": "inside the window" if ends is not None
                               else "it has no time to judge it by"})
@@ -422,8 +410,8 @@ def _covered(family: str, entry: FileEntry, position, detached: set[str]) -> tup
     vclock = entry.range.get("vclock")
     if not vclock:
         return False, 0
-    end = _vclock(vclock[1])
-    return _leq(end, position), sum(end.values())
+    end = vclock_from_json(vclock[1])
+    return vclock_leq(end, position), sum(end.values())
 
 
 def _row_time(repo: Repository, entry: FileEntry) -> float | None:

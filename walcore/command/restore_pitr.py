@@ -7,18 +7,11 @@ import shutil
 from pathlib import Path
 
 from ..findings import Refused
-from ..repository import Repository
+from ..repository import Repository, stamp_seconds
 from ..repository.manifest import BackupManifest, FileEntry
+from ..tarantool.meta import vclock_from_json, vclock_leq
 from .backup import Progress
 from .restore import _layout_name, materialize
-
-
-def _vclock(obj) -> dict[int, int]:
-    return {int(k): int(v) for k, v in (obj or {}).items()}
-
-
-def _leq(a: dict[int, int], b: dict[int, int]) -> bool:
-    return all(v <= b.get(k, 0) for k, v in a.items() if v)
 
 
 def archived_entries(repo: Repository, family: str, instance: str) -> list[FileEntry]:
@@ -39,14 +32,14 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
                and r.instance == newest.instance and r.manifest.finished <= newest.finished]
 
     def snap_vclock(m: BackupManifest) -> dict[int, int]:
-        return _vclock(m.checks.get("snapshot", {}).get("vclock"))
+        return vclock_from_json(m.checks.get("snapshot", {}).get("vclock"))
 
     def before(m: BackupManifest) -> bool:
         if point.vclock is not None:
-            return _leq(snap_vclock(m), point.vclock)
+            return vclock_leq(snap_vclock(m), point.vclock)
         taken = m.checks.get("snapshot", {}).get("time")
         if taken is None:  # the snapshot was taken before the backup started (recorded to the whole second)
-            taken = _epoch_seconds(m.started) + 1
+            taken = stamp_seconds(m.started) + 1
         return taken <= point.time
 
     bases = [m for m in backups if before(m)]
@@ -102,23 +95,16 @@ def wal_dir_of(m: BackupManifest) -> Path:
 def _chain_from(xlogs: list[FileEntry], start: dict[int, int]) -> list[FileEntry]:
     """The unbroken run of xlogs replay needs from a snapshot at `start`: from the last one beginning at or
     before it, each next one starting where the previous one's successor says it does."""
-    firsts = [i for i, e in enumerate(xlogs) if _leq(_vclock(e.verification["vclock"]), start)]
+    firsts = [i for i, e in enumerate(xlogs) if vclock_leq(vclock_from_json(e.verification["vclock"]), start)]
     if not firsts:
         return []
     chain = [xlogs[firsts[-1]]]
     for e in xlogs[firsts[-1] + 1:]:
-        prev = _vclock(e.verification.get("prev_vclock"))
-        if prev != _vclock(chain[-1].verification["vclock"]):
+        prev = vclock_from_json(e.verification.get("prev_vclock"))
+        if prev != vclock_from_json(chain[-1].verification["vclock"]):
             break  # a gap: the log ends here, and a point past it is refused by the cut
         chain.append(e)
     return chain
-
-
-def _epoch_seconds(stamp: str) -> float:
-    import calendar
-    import time
-
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):

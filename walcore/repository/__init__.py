@@ -48,8 +48,18 @@ def walvault_version() -> str:
         return "unknown"
 
 
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # how manifests and records write a time
+
+
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime(STAMP, time.gmtime())
+
+
+def stamp_seconds(stamp: str) -> float:
+    """The Unix time a STAMP names."""
+    import calendar
+
+    return float(calendar.timegm(time.strptime(stamp, STAMP)))
 
 
 class ObjectDamaged(RepositoryError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..findings import Refused
 from .check import TarantoolFile, check_chains, check_vinyl
 from .layout import DataDir, discover, kind_of
-from .meta import MAX_META_SIZE, MetaError, Vclock, format_vclock, parse_meta
+from .meta import MAX_META_SIZE, MetaError, Vclock, format_vclock, parse_meta, vclock_leq
 from .vinyl import VylogError, replay
 from .xlog import read_rows
 
@@ -40,9 +40,6 @@ class TarantoolSet:
     snapshot: SetFile | None
     notes: list[str] = field(default_factory=list)
 
-
-def _leq(a: Vclock, b: Vclock) -> bool:
-    return all(v <= b.get(k, 0) for k, v in a.items() if v)
 
 
 def read_head(path: Path):
@@ -103,7 +100,7 @@ def select(root: Path, *, since_xlog: str | None = None, checkpoint: list[Path] 
             raise Refused(f"{p} is not an xlog Tarantool can read (no meta block)", "damaged")
         xlogs.append(SetFile(p, _rel(root, p), "xlog", False, meta.vclock, meta.prev_vclock))
     # Replay starts from the last xlog that begins at or before the snapshot (its rows past the snapshot count).
-    first = max((i for i, x in enumerate(xlogs) if _leq(x.vclock, snap_meta.vclock)), default=0)
+    first = max((i for i, x in enumerate(xlogs) if vclock_leq(x.vclock, snap_meta.vclock)), default=0)
     if since_xlog is not None:
         names = [x.name for x in xlogs]
         if since_xlog in names:
@@ -169,7 +166,7 @@ def judge(tset: TarantoolSet, reports: dict[str, TarantoolFile]) -> dict:
     problems += [x.message for chain in chains for x in chain.findings if x.code != "damaged_file"]
     snap = reports[str(tset.snapshot.path)]
     snapshot = chains[0].snapshots[0] if chains else {"covers": [], "replay_from": None}
-    if xlogs and snapshot["replay_from"] is None and not _leq(reports[str(xlogs[-1])].end_vclock() or {},
+    if xlogs and snapshot["replay_from"] is None and not vclock_leq(reports[str(xlogs[-1])].end_vclock() or {},
                                                               snap.vclock or {}):
         problems.append(f"no xlog continues from the snapshot at {format_vclock(snap.vclock)}")
     if problems:

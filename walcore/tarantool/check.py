@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..findings import FindingList
 from .layout import DataDir, kind_of, name_number
-from .meta import Vclock, format_vclock, vclock_sum
+from .meta import Vclock, format_vclock, vclock_leq, vclock_sum
 from .vinyl import VylogError, replay
 from .xlog import SEALED_KINDS, FileScan, read_rows
 
@@ -129,12 +129,9 @@ def file_verdict(scan: FileScan) -> TarantoolFile:
         edge_blocks=[span.first_pos, span.last_block_pos] if span.blocks else None)
 
 
-def _leq(a: Vclock, b: Vclock) -> bool:
-    return all(v <= b.get(k, 0) for k, v in a.items() if v)
-
 
 def _same(a: Vclock, b: Vclock) -> bool:
-    return _leq(a, b) and _leq(b, a)
+    return vclock_leq(a, b) and vclock_leq(b, a)
 
 
 @dataclass
@@ -225,12 +222,12 @@ def _link_snapshot(snap: TarantoolFile, xlogs: list[TarantoolFile], findings: Fi
             continue
         # The newest xlog is never covered, open or sealed: Tarantool appends to it, and at its next start
         # reopens the empty one a clean shutdown leaves, so what it will hold no snapshot covers yet.
-        if _leq(end, snap.vclock) and i < len(xlogs) - 1:
+        if vclock_leq(end, snap.vclock) and i < len(xlogs) - 1:
             out["covers"].append(f.path)
-        elif _leq(f.vclock, snap.vclock) and out["replay_from"] is None:
+        elif vclock_leq(f.vclock, snap.vclock) and out["replay_from"] is None:
             out["replay_from"] = f.path
     if out["replay_from"] is None:
-        later = [f for f in xlogs if f.vclock is not None and not _leq(f.vclock, snap.vclock)]
+        later = [f for f in xlogs if f.vclock is not None and not vclock_leq(f.vclock, snap.vclock)]
         if later:
             first = later[0]
             findings.add("snapshot_gap", None, f"after {name} at {format_vclock(snap.vclock)} the next xlog "
@@ -257,7 +254,7 @@ def check_vinyl(data_dir: DataDir, reports: dict[str, TarantoolFile], walked: se
         return
     snap = reports[str(data_dir.snaps[-1])] if data_dir.snaps else None
     if snap is not None and snap.vclock is not None and vylog.vclock is not None \
-            and not _leq(vylog.vclock, snap.vclock):
+            and not vclock_leq(vylog.vclock, snap.vclock):
         vylog.findings.add("vylog_ahead_of_snapshot", None,
                            f"the newest vylog is at {format_vclock(vylog.vclock)}, past the newest snapshot "
                            f"{Path(snap.path).name} at {format_vclock(snap.vclock)}: its snapshot is missing, and "

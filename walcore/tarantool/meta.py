@@ -63,6 +63,16 @@ def format_vclock(vclock: Vclock) -> str:
     return "{" + ", ".join(f"{r}: {lsn}" for r, lsn in sorted(vclock.items()) if lsn) + "}"
 
 
+def vclock_leq(a: Vclock, b: Vclock) -> bool:
+    """Whether b reaches a in every component (what covers an xlog, what a point includes)."""
+    return all(v <= b.get(k, 0) for k, v in a.items() if v)
+
+
+def vclock_from_json(obj) -> Vclock:
+    """A vclock as JSON keeps it (component numbers as strings); {} for none."""
+    return {int(k): int(v) for k, v in (obj or {}).items()}
+
+
 def vclock_sum(vclock: Vclock) -> int:
     return sum(vclock.values())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..fsutil import fsync_dir, write_atomic
 from .block import EOF_MAGIC, FIXHEADER_SIZE, decompress, parse_fixheader, tarantool_crc32c
-from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock
+from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock, vclock_leq
 from .row import TIMESTAMP, iter_rows
 from .writer import TarantoolWriter
 
@@ -88,9 +88,6 @@ def parse_point(text: str) -> Point:
     raise ValueError(f"{text!r} is not a point: give a vclock ('{{1: 120, 0: 5}}' or '1:120,0:5'), "
                      "an ISO-8601 time ('2026-11-23T21:00:00Z') or '@<unix seconds>'")
 
-
-def _leq(a: Vclock, b: Vclock) -> bool:
-    return all(lsn <= b.get(component, 0) for component, lsn in a.items())
 
 
 def _nonzero(vclock: Vclock) -> Vclock:
@@ -166,7 +163,7 @@ def _scan(xlogs: list[Path], point: Point, start: Vclock) -> tuple[list[_Xlog], 
             if meta is None or meta.kind != "xlog":
                 raise ValueError(f"{path}: not an xlog")
             begins = _nonzero(meta.vclock)
-            if log_end is None and not _leq(begins, vclock):
+            if log_end is None and not vclock_leq(begins, vclock):
                 raise PointError(f"{path.name} starts at {format_vclock(begins)}, after the snapshot at "
                                  f"{format_vclock(vclock)}: the rows between them are missing")
             if log_end is not None and begins != log_end:
@@ -209,7 +206,7 @@ def _scan(xlogs: list[Path], point: Point, start: Vclock) -> tuple[list[_Xlog], 
             after = f"its newest xlog {newest.path.name} ({'sealed' if newest.eof else 'still open'})"
         raise PointError(f"the archived log ends at {_where(point, vclock, last_time)}, before the point: no "
                          f"transaction in it is later, and what follows {after} may not be archived yet")
-    if not _leq(point.vclock, vclock):
+    if not vclock_leq(point.vclock, vclock):
         raise PointError(f"the log ends at {_where(point, vclock, last_time)}, before the point")
     return scanned, vclock, rows, last_time
 
@@ -257,7 +254,7 @@ def cut_chain(xlogs: list[Path], out_dir: Path, point: Point, *, start_vclock: d
     every file is written under a temporary name and renamed once synced.
     """
     out_dir = Path(out_dir)
-    if point.vclock is not None and not _leq(start_vclock, point.vclock):
+    if point.vclock is not None and not vclock_leq(start_vclock, point.vclock):
         absent = [str(c) for c, lsn in sorted(start_vclock.items()) if lsn and c not in point.vclock]
         hint = ""
         if absent:
