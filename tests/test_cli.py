@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import walcore.command.verify as verify_mod
-from conftest import (SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
+from conftest import (REPO, SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
                       walvault_command)
 from tarantool_bytes import framing
 from walcore.runner import LocalRunner
@@ -143,6 +143,19 @@ def test_a_file_given_by_name_must_be_a_wal_file(tmp_path):
     proc = run_cli("verify", "--json", renamed)
     assert proc.returncode == 0, proc.stderr
     assert [f["kind"] for f in json.loads(proc.stdout)["files"]] == ["xlog"]
+
+
+def test_a_limestone_blob_file_given_by_name_stands_for_its_log_directory():
+    # The archive DAG verifies the files it archived, blob files among them, beside Tarantool files: a blob under
+    # blob/dir_NN/ is its log directory's, not a Tarantool file without a meta block.
+    sample = REPO / "samples" / "limestone" / "01-clean"
+    blob = next(sample.glob("blob/dir_*/*.blob"))
+    xlog = TARANTOOL_FIXTURES / "concurrent" / "00000000000000000000.xlog"
+    proc = run_cli("verify", "--json", blob, xlog)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert [f["kind"] for f in report["files"] if f["family"] == "tarantool"] == ["xlog"]
+    assert [Path(d["path"]).resolve() for d in report["dirs"]] == [sample.resolve()]
 
 
 @require_shared

@@ -127,8 +127,9 @@ def _find(paths: list[Path]):
     for path in paths:
         if path.is_dir() and claim(path):
             continue
-        if path.is_file() and kind_of(path) is None and limestone_kind(path.name) and is_limestone_dir(path.parent):
-            roots.append(path.parent)
+        root = _limestone_root(path) if path.is_file() and kind_of(path) is None else None
+        if root is not None:
+            roots.append(root)
             continue
         tarantool_paths.append(path)
     layout = discover(tarantool_paths, claim)
@@ -136,6 +137,18 @@ def _find(paths: list[Path]):
     for root in roots:
         unique.setdefault(os.path.realpath(root), root)
     return layout, sorted(unique.values())
+
+
+def _limestone_root(path: Path) -> Path | None:
+    """The log directory a limestone file given alone stands for: its own, or for a blob file in
+    `blob/dir_NN/` the one above."""
+    kind = limestone_kind(path.name)
+    if kind is None:
+        return None
+    for root in (path.parent, path.parent.parent.parent) if kind == "blob" else (path.parent,):
+        if is_limestone_dir(root):
+            return root
+    return None
 
 
 def _run_work(work: list[tuple], unit_bytes, runner, tracker: Progress) -> dict[str, list]:
