@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, dag, task
 
 from walvault_provider.config import load
+from walvault_provider.operators import WalvaultSparkSubmitOperator
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -23,13 +23,16 @@ NAMES = [s.name for s in CONFIG.sources]
                              "run backs up every source)"),
              "type": Param("full", enum=["full", "incremental"], description="full, or incremental on the newest "
                            "full backup of the source"),
-             "verify": Param(True, type="boolean", description="verify the backup in the repository after")})
+             "verify": Param(True, type="boolean", description="verify the backup in the repository after"),
+             "spark": Param(CONFIG.spark_connection, enum=list(CONFIG.spark_connections),
+                            description="the Spark master: the Airflow connection to submit to (local[2] or a "
+                            "standalone master)")})
 def walvault_backup():
     @task
     def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
-        """One Spark plan per source to back up; the repository's options (credentials included) only in the plan
-        file (mode 0600, removed once read back)."""
-        from walvault_provider.hooks import WalvaultRepoHook
+        """One Spark plan per source to back up; the repository's options and a running Tarantool's password only
+        in the plan file (mode 0600, removed once read back)."""
+        from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
         from walvault_provider.spark import work_dir, write_plan
 
         config = load()
@@ -47,14 +50,16 @@ def walvault_backup():
             if kind == "incremental" and not manual and str(source.path.resolve()) not in with_full:
                 kind = "full"
             options = {"type": kind, "json": True, "wait": 3600.0}
+            if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
+                options["connect"] = tarantool_uri(source.connection)
             args.append([write_plan(work_dir(run_id, f"backup-{source.name}"),
                                     {"job": "backup", "sources": [str(source.path)], "repo": target.url,
                                      "repo_options": target.options, "options": options})])
         return args
 
     plans = plan()
-    backups = SparkSubmitOperator.partial(task_id="spark_backup", application=application("backup"),
-                                          conn_id=CONFIG.spark_connection, name="walvault-backup").expand(
+    backups = WalvaultSparkSubmitOperator.partial(task_id="spark_backup", application=application("backup"),
+                                                  conn_id="{{ params.spark }}", name="walvault-backup").expand(
         application_args=plans)
 
     @task

@@ -33,6 +33,7 @@ sources:
   - {name: ls1, family: limestone, path: /srv/ls1, rotate_min_bytes: 1024}
 retention: {days: 7}
 schedules: {archive: "*/5 * * * *", backup: null}
+spark: {connections: [spark_local, spark_cluster]}
 """
 
 
@@ -51,6 +52,7 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     assert tt1.path == tmp_path / "data/tt1" and tt1.connection == "tt1_live"
     assert ls1.path == Path("/srv/ls1") and ls1.rotate_min_bytes == 1024
     assert config.retention_days == 7
+    assert config.spark_connections == ("spark_local", "spark_cluster") and config.spark_connection == "spark_local"
     assert config.schedules["archive"] == "*/5 * * * *" and config.schedules["backup"] is None
     assert config.schedules["retention"] == "@daily", "unset schedules keep their defaults"
     assert config.source("ls1") is ls1
@@ -79,6 +81,9 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {archive: every minute}", "schedules.archive"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {hourly: '@daily'}", "schedules.hourly"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: 'a b'}", "repository.connection"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connection: spark_default}", "spark.connection"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connections: []}", "spark.connections"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connections: [s, s]}", "spark.connections[1]"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: r, password: hunter2}",
      "repository.password"),
     ("sources: [{name: a, family: tarantool, path: /x, aws_secret_access_key: k}]", "sources[0].aws_secret_access_key"),

@@ -25,7 +25,8 @@ connections, which the file names. Every error names the key at fault.
       retention: "@daily"
       restore_drill: "@weekly"
     spark:
-      connection: spark_default        # SparkSubmitOperator's connection: local[2] embedded, a master in production
+      connections: [spark_default]     # Spark connections (local[2] embedded, a master in production); the first
+                                       # is the default, the backup form offers them all
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ class Config:
     repository_connection: str = "walvault_repo"
     retention_days: float = 30
     schedules: dict = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
-    spark_connection: str = "spark_default"
+    spark_connections: tuple[str, ...] = ("spark_default",)
+
+    @property
+    def spark_connection(self) -> str:
+        """The Spark connection of scheduled runs."""
+        return self.spark_connections[0]
 
     def source(self, name: str) -> Source:
         for s in self.sources:
@@ -112,7 +118,7 @@ def parse(raw, path: Path) -> Config:
     _known(raw, ("repository", "sources", "retention", "schedules", "spark"), "", fail)
     repository = _section(raw, "repository", ("connection",), fail)
     retention = _section(raw, "retention", ("days",), fail)
-    spark = _section(raw, "spark", ("connection",), fail)
+    spark = _section(raw, "spark", ("connections",), fail)
     schedules_raw = _section(raw, "schedules", tuple(DEFAULT_SCHEDULES), fail)
     sources_raw = raw.get("sources")
     if not isinstance(sources_raw, list) or not sources_raw:
@@ -136,15 +142,14 @@ def parse(raw, path: Path) -> Config:
         if not isinstance(source_path, str) or not source_path:
             fail(f"{key}.path", "the source directory, a string")
         connection = item.get("connection")
-        if connection is not None and (family != "tarantool" or not isinstance(connection, str)
-                                       or not _CONN_ID.fullmatch(connection)):
+        if connection is not None and (family != "tarantool" or not _conn_id(connection)):
             fail(f"{key}.connection", "an Airflow connection id, for a running Tarantool only")
         min_bytes = item.get("rotate_min_bytes", DEFAULT_ROTATE_MIN_BYTES)
         if "rotate_min_bytes" in item and family != "limestone":
             fail(f"{key}.rotate_min_bytes", "limestone sources only")
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 1:
             fail(f"{key}.rotate_min_bytes", f"{min_bytes!r} is not a positive number of bytes")
-        full = Path(source_path) if Path(source_path).is_absolute() else (path.parent / source_path)
+        full = Path(os.path.abspath(path.parent / source_path))  # dags/../var -> var; symlinks kept
         sources.append(Source(name, family, full, connection, min_bytes))
     days = retention.get("days", 30)
     try:
@@ -159,14 +164,20 @@ def parse(raw, path: Path) -> Config:
             fail(f"schedules.{name}", f"{value!r} is not a cron expression (5 fields) or a preset "
                  f"({', '.join(sorted(_PRESETS))})")
         schedules[name] = value
-    conns = {}
-    for key, section, default in (("repository.connection", repository, "walvault_repo"),
-                                  ("spark.connection", spark, "spark_default")):
-        value = section.get("connection", default)
-        if not isinstance(value, str) or not _CONN_ID.fullmatch(value):
-            fail(key, f"{value!r} is not an Airflow connection id")
-        conns[key] = value
-    return Config(path, tuple(sources), conns["repository.connection"], days, schedules, conns["spark.connection"])
+    repository_connection = repository.get("connection", "walvault_repo")
+    if not _conn_id(repository_connection):
+        fail("repository.connection", f"{repository_connection!r} is not an Airflow connection id")
+    spark_connections = spark.get("connections", ["spark_default"])
+    if not isinstance(spark_connections, list) or not spark_connections:
+        fail("spark.connections", "a list of at least one Airflow connection id (the first is the default)")
+    for i, conn_id in enumerate(spark_connections):
+        if not _conn_id(conn_id) or conn_id in spark_connections[:i]:
+            fail(f"spark.connections[{i}]", f"{conn_id!r} is not an Airflow connection id, or is listed twice")
+    return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections))
+
+
+def _conn_id(value) -> bool:
+    return isinstance(value, str) and bool(_CONN_ID.fullmatch(value))
 
 
 def _section(raw: dict, name: str, keys: tuple[str, ...], fail) -> dict:

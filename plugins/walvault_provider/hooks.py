@@ -67,3 +67,10 @@ class WalvaultRepoHook(BaseHook):
         except Exception as e:  # shown in the UI's connection test, whatever went wrong
             return False, str(e)
         return True, f"walvault repository {repo.display} (format {repo.info.get('format')})"
+
+
+def tarantool_uri(conn_id: str) -> str:
+    """[user:password@]host:port of a running Tarantool, from its Airflow connection."""
+    conn = BaseHook.get_connection(conn_id)
+    auth = f"{conn.login}:{conn.password}@" if conn.login else ""
+    return f"{auth}{conn.host}:{conn.port or 3301}"

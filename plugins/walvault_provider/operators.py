@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
+
+
+class WalvaultSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator with its connection templated, so that a run's params choose the Spark master
+    (`conn_id="{{ params.spark }}"`)."""
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
 
 
 class _WalvaultOperator(BaseOperator):
@@ -102,10 +110,12 @@ class WalvaultSnapshotOperator(_SourceOperator):
     def execute(self, context):
         from walcore.command.snapshot import NothingNew, snapshot
 
+        from .hooks import tarantool_uri
+
         config = self.load_config()
         source = config.source(self.source)
         repo = self.repository(config, create=True)
-        connect = _tarantool_uri(source.connection) if source.connection else None
+        connect = tarantool_uri(source.connection) if source.connection else None
         try:
             result = snapshot(source.path, repo, connect=connect)
         except NothingNew as e:
@@ -153,15 +163,6 @@ class WalvaultExpireOperator(_WalvaultOperator):
         if any(s.stopped for s in result.sources):
             raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
-
-
-def _tarantool_uri(conn_id: str) -> str:
-    """[user:password@]host:port of a running Tarantool, from its Airflow connection."""
-    from airflow.sdk import BaseHook
-
-    conn = BaseHook.get_connection(conn_id)
-    auth = f"{conn.login}:{conn.password}@" if conn.login else ""
-    return f"{auth}{conn.host}:{conn.port or 3301}"
 
 
 class WalvaultDrillOperator(_SourceOperator):
