@@ -24,12 +24,17 @@ def walvault_archive():
     def verify_plan(archived: dict, run_id=None) -> str:
         from airflow.exceptions import AirflowSkipException
 
+        from walvault_provider.hooks import WalvaultRepoHook
         from walvault_provider.spark import work_dir, write_plan
 
         if not archived["new"]:
             raise AirflowSkipException("nothing new was archived: nothing to verify")
+        # every file scanned again (`full`: the archive's own verdicts are not taken on trust); the report is
+        # kept in the repository (reports/verify/), whose options (S3 credentials) only the plan file holds
+        target = WalvaultRepoHook(load().repository_connection).target()
         return write_plan(work_dir(run_id, "verify"), {"job": "verify", "sources": archived["new"],
-                                                       "options": {"json": True}})
+                                                       "repo": target.url, "repo_options": target.options,
+                                                       "options": {"json": True, "full": True}})
 
     plan = verify_plan(archived.output)
     verify = SparkSubmitOperator(task_id="verify_new_files", application=application("verify"),

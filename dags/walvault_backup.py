@@ -10,7 +10,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag, task
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultSparkSubmitOperator
+from walvault_provider.operators import WalvaultSparkSubmitOperator, WalvaultVerifyOperator
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -77,27 +77,14 @@ def walvault_backup():
               f"{result['stored_bytes']:,} stored; restores to {result['position']}")
         return result
 
-    @task
-    def verify(result: dict, params=None) -> dict:
-        from airflow.exceptions import AirflowSkipException
-
-        from walcore.command.repo_verify import verify_repository
-        from walvault_provider.hooks import WalvaultRepoHook
-
-        if not params["verify"]:
-            raise AirflowSkipException("verify after: unticked")
-        repo = WalvaultRepoHook(load().repository_connection).repository()
-        report = verify_repository(repo, result["id"])
-        lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
-        lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
-        print(f"walvault verify --repo {result['id']}\n" + "\n".join(f"  {line}" for line in lines))
-        if not report.intact:
-            raise RuntimeError(f"backup {result['id']} does not verify: see the findings above")
-        return {"id": result["id"], "objects": report.objects, "bytes": report.bytes}
-
     recorded = record.expand(plan_args=plans)
     backups >> recorded
-    verify.expand(result=recorded)
+    WalvaultVerifyOperator.partial(task_id="verify", enabled="{{ params.verify }}").expand(
+        backup_id=recorded.map(_backup_id))
+
+
+def _backup_id(result: dict) -> str:
+    return result["id"]
 
 
 walvault_backup()

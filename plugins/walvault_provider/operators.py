@@ -88,6 +88,36 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         return {"new": result.stored, "counts": counts}
 
 
+class WalvaultVerifyOperator(_WalvaultOperator):
+    """Verify one backup (`backup_id`), or every backup, in the repository (walvault verify --repo): every stored
+    object's size and SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
+    `enabled` (templated, e.g. "{{ params.verify }}"): false skips the task."""
+
+    template_fields: Sequence[str] = ("config_path", "backup_id", "enabled")
+
+    def __init__(self, *, backup_id: str | None = None, enabled: bool | str = True, **kwargs):
+        super().__init__(**kwargs)
+        self.backup_id = backup_id
+        self.enabled = enabled
+
+    def execute(self, context):
+        from airflow.exceptions import AirflowSkipException
+
+        from walcore.command.repo_verify import verify_repository
+
+        if str(self.enabled).strip().lower() not in ("true", "1", "yes"):
+            raise AirflowSkipException("verify after: unticked")
+        repo = self.repository(self.load_config())
+        report = verify_repository(repo, self.backup_id)
+        lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
+        lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
+        lines.append(f"{report.objects} objects, {report.bytes:,} bytes read")
+        self.summary(f"walvault verify --repo {repo.display} {self.backup_id or '(every backup)'}", lines)
+        if not report.intact:
+            raise RuntimeError(f"{self.backup_id or 'the repository'} does not verify: see the findings above")
+        return {"id": self.backup_id, "intact": True, "objects": report.objects, "bytes": report.bytes}
+
+
 class _SourceOperator(_WalvaultOperator):
     """An operator on one configured source."""
 
