@@ -169,3 +169,25 @@ def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoin
                                                                "AWS_DEFAULT_REGION": "us-east-1"}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["policy"]["days"] == 30
+
+
+def test_a_spark_plan_is_private_from_its_first_byte_and_read_once(tmp_path):
+    # The plan holds the repository's options, credentials included: mode 0600 as soon as it exists, even with a
+    # permissive umask, and removed when the job's result is read.
+    import os
+    import stat
+
+    from walvault_provider.spark import job_result, write_plan
+
+    old = os.umask(0)
+    try:
+        arg = write_plan(tmp_path, {"job": "verify", "repo_options": {"secret": "hunter2"}})
+    finally:
+        os.umask(old)
+    plan = tmp_path / "plan.json"
+    assert arg == f"@{plan}" and stat.S_IMODE(plan.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output", "plan.json"], "no temporary file is left"
+    (tmp_path / "output" / "result.json").write_text('{"exit": 0}')
+    (tmp_path / "output" / "stdout").write_text("{}")
+    (tmp_path / "output" / "stderr").write_text("")
+    assert job_result(arg) == (0, "{}", "") and not plan.exists()

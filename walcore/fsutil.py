@@ -21,12 +21,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+def write_atomic(path: Path, chunks: Iterable[bytes], *, mode: int = 0o666) -> None:
     """Write `chunks` to `path` so that it either does not change or holds all of them (no temporary file is
-    left behind on an error)."""
+    left behind on an error). `mode` (less the umask) from the moment the file exists: 0o600 for secrets."""
     tmp = path.with_name(f".{path.name}.walvault-tmp")
     try:
-        with open(tmp, "wb") as f:
+        tmp.unlink(missing_ok=True)  # one left by a crash: its mode would stay
+        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
             for chunk in chunks:
                 f.write(chunk)
             f.flush()

@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from walcore.fsutil import write_atomic
+
 WORK_ENV = "WALVAULT_WORK_DIR"
 
 
@@ -39,8 +41,7 @@ def write_plan(directory: Path, plan: dict) -> str:
     for stale in ("stdout", "stderr", "result.json"):  # a re-run of the task must not read the last run's
         (output / stale).unlink(missing_ok=True)
     path = directory / "plan.json"
-    path.write_text(json.dumps({**plan, "output": str(output)}))
-    os.chmod(path, 0o600)
+    write_atomic(path, [json.dumps({**plan, "output": str(output)}).encode()], mode=0o600)  # it may hold secrets
     return f"@{path}"
 
 
