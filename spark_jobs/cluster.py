@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -33,7 +33,7 @@ def standalone_cluster(scratch: Path, *, workers: int = 1, cores: int = 2, memor
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(scratch / "work"),
            "SPARK_LOG_DIR": str(scratch / "logs")}
     env.setdefault("PYSPARK_PYTHON", sys.executable)
-    port = _free_port()
+    port = free_port()
     procs, logs = [], []
 
     def start(args: list[str], log: Path) -> None:
@@ -43,11 +43,11 @@ def standalone_cluster(scratch: Path, *, workers: int = 1, cores: int = 2, memor
 
     try:
         start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-               "--webui-port", str(_free_port())], scratch / "master.log")
+               "--webui-port", str(free_port())], scratch / "master.log")
         worker_logs = [scratch / f"worker-{i}.log" for i in range(workers)]
         for log in worker_logs:
             start(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores),
-                   "--memory", memory, "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"], log)
+                   "--memory", memory, "--webui-port", str(free_port()), f"spark://127.0.0.1:{port}"], log)
         deadline = time.monotonic() + timeout
         while not all(b"Successfully registered with master" in log.read_bytes() for log in worker_logs):
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):

@@ -6,16 +6,15 @@ the task logs, not only the exit code."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import tarantool_real as tr
-from conftest import LIMESTONE_FIXTURES, REPO, require_limestone, require_tarantool, run_cli
+from conftest import LIMESTONE_FIXTURES, require_limestone, require_tarantool, run_cli
+from walvault_provider.local import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
 BIN = Path(sys.executable).parent
@@ -24,7 +23,8 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory):
     """An AIRFLOW_HOME with a migrated SQLite database, the DAGs and plugins of this checkout, the configuration
-    naming two fresh sources, and the connections (walvault_repo, spark_default) in the environment."""
+    naming two fresh sources and two Spark connections, and the connections (walvault_repo, spark_default on
+    local[2]) in the environment (spark_cluster: the test that starts the cluster sets it)."""
     root = tmp_path_factory.mktemp("airflow")
     tt, ls = root / "sources" / "tt", root / "sources" / "ls"
     tr.generate_instance(tt, wal_max_size=16384, scale=1, snapshots=2)
@@ -37,36 +37,25 @@ sources:
   - {{name: tt, family: tarantool, path: {tt}}}
   - {{name: ls, family: limestone, path: {ls}, rotate_min_bytes: 1}}
 retention: {{days: 30}}
+spark: {{connections: [spark_default, spark_cluster]}}
 """)
     repo = root / "repo"
-    env = {**os.environ, "AIRFLOW_HOME": str(root / "home"), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-           "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW__API__HOST": "127.0.0.1", "WALVAULT_CONFIG": str(config),
-           "WALVAULT_WORK_DIR": str(root / "work"),
-           "AIRFLOW_CONN_WALVAULT_REPO": json.dumps({"conn_type": "walvault_repo", "extra": {"url": str(repo)}}),
-           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-           "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    proc = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = environment(root / "home", config=config, repository=str(repo), work_dir=root / "work")
+    migrate(env)
     return {"env": env, "repo": repo, "tt": tt, "ls": ls, "root": root}
 
 
-def _airflow(env, *args, timeout=600):
-    return subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def _dags_test(env, dag_id, *conf):
-    proc = _airflow(env, "dags", "test", dag_id, *conf)
+    proc = airflow(env, "dags", "test", dag_id, *conf)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "Traceback" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-6000:]
     return proc.stdout + proc.stderr
 
 
 def test_the_dags_import_without_errors(airflow_env):
-    proc = _airflow(airflow_env["env"], "dags", "list-import-errors", "--local")
+    proc = airflow(airflow_env["env"], "dags", "list-import-errors", "--local")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    listed = _airflow(airflow_env["env"], "dags", "list", "--local", "--output", "json")
+    listed = airflow(airflow_env["env"], "dags", "list", "--local", "--output", "json")
     # Airflow logs to stdout too: the listing is the line holding the JSON array
     ids = {d["dag_id"] for d in json.loads(next(ln for ln in listed.stdout.splitlines() if ln.startswith("[{")))}
     assert {"walvault_archive", "walvault_backup", "walvault_snapshot", "walvault_retention"} <= ids
@@ -76,6 +65,8 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env):
     env, repo = airflow_env["env"], airflow_env["repo"]
     log = _dags_test(env, "walvault_archive")
     assert "walvault archive into" in log and "files verified by Spark, 0 damaged" in log
+    summaries = [json.loads(p.read_text()) for p in repo.glob("reports/verify/*/summary.json")]
+    assert len(summaries) == 1, "the Spark verify job keeps its report in the repository"
     rotated = list(airflow_env["ls"].glob("pwal_????.*"))
     assert rotated, "the limestone source was rotated under limestone's names"
     archived = {p.name.removesuffix(".zst.json") for p in repo.rglob("archive/**/*.zst.json")}
@@ -129,3 +120,21 @@ def test_the_restore_drill_proves_the_newest_backups(airflow_env):
     drilled = [b for b in listed if b.get("drill")]
     assert sorted(b["family"] for b in drilled) == ["limestone", "tarantool"]
     assert all(b["drill"]["status"] == "ok" for b in drilled)
+
+
+def test_a_backup_from_the_form_on_a_standalone_cluster(airflow_env, tmp_path):
+    """The form's Spark master: spark_cluster, a real standalone master and two workers on 127.0.0.1."""
+    from spark_jobs.cluster import standalone_cluster
+
+    repo = airflow_env["repo"]
+    with standalone_cluster(tmp_path, workers=2, cores=1) as master:
+        env = {**airflow_env["env"],
+               "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": master})}
+        log = _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "ls", "type": "full",
+                                                                       "verify": True, "spark": "spark_cluster"}))
+        registered = (tmp_path / "master.log").read_text(errors="replace")
+    assert f"--master {master}" in log, "the job was submitted to the cluster's master"
+    assert "Registering app walvault-backup" in registered
+    recorded = log[log.index("walvault backup "):].split()[2]
+    listed = {b["id"]: b for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    assert listed[recorded]["family"] == "limestone" and listed[recorded]["status"] == "ok"

@@ -8,6 +8,7 @@ log servers bind every interface. Importing this module starts nothing and impor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,6 +22,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from spark_jobs.cluster import free_port
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -74,12 +77,6 @@ def migrate(env: dict[str, str]) -> None:
         raise RuntimeError(f"airflow db migrate failed:\n{_tail(proc.stdout + proc.stderr)}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class UI:
     """The api-server, scheduler and dag-processor of one AIRFLOW_HOME; their logs in `log_dir`."""
@@ -130,14 +127,16 @@ class UI:
                            f"logs in {self.log_dir}")
 
     def stop(self) -> None:
+        """Each process's whole group (the scheduler's executor workers with it), even when its leader is gone."""
         for proc in self.processes.values():
-            if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.processes.values():
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.processes.clear()
 
