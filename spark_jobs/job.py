@@ -55,4 +55,8 @@ def main(job: str, argv: list[str] | None = None) -> None:
         code = run(spark, job, plan)
     finally:
         spark.stop()
+    if code != 0 and plan.get("output"):
+        # the cause, where spark-submit's caller (Airflow's task log) shows it: the command's stderr is in a file
+        lines = Path(plan["output"], "stderr").read_text(errors="replace").strip().splitlines()
+        print("\n".join(lines[-5:]) or f"walvault {job} exited {code}", file=sys.stderr)
     sys.exit(code)

@@ -458,6 +458,23 @@ def test_a_bad_plan_stops_the_job_before_spark_starts():
     assert proc.returncode == 2 and "bad plan: the plan is not JSON" in proc.stderr
 
 
+def test_a_failing_job_names_its_cause_to_the_caller_of_spark_submit(tmp_path):
+    """Airflow's SparkSubmitOperator shows spark-submit's output, not the output dir's stderr file: the job repeats
+    the cause there."""
+    from spark_jobs.submit import job_file, spark_submit
+
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"sources": [str(tarantool_copy(tmp_path))], "repo": str(tmp_path / "repo"),
+                                "options": {"type": "incremental"}, "output": str(out)}))
+    proc = subprocess.run([spark_submit(), "--master", "local[1]", job_file("backup"), f"@{plan}"],
+                          env={**os.environ, **SPARK_ENV}, capture_output=True, text=True, timeout=300)
+    cause = (out / "stderr").read_text().strip().splitlines()[-1]
+    assert proc.returncode == 1 and "take a full backup first" in cause
+    assert cause in proc.stdout  # spark-submit joins its Python driver's stderr to its stdout
+
+
 # --------------------------------------------------------------------------- `--spark`: spark-submit
 
 
