@@ -130,6 +130,26 @@ def copy_limestone_fixture(name: str, tmp_path: Path, as_name: str | None = None
     return copy_tree(LIMESTONE_FIXTURES / name, tmp_path / (as_name or name))
 
 
+def airflow_sources(root: Path, schedules: str = "") -> tuple[Path, Path, Path]:
+    """The sources and configuration of the DAG and UI tests: a data dir written by real Tarantool (`tt`), a
+    writable copy of a real limestone fixture (`ls`, rotated at any size), a 30-day window, the Spark connections
+    spark_default and spark_cluster, and `schedules` (a YAML mapping; empty: the defaults). Returns (tt, ls,
+    config file)."""
+    tt = root / "sources" / "tt"
+    tarantool_real.generate_instance(tt, wal_max_size=16384, scale=1, snapshots=2)
+    ls = copy_limestone_fixture("20-random-small", root / "sources", "ls")
+    config = root / "walvault.yaml"
+    config.write_text(f"""
+sources:
+  - {{name: tt, family: tarantool, path: {tt}}}
+  - {{name: ls, family: limestone, path: {ls}, rotate_min_bytes: 1}}
+retention: {{days: 30}}
+spark: {{connections: [spark_default, spark_cluster]}}
+{f"schedules: {schedules}" if schedules else ""}
+""")
+    return tt, ls, config
+
+
 def tree_snapshot(root: Path) -> dict:
     """Every path under root: kind, size, mode, mtime and (files) a hash of the bytes; equal
     snapshots taken before and after a command prove it wrote nothing there."""

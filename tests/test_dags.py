@@ -6,14 +6,13 @@ the task logs, not only the exit code."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 import tarantool_real as tr
-from conftest import LIMESTONE_FIXTURES, require_limestone, require_tarantool, run_cli
+from conftest import airflow_sources, require_limestone, require_tarantool, run_cli
 from walvault_provider.local import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
@@ -26,19 +25,7 @@ def airflow_env(tmp_path_factory):
     naming two fresh sources and two Spark connections, and the connections (walvault_repo, spark_default on
     local[2]) in the environment (spark_cluster: the test that starts the cluster sets it)."""
     root = tmp_path_factory.mktemp("airflow")
-    tt, ls = root / "sources" / "tt", root / "sources" / "ls"
-    tr.generate_instance(tt, wal_max_size=16384, scale=1, snapshots=2)
-    shutil.copytree(LIMESTONE_FIXTURES / "20-random-small", ls)
-    for p in [ls, *ls.rglob("*")]:
-        p.chmod(p.stat().st_mode | 0o200)
-    config = root / "walvault.yaml"
-    config.write_text(f"""
-sources:
-  - {{name: tt, family: tarantool, path: {tt}}}
-  - {{name: ls, family: limestone, path: {ls}, rotate_min_bytes: 1}}
-retention: {{days: 30}}
-spark: {{connections: [spark_default, spark_cluster]}}
-""")
+    tt, ls, config = airflow_sources(root)
     repo = root / "repo"
     env = environment(root / "home", config=config, repository=str(repo), work_dir=root / "work")
     migrate(env)

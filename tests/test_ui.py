@@ -1,0 +1,335 @@
+"""The Airflow UI as people use it: api-server, scheduler and dag-processor on 127.0.0.1 (walvault_provider.local)
+over a real PostgreSQL started for this module, real sources of both families and a repository on a local path.
+A backup is triggered through the REST API (token auth) and through the UI in a real headless Chromium (login,
+the DAG page, the trigger form); both runs go through the scheduler, LocalExecutor and Spark on local[2], and what
+they did is checked in the repository and through the API (task states, the record task's XCom)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import pytest
+import requests
+
+from conftest import REPO, airflow_sources, require_limestone, require_tarantool, run_cli
+from walvault_provider.local import UI, environment, free_port, migrate
+
+pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
+
+DAG = "walvault_backup"
+RUN_TIMEOUT = 600
+SETUP_HINT = "run scripts/setup (it installs postgresql, chromium and chromium-driver)"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SCREENSHOT = REPO / "bench" / "out" / "ui" / "walvault_backup_run.png"
+
+
+def _tail(text: str, lines: int = 30, width: int = 400) -> str:
+    """The last lines, each cut to `width` characters (Spark's and Airflow's log lines can be very long)."""
+    return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in text.splitlines()[-lines:])
+
+
+# -- PostgreSQL: a cluster of this module's own, on 127.0.0.1 and a socket directory in tmp
+
+class Postgres:
+    def __init__(self):
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+        if not found:
+            pytest.fail(f"PostgreSQL's server is not installed (no /usr/lib/postgresql/*/bin/initdb): {SETUP_HINT}")
+        self.bin = Path(found[-1]).parent
+        # as root, the cluster is the postgres user's (initdb refuses root), in a directory it can reach: pytest's
+        # tmp dir (/tmp/pytest-of-root, mode 0700) is not one
+        self.as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.root = Path(tempfile.mkdtemp(prefix="walvault-test-pg-"))
+        self.data, self.sockets, self.log = self.root / "data", self.root / "sockets", self.root / "postgres.log"
+        self.user, self.password, self.port = "walvault", secrets.token_urlsafe(18), free_port()
+        self.started = False
+
+    def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*self.as_owner, *args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+        return proc
+
+    def start(self) -> Postgres:
+        self.sockets.mkdir()
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        pwfile.chmod(0o600)
+        if self.as_owner:
+            for p in (self.root, self.sockets, pwfile):
+                shutil.chown(p, "postgres", "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", self.user, f"--pwfile={pwfile}",
+                  "-A", "scram-sha-256", "-E", "UTF8", "--no-sync")
+        pwfile.unlink()
+        self.started = True  # pg_ctl stop is harmless when it did not start
+        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.sockets} "
+                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+                  "-o", options, "start")
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
+                                dbname="postgres")
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("CREATE DATABASE airflow")
+        finally:
+            conn.close()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg2://{self.user}:{self.password}@127.0.0.1:{self.port}/airflow"
+
+    def stop(self) -> None:
+        try:
+            if self.started:
+                proc = subprocess.run([*self.as_owner, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast",
+                                       "-w", "-t", "60", "stop"], capture_output=True, text=True, timeout=90)
+                pid_file = self.data / "postmaster.pid"
+                if proc.returncode != 0 and pid_file.exists():  # pg_ctl could not stop it: the postmaster by pid
+                    with contextlib.suppress(OSError, ValueError):
+                        os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- the stack: PostgreSQL, two sources, the configuration, a repository, and the UI's three processes
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ui")
+    # no schedules: unpausing walvault_backup must not start a scheduled run of every source beside the triggered
+    # ones (catchup=False still runs the latest interval)
+    tt, ls, config = airflow_sources(root, "{archive: null, backup: null, snapshot: null, retention: null, "
+                                           "restore_drill: null}")
+    repo = root / "repo"
+    with contextlib.ExitStack() as cleanup:
+        pg = Postgres()
+        cleanup.callback(pg.stop)
+        pg.start()
+        env = environment(root / "home", config=config, repository=str(repo), work_dir=root / "work",
+                          database=pg.url, api_port=free_port())
+        migrate(env)
+        ui = UI(env, root / "logs")
+        cleanup.callback(ui.stop)
+        ui.start()
+        yield {"ui": ui, "url": ui.url, "password": ui.admin_password(), "repo": repo, "root": root, "pg": pg}
+
+
+class Api:
+    """The REST API with a JWT from /auth/token."""
+
+    def __init__(self, stack):
+        self.url, self.log_dir, self.work_dir = stack["url"], stack["ui"].log_dir, stack["root"] / "work"
+        self.session = requests.Session()
+        r = self.session.post(f"{self.url}/auth/token", json={"username": "admin", "password": stack["password"]},
+                              timeout=30)
+        assert r.status_code in (200, 201), f"POST /auth/token: {r.status_code} {r.text}"
+        self.token = r.json()["access_token"]
+        self.session.headers["Authorization"] = f"Bearer {self.token}"
+
+    def call(self, method: str, path: str, expect=(200,), **kwargs):
+        r = self.session.request(method, f"{self.url}/api/v2{path}", timeout=60, **kwargs)
+        assert r.status_code in expect, f"{method} /api/v2{path}: {r.status_code} {r.text[:2000]}"
+        return r.json()
+
+    def unpause(self, dag_id: str) -> None:
+        assert self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})["is_paused"] is False
+
+    def trigger(self, dag_id: str, conf: dict) -> str:
+        run = self.call("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+        return run["dag_run_id"]
+
+    def run_path(self, dag_id: str, run_id: str) -> str:
+        return f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        return self.call("GET", f"{self.run_path(dag_id, run_id)}/taskInstances")["task_instances"]
+
+    def task_log(self, dag_id: str, run_id: str, ti: dict, lines: int = 40) -> str:
+        r = self.session.get(f"{self.url}/api/v2{self.run_path(dag_id, run_id)}/taskInstances/{ti['task_id']}/logs/"
+                             f"{max(ti['try_number'], 1)}", params={"map_index": ti["map_index"], "full_content": True},
+                             headers={"Accept": "application/json"}, timeout=60)
+        if r.status_code != 200:
+            return f"(log: {r.status_code} {r.text[:500]})"
+        text = []
+        for c in r.json()["content"]:
+            if isinstance(c, str):
+                text.append(c)
+                continue
+            text.append(f"{c.get('level', '')} {c.get('event', '')}")
+            for error in c.get("error_detail") or []:  # the exception of a failed task is here, not in `event`
+                text += [line[:1000] for line in f"{error.get('exc_type')}: {error.get('exc_value')}".splitlines()[:3]]
+        return _tail("\n".join(text), lines)
+
+    def diagnose(self, dag_id: str, run_id: str, show=("failed", "up_for_retry")) -> str:
+        """The task instances' states, the logs of those in a state of `show`, the scheduler's log."""
+        out = []
+        try:
+            tis = self.task_instances(dag_id, run_id)
+            out.append("task instances: " + ", ".join(f"{t['task_id']}[{t['map_index']}]={t['state']}" for t in tis))
+            for ti in tis:
+                if ti["state"] in show:
+                    out.append(f"--- log of {ti['task_id']}[{ti['map_index']}] ({ti['state']}):\n"
+                               + self.task_log(dag_id, run_id, ti))
+        except (AssertionError, requests.RequestException) as e:
+            out.append(f"(task instances not read: {e})")
+        # what the Spark jobs' walvault commands printed on stderr (spark_jobs/job.py keeps it beside the plan)
+        for stderr in sorted(self.work_dir.glob("*/output/stderr")):
+            if stderr.stat().st_size:
+                out.append(f"--- {stderr}:\n" + _tail(stderr.read_text(errors="replace"), 10))
+        scheduler_log = self.log_dir / "scheduler.log"
+        if scheduler_log.exists():
+            out.append(f"--- {scheduler_log}:\n" + _tail(scheduler_log.read_text(errors="replace"), 20))
+        return "\n".join(out)
+
+    def wait_success(self, dag_id: str, run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.call("GET", self.run_path(dag_id, run_id))
+            if run["state"] == "success":
+                return run
+            if run["state"] == "failed":
+                pytest.fail(f"run {run_id} failed\n{self.diagnose(dag_id, run_id)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"run {run_id} still {run['state']} after {timeout} s\n"
+                            f"{self.diagnose(dag_id, run_id, ('running', 'failed'))}")
+            time.sleep(2)
+
+
+def _backups(repo: Path) -> list[dict]:
+    proc = run_cli("backups", "--repo", repo, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)["backups"]
+
+
+def test_backup_triggered_through_the_rest_api(stack):
+    api, repo = Api(stack), stack["repo"]
+    api.unpause(DAG)
+    run_id = api.trigger(DAG, {"source": "tt", "type": "full", "verify": True, "spark": "spark_default"})
+    api.wait_success(DAG, run_id)
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(DAG, run_id)}
+    assert states == {("plan", -1): "success", ("spark_backup", 0): "success", ("record", 0): "success",
+                      ("verify", 0): "success"}, states
+
+    backups = [b for b in _backups(repo) if b["family"] == "tarantool"]
+    assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
+    proc = run_cli("verify", "--repo", repo, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["intact"] is True, proc.stdout + proc.stderr
+
+    # what the record task returned, as the UI shows it: its XCom, map index 0
+    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/record/xcomEntries/return_value",
+                    params={"map_index": 0})
+    value = xcom["value"]
+    if isinstance(value, str):
+        value = json.loads(value)
+    assert value["id"] == backups[0]["id"] and value["family"] == "tarantool" and value["type"] == "full", xcom
+    verified = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/verify/xcomEntries/return_value",
+                        params={"map_index": 0})["value"]
+    if isinstance(verified, str):
+        verified = json.loads(verified)
+    assert verified["id"] == backups[0]["id"] and verified["objects"] > 0, verified
+
+
+# -- a real browser: Debian's chromium, headless, through chromedriver
+
+@pytest.fixture
+def browser(tmp_path):
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            pytest.fail(f"{path} not found: {SETUP_HINT}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    # without the networking flags it keeps trying hosts this machine cannot reach
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")),
+                              options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    api, url, driver, repo = Api(stack), stack["url"], browser, stack["repo"]
+    api.unpause(DAG)  # whatever ran before: the form's own "unpause on trigger" is not what is tested here
+    wait = WebDriverWait(driver, 60)
+
+    def page_dump(name: str) -> str:
+        path = tmp_path / f"{name}.html"
+        path.write_text(driver.page_source)
+        driver.save_screenshot(str(path.with_suffix(".png")))
+        return f"(page at {driver.current_url}: {path} and its .png)"
+
+    try:
+        driver.get(f"{url}/auth/login")
+        wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
+        driver.find_element(By.NAME, "password").send_keys(stack["password"])
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: "/auth/login" not in d.current_url)
+
+        driver.get(f"{url}/dags/{DAG}")
+        wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
+        wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-scope=dialog][data-part=content]")))
+        # the source param (an enum) is a select box: a real mouse click opens it, a plain one is intercepted
+        box = wait.until(EC.visibility_of_element_located((By.ID, "element_source")))
+        ActionChains(driver).move_to_element(box).click().perform()
+        wait.until(EC.element_to_be_clickable((By.XPATH, "//*[@role='option' and normalize-space()='ls']"))).click()
+        wait.until(lambda d: d.find_element(By.NAME, "element_source").get_attribute("value") == "ls")
+        assert driver.find_element(By.NAME, "element_type").get_attribute("value") == "full"
+        driver.find_element(By.CSS_SELECTOR, "[data-testid=trigger-dag-submit]").click()
+        # the UI goes to the new run's page
+        wait.until(lambda d: f"/dags/{DAG}/runs/" in d.current_url)
+    except TimeoutException as e:
+        pytest.fail(f"the UI did not do as expected: {e.msg} {page_dump('trigger')}")
+    run_id = unquote(driver.current_url.split(f"/dags/{DAG}/runs/", 1)[1].split("?")[0].rstrip("/"))
+    run = api.wait_success(DAG, run_id)
+    assert run["conf"]["source"] == "ls" and run["conf"]["type"] == "full", run
+    assert run["run_type"] == "manual" and run["triggered_by"] == "ui", run
+
+    # the run page, reloaded, shows the run and each of its tasks in success
+    driver.get(f"{url}/dags/{DAG}/runs/{quote(run_id, safe='')}")
+    header = (f"//h2[contains(normalize-space(), '{run_id}')]"
+              "/following-sibling::*[@data-testid='state-badge']")
+    try:
+        wait.until(EC.text_to_be_present_in_element((By.XPATH, header), "Success"))
+        wait.until(lambda d: len([b for b in d.find_elements(By.CSS_SELECTOR, "td [data-testid=state-badge]")
+                                  if b.text.strip() == "Success"]) == 4)
+    except TimeoutException:
+        pytest.fail(f"the run page does not show the run and its 4 tasks in success {page_dump('run')}")
+    shot = tmp_path / "walvault_backup_run.png"
+    assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, SCREENSHOT)
+    assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    backups = [b for b in _backups(repo) if b["family"] == "limestone"]
+    assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
+    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/record/xcomEntries/return_value",
+                    params={"map_index": 0})["value"]
+    assert (json.loads(xcom) if isinstance(xcom, str) else xcom)["id"] == backups[0]["id"], xcom
