@@ -1,13 +1,14 @@
-"""walvault_backup: a full or incremental backup of a configured source with the Spark backup job, then its
-verification and its record. From the UI: the trigger form picks the source, the type and whether to verify
-after. On schedule: every source, incremental when a full backup exists. Runs never overlap (one at a time, and
-each backup waits for its source's lease)."""
+"""walvault_backup: a full or incremental backup of a configured source with the Spark backup job, then its record
+and its verification in the repository. From the UI: the trigger form picks the source, the type, whether to
+verify after, and the Spark master. On schedule: every source, incremental when a full backup exists, each in a
+group of its own (one source's failure does not stop the others'). Runs never overlap: one at a time, and each
+backup waits up to an hour for its source's lease."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, dag, task, task_group
 
 from walvault_provider.config import load
 from walvault_provider.operators import WalvaultSparkSubmitOperator, WalvaultVerifyOperator
@@ -31,11 +32,16 @@ def walvault_backup():
     @task
     def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
         """One Spark plan per source to back up; the repository's options and a running Tarantool's password only
-        in the plan file (mode 0600, removed once read back)."""
+        in the plan file (mode 0600, removed by the job once read)."""
+        from airflow.sdk import BaseHook
+
         from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
         from walvault_provider.spark import work_dir, write_plan
 
         config = load()
+        spark = BaseHook.get_connection(params["spark"])  # a missing one would silently mean master yarn
+        if spark.conn_type != "spark":
+            raise ValueError(f"the Spark connection {params['spark']!r} is of type {spark.conn_type!r}, not spark")
         hook = WalvaultRepoHook(config.repository_connection)
         target = hook.target()
         manual = dag_run.run_type == "manual"
@@ -57,19 +63,16 @@ def walvault_backup():
                                      "repo_options": target.options, "options": options})])
         return args
 
-    plans = plan()
-    backups = WalvaultSparkSubmitOperator.partial(task_id="spark_backup", application=application("backup"),
-                                                  conn_id="{{ params.spark }}", name="walvault-backup").expand(
-        application_args=plans)
-
-    @task
+    @task(multiple_outputs=True)
     def record(plan_args: list[str]) -> dict:
+        """The backup job's verdict: its summary, or its cause when it failed."""
         import json
 
         from walvault_provider.spark import job_result
 
         code, out, err = job_result(plan_args[0])
         if code != 0:
+            print("\n".join(err.strip().splitlines()[-10:]))
             raise RuntimeError(f"the backup job exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
         result = json.loads(out)
         print(f"walvault backup {result['id']} ({result['type']}) of {result['family']} "
@@ -77,14 +80,17 @@ def walvault_backup():
               f"{result['stored_bytes']:,} stored; restores to {result['position']}")
         return result
 
-    recorded = record.expand(plan_args=plans)
-    backups >> recorded
-    WalvaultVerifyOperator.partial(task_id="verify", enabled="{{ params.verify }}").expand(
-        backup_id=recorded.map(_backup_id))
+    @task_group
+    def backup_source(plan_args: list[str]):
+        """One source's backup, record and verification: a failure of one source leaves the others' to finish."""
+        submitted = WalvaultSparkSubmitOperator(task_id="spark_backup", application=application("backup"),
+                                                application_args=plan_args, conn_id="{{ params.spark }}",
+                                                name="walvault-backup")
+        recorded = record(plan_args)
+        submitted >> recorded
+        WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}", backup_id=recorded["id"])
 
-
-def _backup_id(result: dict) -> str:
-    return result["id"]
+    backup_source.expand(plan_args=plan())
 
 
 walvault_backup()

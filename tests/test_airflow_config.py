@@ -171,23 +171,33 @@ def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoin
     assert json.loads(proc.stdout)["policy"]["days"] == 30
 
 
-def test_a_spark_plan_is_private_from_its_first_byte_and_read_once(tmp_path):
+def test_a_spark_plan_is_private_from_its_first_byte(tmp_path, monkeypatch):
     # The plan holds the repository's options, credentials included: mode 0600 as soon as it exists, even with a
-    # permissive umask, and removed when the job's result is read.
+    # permissive umask, in a work directory only this user can enter (the job removes the plan once read:
+    # test_spark_jobs); the result is read from the output dir beside it.
     import os
     import stat
 
-    from walvault_provider.spark import job_result, write_plan
+    from walvault_provider.spark import job_result, work_dir, write_plan
 
+    monkeypatch.setenv("WALVAULT_WORK_DIR", str(tmp_path / "work"))
+    task_dir = work_dir("manual__2026-01-01T00:00:00+00:00", "backup-tt")
+    assert task_dir.parent == tmp_path / "work" and ":" not in task_dir.name and "+" not in task_dir.name
+    assert stat.S_IMODE(task_dir.stat().st_mode) == 0o700 == stat.S_IMODE(task_dir.parent.stat().st_mode)
+    (tmp_path / "work").chmod(0o777)
+    with pytest.raises(PermissionError, match="WALVAULT_WORK_DIR"):
+        work_dir("run", "task")
+
+    task_dir.chmod(0o755)
     old = os.umask(0)
     try:
-        arg = write_plan(tmp_path, {"job": "verify", "repo_options": {"secret": "hunter2"}})
+        arg = write_plan(task_dir, {"job": "verify", "repo_options": {"secret": "hunter2"}})
     finally:
         os.umask(old)
-    plan = tmp_path / "plan.json"
+    plan = task_dir / "plan.json"
     assert arg == f"@{plan}" and stat.S_IMODE(plan.stat().st_mode) == 0o600
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["output", "plan.json"], "no temporary file is left"
-    (tmp_path / "output" / "result.json").write_text('{"exit": 0}')
-    (tmp_path / "output" / "stdout").write_text("{}")
-    (tmp_path / "output" / "stderr").write_text("")
-    assert job_result(arg) == (0, "{}", "") and not plan.exists()
+    assert sorted(p.name for p in task_dir.iterdir()) == ["output", "plan.json"], "no temporary file is left"
+    (task_dir / "output" / "result.json").write_text('{"exit": 0}')
+    (task_dir / "output" / "stdout").write_text("{}")
+    (task_dir / "output" / "stderr").write_text("")
+    assert job_result(arg) == (0, "{}", "")

@@ -97,6 +97,26 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
     assert not list((airflow_env["root"] / "work").rglob("plan.json")), "plan files (with options) are removed"
 
 
+def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_path):
+    """An incremental with no full backup under it: the run fails, the record task's last lines say why, and the
+    plan (with the repository's options) is gone. A Spark master that is not a configured connection fails the
+    plan task, naming it, instead of being submitted to yarn."""
+    env = {**airflow_env["env"], "WALVAULT_WORK_DIR": str(tmp_path / "work"),
+           "AIRFLOW_CONN_WALVAULT_REPO": json.dumps({"conn_type": "walvault_repo",
+                                                     "extra": {"url": str(tmp_path / "empty-repo")}})}
+    proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
+                   json.dumps({"source": "ls", "type": "incremental", "verify": True}))
+    log = proc.stdout + proc.stderr
+    assert "DagRun failed" in log, log[-3000:]
+    assert "take a full backup first" in log
+    assert not list((tmp_path / "work").rglob("plan.json"))
+    proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
+                   json.dumps({"source": "ls", "type": "full", "verify": True, "spark": "spark_cluster"}))
+    log = proc.stdout + proc.stderr
+    assert "spark_cluster" in log and "isn't defined" in log, log[-3000:]
+    assert "spark-submit" not in log, "nothing was submitted"
+
+
 def test_the_restore_drill_proves_the_newest_backups(airflow_env):
     env, repo = airflow_env["env"], airflow_env["repo"]
     for source in (airflow_env["tt"], airflow_env["ls"]):

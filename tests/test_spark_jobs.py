@@ -458,9 +458,9 @@ def test_a_bad_plan_stops_the_job_before_spark_starts():
     assert proc.returncode == 2 and "bad plan: the plan is not JSON" in proc.stderr
 
 
-def test_a_failing_job_names_its_cause_to_the_caller_of_spark_submit(tmp_path):
-    """Airflow's SparkSubmitOperator shows spark-submit's output, not the output dir's stderr file: the job repeats
-    the cause there."""
+def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(tmp_path):
+    """What Airflow's Spark tasks rely on: the plan (credentials included) is gone as soon as the job has read it,
+    and the job succeeds once the command's verdict and its cause are in the output dir, for the next task."""
     from spark_jobs.submit import job_file, spark_submit
 
     out = tmp_path / "out"
@@ -470,9 +470,10 @@ def test_a_failing_job_names_its_cause_to_the_caller_of_spark_submit(tmp_path):
                                 "options": {"type": "incremental"}, "output": str(out)}))
     proc = subprocess.run([spark_submit(), "--master", "local[1]", job_file("backup"), f"@{plan}"],
                           env={**os.environ, **SPARK_ENV}, capture_output=True, text=True, timeout=300)
-    cause = (out / "stderr").read_text().strip().splitlines()[-1]
-    assert proc.returncode == 1 and "take a full backup first" in cause
-    assert cause in proc.stdout  # spark-submit joins its Python driver's stderr to its stdout
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not plan.exists()
+    assert json.loads((out / "result.json").read_text()) == {"exit": 1}
+    assert "take a full backup first" in (out / "stderr").read_text()
 
 
 # --------------------------------------------------------------------------- `--spark`: spark-submit

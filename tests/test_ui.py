@@ -222,8 +222,8 @@ def test_backup_triggered_through_the_rest_api(stack):
     run_id = api.trigger(DAG, {"source": "tt", "type": "full", "verify": True, "spark": "spark_default"})
     api.wait_success(DAG, run_id)
     states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(DAG, run_id)}
-    assert states == {("plan", -1): "success", ("spark_backup", 0): "success", ("record", 0): "success",
-                      ("verify", 0): "success"}, states
+    assert states == {("plan", -1): "success", ("backup_source.spark_backup", 0): "success",
+                      ("backup_source.record", 0): "success", ("backup_source.verify", 0): "success"}, states
 
     backups = [b for b in _backups(repo) if b["family"] == "tarantool"]
     assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
@@ -231,13 +231,13 @@ def test_backup_triggered_through_the_rest_api(stack):
     assert proc.returncode == 0 and json.loads(proc.stdout)["intact"] is True, proc.stdout + proc.stderr
 
     # what the record task returned, as the UI shows it: its XCom, map index 0
-    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/record/xcomEntries/return_value",
+    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/backup_source.record/xcomEntries/return_value",
                     params={"map_index": 0})
     value = xcom["value"]
     if isinstance(value, str):
         value = json.loads(value)
     assert value["id"] == backups[0]["id"] and value["family"] == "tarantool" and value["type"] == "full", xcom
-    verified = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/verify/xcomEntries/return_value",
+    verified = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/backup_source.verify/xcomEntries/return_value",
                         params={"map_index": 0})["value"]
     if isinstance(verified, str):
         verified = json.loads(verified)
@@ -330,6 +330,6 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
 
     backups = [b for b in _backups(repo) if b["family"] == "limestone"]
     assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
-    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/record/xcomEntries/return_value",
+    xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/backup_source.record/xcomEntries/return_value",
                     params={"map_index": 0})["value"]
     assert (json.loads(xcom) if isinstance(xcom, str) else xcom)["id"] == backups[0]["id"], xcom

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from walcore.fsutil import write_atomic
@@ -27,10 +26,16 @@ def application(job: str) -> str:
 
 
 def work_dir(run_id: str, task: str) -> Path:
-    base = Path(os.environ.get(WORK_ENV) or Path(tempfile.gettempdir()) / "walvault-airflow")
+    """A task's directory under `$WALVAULT_WORK_DIR` (default `$AIRFLOW_HOME/walvault-work`), private to this user:
+    another user able to put a plan there could make the job back up what they like into a repository of theirs."""
+    home = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+    base = Path(os.environ.get(WORK_ENV) or home / "walvault-work")
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o002:
+        raise PermissionError(f"{base} ({WORK_ENV}) must be this user's, not writable by everyone")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{task}")
     path = base / safe
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
@@ -46,12 +51,9 @@ def write_plan(directory: Path, plan: dict) -> str:
 
 
 def job_result(plan_arg: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) the job left; RuntimeError when it left no exit code (it died). The plan file
-    is removed once read: it may hold the repository's options, credentials included."""
-    plan_file = Path(plan_arg.removeprefix("@"))
-    plan = json.loads(plan_file.read_text())
-    plan_file.unlink()
-    output = Path(plan["output"])
+    """(exit code, stdout, stderr) the job's command left in the output dir beside its plan (the job removed the
+    plan when it read it); RuntimeError when it left no exit code (the job died)."""
+    output = Path(plan_arg.removeprefix("@")).parent / "output"
     result = output / "result.json"
     if not result.exists():
         raise RuntimeError(f"the Spark job left no result in {output}: it did not finish (see the submit task's log)")
