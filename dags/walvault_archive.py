@@ -22,7 +22,7 @@ def walvault_archive():
 
     @task
     def verify_plan(archived: dict, run_id=None) -> str:
-        from airflow.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from walvault_provider.hooks import WalvaultRepoHook
         from walvault_provider.spark import work_dir, write_plan

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -39,12 +40,16 @@ def walvault(*args: str) -> subprocess.CompletedProcess:
 
 
 def limestone_source(config) -> Path:
-    """The bundled sample, copied once: later runs keep what rotation did to the copy."""
+    """The bundled sample, copied once (to a temporary name, then renamed: a killed copy is never taken for the
+    source); later runs keep what rotation did to the copy."""
     path = config.source("limestone-samples").path
     if not path.exists():
-        shutil.copytree(SAMPLE, path)
-        for p in [path, *path.rglob("*")]:
+        partial = path.with_name(f".{path.name}.copying")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(SAMPLE, partial)
+        for p in [partial, *partial.rglob("*")]:
             p.chmod(p.stat().st_mode | 0o200)
+        partial.rename(path)
     return path
 
 
@@ -53,8 +58,8 @@ def full_backup_exists(source: Path) -> bool:
 
     if not (REPOSITORY / "walvault.repo").exists():
         return False
-    return any(r.manifest is not None and r.manifest.type == "full" and r.manifest.source.get("path") == str(source)
-               for r in Repository(str(REPOSITORY)).backups())
+    return any(r.manifest is not None and r.manifest.type == "full"
+               and r.manifest.source.get("path") == str(source.resolve()) for r in Repository(str(REPOSITORY)).backups())
 
 
 def dags_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
@@ -63,7 +68,7 @@ def dags_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
     log = VAR / "logs" / f"{dag_id}{'-' + conf['source'] if conf else ''}.log"
     args = [str(BIN / "airflow"), "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else [])]
     started = time.monotonic()
-    proc = subprocess.run(args, env=env, capture_output=True, text=True)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800)
     output = proc.stdout + proc.stderr
     log.write_text(output)
     took = time.monotonic() - started
@@ -92,6 +97,8 @@ def summary(output: str, title: str) -> list[str]:
 def main() -> int:
     from walvault_provider.config import ConfigError, load
 
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # stopped from outside: stop the Tarantool too (finally below)
+        signal.signal(sig, lambda number, _: sys.exit(128 + number))
     try:
         config = load(CONFIG)
         tarantool = LocalTarantool(config.source("tarantool-local").path)
@@ -105,7 +112,11 @@ def main() -> int:
         env = environment(VAR / "airflow", config=CONFIG, repository=str(REPOSITORY), work_dir=VAR / "work",
                           connections={"tarantool_local": tarantool.connection()})
         say("airflow db migrate (SQLite in var/airflow)")
-        migrate(env)
+        try:
+            migrate(env)
+        except RuntimeError as e:
+            say(f"cannot start: {e}")
+            return 2
         dags_test(env, "walvault_archive")
         for name, path in (("tarantool-local", tarantool.data_dir), ("limestone-samples", limestone)):
             kind = "incremental" if full_backup_exists(path) else "full"

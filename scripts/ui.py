@@ -30,6 +30,8 @@ def main() -> int:
     args = parser.parse_args()
     tarantool = LocalTarantool(load(CONFIG).source("tarantool-local").path)
     ui = None
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # stopped from outside: stop everything (finally below)
+        signal.signal(sig, lambda number, _: sys.exit(128 + number))
     try:
         tarantool.start(rows=1000)
         env = environment(VAR / "airflow", config=CONFIG, repository=str(VAR / "repository"), work_dir=VAR / "work",
@@ -39,7 +41,6 @@ def main() -> int:
         ui = UI(env, VAR / "logs" / "ui").start()
         print(f"Airflow UI: {ui.url}/  login: {ADMIN} / {ui.admin_password()}\n"
               f"  (logs: {ui.log_dir}; Ctrl-C stops the UI and the Tarantool on port {tarantool.port})", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while True:
             exited = [name for name, proc in ui.processes.items() if proc.poll() is not None]
             if exited:

@@ -86,7 +86,7 @@ def _run_job(cmd: list[str], env: dict, log, show_log: bool) -> int:
             return proc.wait()
         finally:
             if proc.poll() is None:  # interrupted: the job goes too
-                _stop_tree(proc.pid)
+                stop_tree(proc.pid)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -100,19 +100,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def _stop_tree(pid: int) -> None:
-    """A process and all its descendants: SIGTERM, then SIGKILL for what is left after 10 s."""
+def stop_tree(*pids: int, timeout: float = 10) -> None:
+    """Processes and all their descendants: SIGTERM, then SIGKILL for what is left after `timeout` seconds."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pid)
+            procs += [root, *root.children(recursive=True)]
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-    _gone, alive = psutil.wait_procs(procs, timeout=10)
+    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()

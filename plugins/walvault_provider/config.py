@@ -20,10 +20,10 @@ connections, which the file names. Every error names the key at fault.
       days: 30                         # the recovery window (walvault expire)
     schedules:                         # cron expressions or presets; null: triggered only
       archive: "*/15 * * * *"
-      backup: "@daily"
-      snapshot: "@daily"
-      retention: "@daily"
-      restore_drill: "@weekly"
+      backup: "0 1 * * *"             # the defaults are staggered: a snapshot after the backup, retention
+      snapshot: "0 2 * * *"           # after the snapshot it needs (each waits up to an hour for a lease)
+      retention: "0 4 * * *"
+      restore_drill: "0 5 * * 0"
     spark:
       connections: [spark_default]     # Spark connections (local[2] embedded, a master in production); the first
                                        # is the default, the backup form offers them all
@@ -39,10 +39,11 @@ from pathlib import Path
 ENV_VAR = "WALVAULT_CONFIG"
 DEFAULT_NAME = "walvault.yaml"
 FAMILIES = ("tarantool", "limestone")
-DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "@daily", "snapshot": "@daily", "retention": "@daily",
-                     "restore_drill": "@weekly"}
+# Staggered (UTC): the snapshot after the backup, retention after the snapshot it needs, the drill on Sunday.
+DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "0 1 * * *", "snapshot": "0 2 * * *",
+                     "retention": "0 4 * * *", "restore_drill": "0 5 * * 0"}
 DEFAULT_ROTATE_MIN_BYTES = 64 << 20
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a task id part as it is: no two names make one id
 _CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
 _SECRET_WORDS = ("password", "secret", "token", "access_key", "private_key")
@@ -131,7 +132,7 @@ def parse(raw, path: Path) -> Config:
         _known(item, ("name", "family", "path", "connection", "rotate_min_bytes"), key, fail)
         name = item.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            fail(f"{key}.name", f"{name!r} is not a name (letters, digits, '_', '.', '-'; up to 64)")
+            fail(f"{key}.name", f"{name!r} is not a name (letters, digits, '_', '-'; up to 64)")
         if name in names:
             fail(f"{key}.name", f"{name!r} is configured twice")
         names.add(name)
@@ -208,9 +209,9 @@ def _no_secrets(obj, where: str, fail) -> None:
 
 
 def _schedule(value) -> bool:
+    """A preset, or a cron expression of 5 fields Airflow accepts (61 minutes would fail only at DAG import)."""
+    from croniter import croniter
+
     if not isinstance(value, str):
         return False
-    if value in _PRESETS:
-        return True
-    fields = value.split()
-    return len(fields) == 5 and all(re.fullmatch(r"[0-9*/,\-A-Za-z?LW#]+", f) for f in fields)
+    return value in _PRESETS or (len(value.split()) == 5 and croniter.is_valid(value))

@@ -3,8 +3,8 @@
 The connection holds what the configuration file must not: where the repository is and its credentials.
 - conn_type `walvault_repo` (any type works): `extra` {"url": "/backups" | "s3://bucket/prefix", "options": {...}}
   (fsspec storage options, e.g. {"endpoint_url": "http://127.0.0.1:9000"}); without `url`, `host` is the path.
-- For S3, `login` and `password` are the access key id and the secret; they go to the storage options, never to
-  a command line (`subprocess_env` hands them to a child process through the environment).
+- For S3, `login` and `password` are the access key id and the secret; they go to the storage options, which
+  reach a Spark job only through its plan file (mode 0600, removed by the job once read), never a command line.
 """
 
 from __future__ import annotations
@@ -18,17 +18,6 @@ from airflow.sdk import BaseHook
 class RepoTarget:
     url: str
     options: dict = field(default_factory=dict)  # fsspec storage options, credentials included
-    env: dict = field(default_factory=dict)  # the credentials as a child process reads them
-
-    def cli_args(self) -> list[str]:
-        """`--repo URL --repo-option K=V ...` for walvault, without the credentials (see `env`)."""
-        import json
-
-        args = ["--repo", self.url]
-        for key, value in self.options.items():
-            if key not in ("key", "secret"):
-                args += ["--repo-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-        return args
 
 
 class WalvaultRepoHook(BaseHook):
@@ -48,11 +37,9 @@ class WalvaultRepoHook(BaseHook):
         if not url:
             raise ValueError(f"connection {self.walvault_conn_id!r}: no repository (extra 'url', or host)")
         options = dict(extra.get("options") or {})
-        env = {}
         if str(url).startswith("s3://") and conn.login:
             options.update({"key": conn.login, "secret": conn.password or ""})
-            env = {"AWS_ACCESS_KEY_ID": conn.login, "AWS_SECRET_ACCESS_KEY": conn.password or ""}
-        return RepoTarget(str(url), options, env)
+        return RepoTarget(str(url), options)
 
     def repository(self, *, create: bool = False):
         """The walcore Repository the connection names."""

@@ -8,7 +8,6 @@ log servers bind every interface. Importing this module starts nothing and impor
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_jobs.cluster import free_port
+from spark_jobs.submit import stop_tree
+from walcore.fsutil import write_atomic
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -42,7 +43,8 @@ def environment(home: Path, *, config: Path, repository: str, work_dir: Path, sp
     conns = {"walvault_repo": {"conn_type": "walvault_repo", "extra": {"url": repository}},
              # the URI form spark://local[2] silently means yarn: JSON only
              "spark_default": {"conn_type": "spark", "host": spark_master}, **(connections or {})}
-    env = {**os.environ,
+    # nothing of another Airflow (its database, config file, connections) may leak in from the caller's shell
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
            "AIRFLOW_HOME": str(home),
            "AIRFLOW__CORE__DAGS_FOLDER": str(CHECKOUT / "dags"),
            "AIRFLOW__CORE__PLUGINS_FOLDER": str(CHECKOUT / "plugins"),
@@ -127,17 +129,11 @@ class UI:
                            f"logs in {self.log_dir}")
 
     def stop(self) -> None:
-        """Each process's whole group (the scheduler's executor workers with it), even when its leader is gone."""
+        """The three processes and every process under them: a running task is in a process group of its own, and
+        its spark-submit, JVM and Python driver with it."""
+        stop_tree(*(proc.pid for proc in self.processes.values()), timeout=30)
         for proc in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.processes.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
         self.processes.clear()
 
     def admin_password(self) -> str:
@@ -161,15 +157,27 @@ class LocalTarantool:
 
     def password(self) -> str:
         if not self.secret_file.exists():
-            fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(18))
+            self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.secret_file, [secrets.token_urlsafe(18).encode()], mode=0o600)
         return self.secret_file.read_text().strip()
+
+    def holder(self) -> int | None:
+        """The pid of a Tarantool of ours already serving the data dir (left by a run that was killed)."""
+        import psutil
+
+        for p in psutil.process_iter(["cmdline"]):
+            cmdline = p.info["cmdline"] or []
+            if _TARANTOOL_LUA.name in " ".join(cmdline) and str(self.data_dir) in cmdline:
+                return p.pid
+        return None
 
     def start(self, rows: int = 20000, timeout: float = 60) -> LocalTarantool:
         binary = shutil.which("tarantool")
         if binary is None:
             raise RuntimeError("tarantool is not installed (scripts/setup installs Debian's)")
+        if (pid := self.holder()) is not None:
+            raise RuntimeError(f"a tarantool (pid {pid}) already serves {self.data_dir}, left by an earlier run: "
+                               f"stop it (kill {pid}) and run again")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         env = {**os.environ, "WALVAULT_TARANTOOL_PASSWORD": self.password()}

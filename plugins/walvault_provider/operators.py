@@ -20,13 +20,28 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
 
 
+def flag(value, name: str) -> bool:
+    """A templated yes/no ("{{ params.dry_run }}" renders "True"): anything but true or false is refused, so that a
+    typo never means "delete" or "do not verify"."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError(f"{name}: {value!r} is neither true nor false")
+    return text == "true"
+
+
 class _WalvaultOperator(BaseOperator):
+    """`wait`: how long a command waits for a source's lease held by another (a backup of the same source)."""
+
     template_fields: Sequence[str] = ("config_path",)
 
-    def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, **kwargs):
+    def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, wait: float = 3600.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self.config_path = config_path
         self.repo_conn_id = repo_conn_id
+        self.wait = wait
 
     def load_config(self):
         from .config import load
@@ -54,34 +69,39 @@ class WalvaultArchiveOperator(_WalvaultOperator):
 
         from walcore.command.archive import archive
         from walcore.command.rotate import rotate
-        from walcore.limestone.layout import is_live
+        from walcore.findings import Refused
+        from walcore.limestone.layout import LiveError
 
         config = self.load_config()
         repo = self.repository(config, create=True)
-        lines = []
+        lines, failed = [], []  # one source that cannot be rotated or is missing must not stop the others' archive
         for source in config.sources:
-            if source.family != "limestone" or not source.path.is_dir():
+            if not source.path.is_dir():
+                failed.append(f"{source.name}: {source.path} is not a directory")
+                continue
+            if source.family != "limestone":
                 continue
             active = sum(p.stat().st_size for p in Path(source.path).glob("pwal_????"))
             if active < source.rotate_min_bytes:
                 lines.append(f"{source.name}: {active:,} active bytes, below {source.rotate_min_bytes:,}: not rotated")
-            elif is_live(source.path):
-                lines.append(f"{source.name}: held by a running limestone: not rotated (its online backup rotates)")
-            else:
+                continue
+            try:
                 renamed = rotate(source.path, min_bytes=1).renamed
-                lines.append(f"{source.name}: rotated {len(renamed)} files ({active:,} active bytes)")
-        missing = [s.name for s in config.sources if not s.path.is_dir()]
-        if missing:
-            raise FileNotFoundError(f"configured sources not found: {', '.join(missing)} "
-                                    f"({', '.join(str(config.source(n).path) for n in missing)})")
-        result = archive([s.path for s in config.sources], repo)
+            except (Refused, LiveError) as e:  # a running limestone holds it: its online backup rotates
+                lines.append(f"{source.name}: not rotated: {e}")
+                continue
+            lines.append(f"{source.name}: rotated {len(renamed)} files ({active:,} active bytes)")
+        result = archive([s.path for s in config.sources if s.path.is_dir()], repo)
         counts = {k: len(v) for k, v in result.to_json().items()}
         lines += [f"archived {counts['stored']} files, {counts['already']} already, {counts['expired']} expired "
                   f"before, {counts['not_sealed']} not sealed"]
         lines += [f"REFUSED {r['path']}: {r['findings'][0]['message'] if r['findings'] else ''}"
                   for r in result.refused]
         lines += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
+        lines += [f"NOT ARCHIVED {f}" for f in failed]
         self.summary(f"walvault archive into {repo.display}", lines)
+        if failed:
+            raise FileNotFoundError(f"configured sources not found: {'; '.join(failed)}")
         if not result.ok:
             raise RuntimeError(f"archive found {len(result.refused)} damaged and {len(result.conflicts)} "
                                "conflicting files (listed above)")
@@ -101,11 +121,11 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         self.enabled = enabled
 
     def execute(self, context):
-        from airflow.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from walcore.command.repo_verify import verify_repository
 
-        if str(self.enabled).strip().lower() not in ("true", "1", "yes"):
+        if not flag(self.enabled, "enabled"):
             raise AirflowSkipException("verify after: unticked")
         repo = self.repository(self.load_config())
         report = verify_repository(repo, self.backup_id)
@@ -130,7 +150,7 @@ class _SourceOperator(_WalvaultOperator):
     @classmethod
     def per_source(cls, config, prefix: str, **kwargs) -> list:
         """One task per configured source, named `<prefix>_<source name>`."""
-        return [cls(task_id=f"{prefix}_{s.name.replace('.', '_')}", source=s.name, **kwargs) for s in config.sources]
+        return [cls(task_id=f"{prefix}_{s.name}", source=s.name, **kwargs) for s in config.sources]
 
 
 class WalvaultSnapshotOperator(_SourceOperator):
@@ -147,7 +167,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
         repo = self.repository(config, create=True)
         connect = tarantool_uri(source.connection) if source.connection else None
         try:
-            result = snapshot(source.path, repo, connect=connect)
+            result = snapshot(source.path, repo, connect=connect, wait=self.wait)
         except NothingNew as e:
             self.summary(f"walvault snapshot of {source.name}", [str(e)])
             return {"id": None, "note": str(e)}
@@ -176,9 +196,9 @@ class WalvaultExpireOperator(_WalvaultOperator):
 
         config = self.load_config()
         repo = self.repository(config)
-        dry_run = self.dry_run if isinstance(self.dry_run, bool) else str(self.dry_run).lower() in ("true", "1")
+        dry_run = flag(self.dry_run, "dry_run")
         days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
-        result = expire(repo, days, apply=not dry_run)
+        result = expire(repo, days, apply=not dry_run, wait=self.wait)
         lines = []
         for s in result.sources:
             anchor = s.anchor
