@@ -92,3 +92,40 @@ def test_spark_bench_jobs_agree_with_the_command(tmp_path):
         assert r["rc"] == [0] and len(r["runs"]) == 1, name
     assert report["bytes"] >= 3 * 10**6 and report["startup_s"] > 0
     assert set(report["ratios"]) >= {"local[2] over local[1] (scaling, target >= 1.7)"}
+
+
+@pytest.mark.xdist_group("spark")
+def test_airflow_pipeline_bench_agrees(tmp_path):
+    """The DAG folder parses (five DAGs, no import error, a stat per file) and the pipeline run by the DAGs
+    (`airflow dags test`, Spark on local[2]) leaves what the commands run by hand leave."""
+    report = _run("airflow_pipeline.py", tmp_path, "--size-mb", "3", "--rounds", "1", "--parse-runs", "1")
+    assert report["problems"] == []
+    dags = ("walvault_archive", "walvault_backup", "walvault_restore_drill", "walvault_retention", "walvault_snapshot")
+    parse = report["parse"]
+    assert set(dags) <= set(parse["dags"]) and parse["import_errors"] == {}
+    assert {f"{d}.py" for d in dags} <= set(parse["files"]) and len(parse["runs"]) == 1 and parse["best_s"] > 0
+    assert all(len(f["runs"]) == len(f["alone_runs"]) == 1 and f["dag_num"] >= 1 and f["alone_best_s"] > 0
+               for f in parse["files"].values())
+    steps = {s["step"]: s for s in report["steps"]}
+    assert len(steps) == 6 and all(s["exit_codes"] == [0] and len(s["runs"]) == 1 for s in steps.values())
+    for name in ("airflow dags test walvault_archive", "airflow dags test walvault_backup (full, verify)"):
+        (tasks,) = steps[name]["tasks_runs"]  # where the run's time went, from its log
+        assert tasks["start-up"] > 0 and len(tasks) >= 4 and sum(tasks.values()) <= steps[name]["runs"][0] + 1, name
+    (agreement,) = report["agreement"]
+    # every sealed file archived by both, and verified by both (the CLI's verify, the archive DAG's Spark job)
+    assert agreement["archived_files"]["cli"] == agreement["archived_files"]["airflow"] == report["files"] - 1 > 3
+    assert agreement["verified_files"] == {"cli": report["files"] - 1, "airflow": report["files"] - 1}
+    assert agreement["same_archive"] and agreement["same_backup_files"]
+    for side in ("cli", "airflow"):
+        (backup,) = agreement["backups"][side]
+        assert backup["type"] == "full" and backup["status"] == "ok" and backup["files"] == report["files"]
+        assert len(agreement["backup_files"][side]) == report["files"]
+    assert agreement["backup_files"]["cli"] == agreement["backup_files"]["airflow"]
+    assert report["bytes"] >= 3 * 10**6 and report["load_avg_before"] and report["size_mb"] == 3
+    for path in ("cli", "airflow"):
+        assert report["paths"][path]["best_s"] > 0 and report["paths"][path]["mb_s"] > 0
+    assert set(report["overhead"]) == {"whole pipeline", "archive DAG vs archive + verify of the files",
+                                       "backup DAG vs backup + verify --repo"}
+    for name, o in report["overhead"].items():  # the figures follow from the runs (their size is the bench's)
+        assert o["extra_s"] == pytest.approx(o["airflow_best_s"] - o["cli_best_s"]), name
+        assert o["ratio"] == pytest.approx(o["airflow_best_s"] / o["cli_best_s"]), name
