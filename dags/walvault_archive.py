@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import dag, task
+from airflow.sdk import dag, task, teardown
 
 from walvault_provider.config import load
 from walvault_provider.operators import WalvaultArchiveOperator
@@ -18,15 +18,16 @@ CONFIG = load()
 @dag(dag_id="walvault_archive", schedule=CONFIG.schedules["archive"], start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
 def walvault_archive():
-    archived = WalvaultArchiveOperator(task_id="rotate_and_archive")
+    archived = WalvaultArchiveOperator(task_id="rotate_and_archive", fail_on_problems=False)
 
     @task
     def verify_plan(archived: dict, run_id=None) -> str:
         from airflow.sdk.exceptions import AirflowSkipException
 
         from walvault_provider.hooks import WalvaultRepoHook
-        from walvault_provider.spark import work_dir, write_plan
+        from walvault_provider.spark import check_connection, work_dir, write_plan
 
+        check_connection(CONFIG.spark_connection)
         if not archived["new"]:
             raise AirflowSkipException("nothing new was archived: nothing to verify")
         # every file scanned again (`full`: the archive's own verdicts are not taken on trust); the report is
@@ -58,8 +59,22 @@ def walvault_archive():
             raise RuntimeError(f"verify exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
         return {"files": len(files), "damaged": len(damaged)}
 
+    @task(trigger_rule="none_failed")
+    def outcome(archived: dict) -> None:
+        """The run fails for what the archive could not do, once what it did archive is verified."""
+        if archived["problems"]:
+            raise RuntimeError(f"{len(archived['problems'])} problems: " + "; ".join(archived["problems"]))
+        print("walvault archive: no problem")
+
+    @teardown
+    def clean_up(run_id=None) -> list[str]:
+        """The run's work directory, whatever happened (a plan a failed job never read included)."""
+        from walvault_provider.spark import remove_work
+
+        return remove_work(run_id)
+
     verified = report(plan)
-    plan >> verify >> verified
+    plan >> verify >> verified >> outcome(archived.output) >> clean_up()
 
 
 walvault_archive()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, task, task_group
+from airflow.sdk import Param, dag, task, task_group, teardown
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultSparkSubmitOperator, WalvaultVerifyOperator
+from walvault_provider.operators import LEASE_WAIT, WalvaultSparkSubmitOperator, WalvaultVerifyOperator
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -33,15 +33,11 @@ def walvault_backup():
     def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
         """One Spark plan per source to back up; the repository's options and a running Tarantool's password only
         in the plan file (mode 0600, removed by the job once read)."""
-        from airflow.sdk import BaseHook
-
         from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
-        from walvault_provider.spark import work_dir, write_plan
+        from walvault_provider.spark import check_connection, work_dir, write_plan
 
         config = load()
-        spark = BaseHook.get_connection(params["spark"])  # a missing one would silently mean master yarn
-        if spark.conn_type != "spark":
-            raise ValueError(f"the Spark connection {params['spark']!r} is of type {spark.conn_type!r}, not spark")
+        check_connection(params["spark"])
         hook = WalvaultRepoHook(config.repository_connection)
         target = hook.target()
         manual = dag_run.run_type == "manual"
@@ -55,7 +51,7 @@ def walvault_backup():
             kind = params["type"] if manual else "incremental"
             if kind == "incremental" and not manual and str(source.path.resolve()) not in with_full:
                 kind = "full"
-            options = {"type": kind, "json": True, "wait": 3600.0}
+            options = {"type": kind, "json": True, "wait": LEASE_WAIT}
             if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
                 options["connect"] = tarantool_uri(source.connection)
             args.append([write_plan(work_dir(run_id, f"backup-{source.name}"),
@@ -63,7 +59,7 @@ def walvault_backup():
                                      "repo_options": target.options, "options": options})])
         return args
 
-    @task(multiple_outputs=True)
+    @task
     def record(plan_args: list[str]) -> dict:
         """The backup job's verdict: its summary, or its cause when it failed."""
         import json
@@ -90,7 +86,14 @@ def walvault_backup():
         submitted >> recorded
         WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}", backup_id=recorded["id"])
 
-    backup_source.expand(plan_args=plan())
+    @teardown
+    def clean_up(run_id=None) -> list[str]:
+        """The run's work directories, whatever happened (a plan a failed job never read included)."""
+        from walvault_provider.spark import remove_work
+
+        return remove_work(run_id)
+
+    backup_source.expand(plan_args=plan()) >> clean_up()
 
 
 walvault_backup()

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from spark_jobs.submit import stop_tree
 from walvault_provider.local import BIN, CHECKOUT, LocalTarantool, environment, migrate
 
 VAR = CHECKOUT / "var"
@@ -68,8 +69,14 @@ def dags_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
     log = VAR / "logs" / f"{dag_id}{'-' + conf['source'] if conf else ''}.log"
     args = [str(BIN / "airflow"), "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else [])]
     started = time.monotonic()
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800)
-    output = proc.stdout + proc.stderr
+    # in a session of its own, stopped with everything under it (spark-submit, its JVM) if this script is stopped
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=1800)
+    except BaseException:
+        stop_tree(proc.pid)
+        raise
     log.write_text(output)
     took = time.monotonic() - started
     if proc.returncode != 0 or "Traceback" in output:
@@ -103,12 +110,16 @@ def main() -> int:
         config = load(CONFIG)
         tarantool = LocalTarantool(config.source("tarantool-local").path)
         limestone = limestone_source(config)
-        say(f"starting tarantool on 127.0.0.1 with {tarantool.data_dir.relative_to(CHECKOUT)}")
-        tarantool.start()
-    except (ConfigError, RuntimeError, TimeoutError, OSError) as e:
+    except (ConfigError, OSError) as e:
         say(f"cannot start: {e}")
         return 2
     try:
+        say(f"starting tarantool on 127.0.0.1 with {tarantool.data_dir.relative_to(CHECKOUT)}")
+        try:
+            tarantool.start()
+        except (RuntimeError, TimeoutError, OSError) as e:
+            say(f"cannot start: {e}")
+            return 2
         env = environment(VAR / "airflow", config=CONFIG, repository=str(REPOSITORY), work_dir=VAR / "work",
                           connections={"tarantool_local": tarantool.connection()})
         say("airflow db migrate (SQLite in var/airflow)")
@@ -123,7 +134,12 @@ def main() -> int:
             dags_test(env, "walvault_backup", {"source": name, "type": kind, "verify": True})
         dags_test(env, "walvault_snapshot")
         retention = dags_test(env, "walvault_retention")
+    except subprocess.TimeoutExpired as e:
+        say(f"{' '.join(e.cmd[1:])}: no end after {e.timeout:.0f} s: stopped")
+        return 1
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
         tarantool.stop()
     say(f"the repository {REPOSITORY.relative_to(CHECKOUT)}:")
     print(walvault("backups", "--repo", str(REPOSITORY)).stdout.rstrip())

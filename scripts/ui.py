@@ -53,7 +53,8 @@ def main() -> int:
         print(f"ui: {e}", file=sys.stderr)
         return 2
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave processes behind
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
         if ui is not None:
             ui.stop()
         tarantool.stop()

@@ -41,8 +41,6 @@ def main(job: str, argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         plan = load(argv[0])
-        if argv[0].startswith("@") and plan.get("output"):
-            os.unlink(argv[0][1:])  # read once: a caller's plan file may hold credentials
         from .plan import to_argv
 
         to_argv(plan, job)  # a bad plan is refused before Spark starts
@@ -57,6 +55,10 @@ def main(job: str, argv: list[str] | None = None) -> None:
         code = run(spark, job, plan)
     finally:
         spark.stop()
+    if argv[0].startswith("@") and plan.get("output"):
+        # done with: a caller's plan file may hold credentials (kept until now, so that a retry can read it)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(argv[0][1:])
     # With an output dir the command's exit code is in result.json, and the job itself succeeded: its caller reads
     # the result and reports the command's verdict and cause (Airflow: the task after the Spark one).
     sys.exit(0 if plan.get("output") else code)

@@ -9,8 +9,8 @@
      "options": {"full", "json", "progress", "type", "level", "wait", "connect"},
      "output": dir | null}               where the job leaves what the command prints, and its exit code
 
-With an `output` dir, a plan given as `@file` is removed once read (it may hold credentials), and the job exits 0
-once the command's exit code is in `output/result.json`.
+With an `output` dir, the job exits 0 once the command's exit code is in `output/result.json`, and a plan given
+as `@file` is removed then (it may hold credentials).
 """
 
 from __future__ import annotations

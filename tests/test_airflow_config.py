@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, S3_CREDENTIALS
+from conftest import REPO, S3_CREDENTIALS, require_tarantool
 from walvault_provider.config import ConfigError, config_path, load
 
 SHIPPED = REPO / "dags" / "walvault.yaml"
@@ -200,3 +200,25 @@ def test_a_spark_plan_is_private_from_its_first_byte(tmp_path, monkeypatch):
     (task_dir / "output" / "stdout").write_text("{}")
     (task_dir / "output" / "stderr").write_text("")
     assert job_result(arg) == (0, "{}", "")
+
+
+@require_tarantool
+def test_the_local_tarantool_serves_its_data_dir_once(tmp_path):
+    """The embedded defaults' Tarantool (scripts/pipeline.py, scripts/ui.py): on 127.0.0.1 with a password kept
+    0600 beside its data dir; one left running by a killed run is named, not started over."""
+    import socket
+    import stat
+
+    from walvault_provider.local import LocalTarantool
+
+    first = LocalTarantool(tmp_path / "tt").start(rows=100)
+    try:
+        assert stat.S_IMODE(first.secret_file.stat().st_mode) == 0o600
+        socket.create_connection(("127.0.0.1", first.port), timeout=5).close()
+        assert first.connection()["password"] == first.password() and first.connection()["port"] == first.port
+        with pytest.raises(RuntimeError, match=f"pid {first.process.pid}.*already serves"):
+            LocalTarantool(tmp_path / "tt").start(rows=100)
+    finally:
+        first.stop()
+    assert first.process is None and LocalTarantool(tmp_path / "tt").holder() is None
+    assert list((tmp_path / "tt").glob("*.xlog")), "its rows are in the data dir's WAL"

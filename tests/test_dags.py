@@ -117,6 +117,25 @@ def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_pat
     assert "spark-submit" not in log, "nothing was submitted"
 
 
+def test_a_missing_source_fails_the_archive_run_after_the_others_are_archived_and_verified(airflow_env, tmp_path):
+    config = tmp_path / "walvault.yaml"
+    config.write_text(f"""
+sources:
+  - {{name: tt, family: tarantool, path: {airflow_env["tt"]}}}
+  - {{name: gone, family: limestone, path: {tmp_path / "gone"}}}
+""")
+    repo = tmp_path / "repo"
+    env = {**airflow_env["env"], "WALVAULT_CONFIG": str(config), "WALVAULT_WORK_DIR": str(tmp_path / "work"),
+           "AIRFLOW_CONN_WALVAULT_REPO": json.dumps({"conn_type": "walvault_repo", "extra": {"url": str(repo)}})}
+    proc = airflow(env, "dags", "test", "walvault_archive")
+    log = proc.stdout + proc.stderr
+    assert "DagRun failed" in log and f"gone: {tmp_path / 'gone'} is not a directory" in log, log[-3000:]
+    archived = [p for p in repo.rglob("*.xlog.zst") if "archive" in p.parts]
+    assert archived, "the other source was archived\n" + log[-6000:]
+    assert "files verified by Spark, 0 damaged" in log, "and what was archived was verified before the run failed"
+    assert list((tmp_path / "work").iterdir()) == [], "the teardown removed the run's work directory"
+
+
 def test_the_restore_drill_proves_the_newest_backups(airflow_env):
     env, repo = airflow_env["env"], airflow_env["repo"]
     for source in (airflow_env["tt"], airflow_env["ls"]):

@@ -223,7 +223,8 @@ def test_backup_triggered_through_the_rest_api(stack):
     api.wait_success(DAG, run_id)
     states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(DAG, run_id)}
     assert states == {("plan", -1): "success", ("backup_source.spark_backup", 0): "success",
-                      ("backup_source.record", 0): "success", ("backup_source.verify", 0): "success"}, states
+                      ("backup_source.record", 0): "success", ("backup_source.verify", 0): "success",
+                      ("clean_up", -1): "success"}, states
 
     backups = [b for b in _backups(repo) if b["family"] == "tarantool"]
     assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
@@ -319,9 +320,9 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     try:
         wait.until(EC.text_to_be_present_in_element((By.XPATH, header), "Success"))
         wait.until(lambda d: len([b for b in d.find_elements(By.CSS_SELECTOR, "td [data-testid=state-badge]")
-                                  if b.text.strip() == "Success"]) == 4)
+                                  if b.text.strip() == "Success"]) == 5)
     except TimeoutException:
-        pytest.fail(f"the run page does not show the run and its 4 tasks in success {page_dump('run')}")
+        pytest.fail(f"the run page does not show the run and its 5 tasks in success {page_dump('run')}")
     shot = tmp_path / "walvault_backup_run.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 0
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

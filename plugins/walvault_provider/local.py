@@ -8,6 +8,7 @@ log servers bind every interface. Importing this module starts nothing and impor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -129,10 +130,15 @@ class UI:
                            f"logs in {self.log_dir}")
 
     def stop(self) -> None:
-        """The three processes and every process under them: a running task is in a process group of its own, and
-        its spark-submit, JVM and Python driver with it."""
+        """The three processes and every process under them: a running task is in a process group of its own (its
+        spark-submit, JVM and Python driver with it), and what a leader that exited left is in the leader's."""
+        for proc in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
         stop_tree(*(proc.pid for proc in self.processes.values()), timeout=30)
         for proc in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self.processes.clear()
 
@@ -165,9 +171,9 @@ class LocalTarantool:
         """The pid of a Tarantool of ours already serving the data dir (left by a run that was killed)."""
         import psutil
 
-        for p in psutil.process_iter(["cmdline"]):
-            cmdline = p.info["cmdline"] or []
-            if _TARANTOOL_LUA.name in " ".join(cmdline) and str(self.data_dir) in cmdline:
+        # Tarantool rewrites its command line ("tarantool_local.lua <running>"); box.cfg made the data dir its cwd
+        for p in psutil.process_iter(["cmdline", "cwd"]):
+            if _TARANTOOL_LUA.name in " ".join(p.info["cmdline"] or []) and p.info["cwd"] == str(self.data_dir.resolve()):
                 return p.pid
         return None
 

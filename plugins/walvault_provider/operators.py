@@ -31,17 +31,16 @@ def flag(value, name: str) -> bool:
     return text == "true"
 
 
-class _WalvaultOperator(BaseOperator):
-    """`wait`: how long a command waits for a source's lease held by another (a backup of the same source)."""
+LEASE_WAIT = 3600.0  # how long a snapshot, an expiry or a backup waits for a lease another command holds
 
+
+class _WalvaultOperator(BaseOperator):
     template_fields: Sequence[str] = ("config_path",)
 
-    def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, wait: float = 3600.0,
-                 **kwargs):
+    def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.config_path = config_path
         self.repo_conn_id = repo_conn_id
-        self.wait = wait
 
     def load_config(self):
         from .config import load
@@ -62,22 +61,27 @@ class WalvaultArchiveOperator(_WalvaultOperator):
     """Rotate each configured limestone source whose active pwal files hold `rotate_min_bytes` (every non-empty
     channel, with limestone's own names; never a directory a running limestone holds), then archive the sealed
     files of every source. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
-    "counts": {...}} (the new files are what the Spark verify job checks next)."""
+    "counts": {...}, "problems": [...]}: the new files are what the Spark verify job checks next. A problem (a
+    source missing or refused, a damaged or conflicting file) never stops the other sources' archive; it fails the
+    task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify)."""
+
+    def __init__(self, *, fail_on_problems: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_on_problems = fail_on_problems
 
     def execute(self, context):
         from pathlib import Path
 
         from walcore.command.archive import archive
         from walcore.command.rotate import rotate
-        from walcore.findings import Refused
         from walcore.limestone.layout import LiveError
 
         config = self.load_config()
         repo = self.repository(config, create=True)
-        lines, failed = [], []  # one source that cannot be rotated or is missing must not stop the others' archive
+        lines, problems = [], []
         for source in config.sources:
             if not source.path.is_dir():
-                failed.append(f"{source.name}: {source.path} is not a directory")
+                problems.append(f"{source.name}: {source.path} is not a directory")
                 continue
             if source.family != "limestone":
                 continue
@@ -87,25 +91,24 @@ class WalvaultArchiveOperator(_WalvaultOperator):
                 continue
             try:
                 renamed = rotate(source.path, min_bytes=1).renamed
-            except (Refused, LiveError) as e:  # a running limestone holds it: its online backup rotates
+            except LiveError as e:  # a running limestone holds it: its online backup rotates
                 lines.append(f"{source.name}: not rotated: {e}")
+                continue
+            except (RuntimeError, OSError) as e:  # refused (damage, a name taken) or unreadable: said, not skipped
+                problems.append(f"{source.name}: cannot rotate: {e}")
                 continue
             lines.append(f"{source.name}: rotated {len(renamed)} files ({active:,} active bytes)")
         result = archive([s.path for s in config.sources if s.path.is_dir()], repo)
         counts = {k: len(v) for k, v in result.to_json().items()}
         lines += [f"archived {counts['stored']} files, {counts['already']} already, {counts['expired']} expired "
                   f"before, {counts['not_sealed']} not sealed"]
-        lines += [f"REFUSED {r['path']}: {r['findings'][0]['message'] if r['findings'] else ''}"
-                  for r in result.refused]
-        lines += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
-        lines += [f"NOT ARCHIVED {f}" for f in failed]
-        self.summary(f"walvault archive into {repo.display}", lines)
-        if failed:
-            raise FileNotFoundError(f"configured sources not found: {'; '.join(failed)}")
-        if not result.ok:
-            raise RuntimeError(f"archive found {len(result.refused)} damaged and {len(result.conflicts)} "
-                               "conflicting files (listed above)")
-        return {"new": result.stored, "counts": counts}
+        problems += [f"REFUSED {r['path']}: {r['findings'][0]['message'] if r['findings'] else ''}"
+                     for r in result.refused]
+        problems += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
+        self.summary(f"walvault archive into {repo.display}", lines + problems)
+        if problems and self.fail_on_problems:
+            raise RuntimeError(f"{len(problems)} problems (listed above); the other sources were archived")
+        return {"new": result.stored, "counts": counts, "problems": problems}
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
@@ -167,7 +170,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
         repo = self.repository(config, create=True)
         connect = tarantool_uri(source.connection) if source.connection else None
         try:
-            result = snapshot(source.path, repo, connect=connect, wait=self.wait)
+            result = snapshot(source.path, repo, connect=connect, wait=LEASE_WAIT)
         except NothingNew as e:
             self.summary(f"walvault snapshot of {source.name}", [str(e)])
             return {"id": None, "note": str(e)}
@@ -198,7 +201,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         repo = self.repository(config)
         dry_run = flag(self.dry_run, "dry_run")
         days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
-        result = expire(repo, days, apply=not dry_run, wait=self.wait)
+        result = expire(repo, days, apply=not dry_run, wait=LEASE_WAIT)
         lines = []
         for s in result.sources:
             anchor = s.anchor

@@ -25,23 +25,55 @@ def application(job: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / f"{job}.py")
 
 
-def work_dir(run_id: str, task: str) -> Path:
-    """A task's directory under `$WALVAULT_WORK_DIR` (default `$AIRFLOW_HOME/walvault-work`), private to this user:
-    another user able to put a plan there could make the job back up what they like into a repository of theirs."""
+def _work_base() -> Path:
+    """`$WALVAULT_WORK_DIR` (default `$AIRFLOW_HOME/walvault-work`): this user's, writable by no one else, since
+    another user able to put a plan there could make a job back up what they like into a repository of theirs."""
     home = Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
     base = Path(os.environ.get(WORK_ENV) or home / "walvault-work")
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o002:
-        raise PermissionError(f"{base} ({WORK_ENV}) must be this user's, not writable by everyone")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{run_id}-{task}")
-    path = base / safe
+    if base.stat().st_uid != os.getuid() or base.stat().st_mode & 0o022:
+        raise PermissionError(f"{base} ({WORK_ENV}) must be this user's and writable by no one else")
+    return base
+
+
+def _run_prefix(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id) + "--"
+
+
+def work_dir(run_id: str, task: str) -> Path:
+    """A task's directory in the work directory, shared by the tasks of a run."""
+    path = _work_base() / f"{_run_prefix(run_id)}{task}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
+def remove_work(run_id: str) -> list[str]:
+    """Remove a run's directories (a plan a job never read included): the names removed."""
+    import shutil
+
+    removed = []
+    for path in _work_base().glob(f"{_run_prefix(run_id)}*"):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
+
+def check_connection(conn_id: str) -> None:
+    """The Spark connection must exist and be of type spark: a missing one would silently mean master yarn."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    if conn.conn_type != "spark":
+        raise ValueError(f"the Spark connection {conn_id!r} is of type {conn.conn_type!r}, not spark")
+
+
+def _output(directory: Path) -> Path:
+    return directory / "output"
+
+
 def write_plan(directory: Path, plan: dict) -> str:
     """Write the plan (with its output directory) and return the job's argument, `@<plan file>`."""
-    output = directory / "output"
+    output = _output(directory)
     output.mkdir(exist_ok=True)
     for stale in ("stdout", "stderr", "result.json"):  # a re-run of the task must not read the last run's
         (output / stale).unlink(missing_ok=True)
@@ -52,8 +84,8 @@ def write_plan(directory: Path, plan: dict) -> str:
 
 def job_result(plan_arg: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) the job's command left in the output dir beside its plan (the job removed the
-    plan when it read it); RuntimeError when it left no exit code (the job died)."""
-    output = Path(plan_arg.removeprefix("@")).parent / "output"
+    plan once its result was written); RuntimeError when it left no exit code (the job died)."""
+    output = _output(Path(plan_arg.removeprefix("@")).parent)
     result = output / "result.json"
     if not result.exists():
         raise RuntimeError(f"the Spark job left no result in {output}: it did not finish (see the submit task's log)")
