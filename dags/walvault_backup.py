@@ -32,7 +32,7 @@ def walvault_backup():
     @task
     def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
         """One Spark plan per source to back up; the repository's options and a running Tarantool's password only
-        in the plan file (mode 0600, removed by the job once read)."""
+        in the plan file (mode 0600, removed by the job once its result is written)."""
         from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
         from walvault_provider.spark import check_connection, work_dir, write_plan
 
