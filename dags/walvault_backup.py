@@ -1,8 +1,8 @@
 """walvault_backup: a full or incremental backup of a configured source with the Spark backup job, then its record
 and its verification in the repository. From the UI: the trigger form picks the source, the type, whether to
-verify after, and the Spark master. On schedule: every source, incremental when a full backup exists, each in a
-group of its own (one source's failure does not stop the others'). Runs never overlap: one at a time, and each
-backup waits up to an hour for its source's lease."""
+verify after, and the Spark master. On schedule: every source, incremental unless its newest full backup is
+`backup.full_every_days` old (or there is none), each in a group of its own (one source's failure does not stop
+the others'). Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from datetime import datetime
 from airflow.sdk import Param, dag, task, task_group, teardown
 
 from walvault_provider.config import load
-from walvault_provider.operators import LEASE_WAIT, WalvaultSparkSubmitOperator, WalvaultVerifyOperator
+from walvault_provider.operators import (LEASE_WAIT, WalvaultSparkSubmitOperator, WalvaultVerifyOperator,
+                                         scheduled_backup_type)
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -42,15 +43,10 @@ def walvault_backup():
         target = hook.target()
         manual = dag_run.run_type == "manual"
         sources = [config.source(params["source"])] if manual else list(config.sources)
-        with_full = set()  # the source paths a full backup exists of (a scheduled run builds incrementals on them)
-        if not manual:
-            with_full = {r.manifest.source.get("path") for r in hook.repository(create=True).backups()
-                         if r.manifest is not None and r.manifest.type == "full"}
+        repo = None if manual else hook.repository(create=True)
         args = []
         for source in sources:
-            kind = params["type"] if manual else "incremental"
-            if kind == "incremental" and not manual and str(source.path.resolve()) not in with_full:
-                kind = "full"
+            kind = params["type"] if manual else scheduled_backup_type(repo, source.path, config.full_every_days)
             options = {"type": kind, "json": True, "wait": LEASE_WAIT}
             if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
                 options["connect"] = tarantool_uri(source.connection)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, S3_CREDENTIALS, require_tarantool
+from conftest import REPO, S3_CREDENTIALS, require_tarantool, run_cli
 from walvault_provider.config import ConfigError, config_path, load
 
 SHIPPED = REPO / "dags" / "walvault.yaml"
@@ -32,6 +32,7 @@ sources:
   - {name: tt1, family: tarantool, path: data/tt1, connection: tt1_live}
   - {name: ls1, family: limestone, path: /srv/ls1, rotate_min_bytes: 1024}
 retention: {days: 7}
+backup: {full_every_days: 1.5}
 schedules: {archive: "*/5 * * * *", backup: null}
 spark: {connections: [spark_local, spark_cluster]}
 """
@@ -51,7 +52,7 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     tt1, ls1 = config.sources
     assert tt1.path == tmp_path / "data/tt1" and tt1.connection == "tt1_live"
     assert ls1.path == Path("/srv/ls1") and ls1.rotate_min_bytes == 1024
-    assert config.retention_days == 7
+    assert config.retention_days == 7 and config.full_every_days == 1.5
     assert config.spark_connections == ("spark_local", "spark_cluster") and config.spark_connection == "spark_local"
     assert config.schedules["archive"] == "*/5 * * * *" and config.schedules["backup"] is None
     assert config.schedules["retention"] == "0 4 * * *", "unset schedules keep their defaults"
@@ -84,6 +85,8 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {archive: '61 * * * *'}", "schedules.archive"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: 'a b'}", "repository.connection"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connection: spark_default}", "spark.connection"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nbackup: {full_every_days: 0}", "backup.full_every_days"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nbackup: {full_every: 7}", "backup.full_every"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connections: []}", "spark.connections"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connections: [s, s]}", "spark.connections[1]"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: r, password: hunter2}",
@@ -222,3 +225,20 @@ def test_the_local_tarantool_serves_its_data_dir_once(tmp_path):
         first.stop()
     assert first.process is None and LocalTarantool(tmp_path / "tt").holder() is None
     assert list((tmp_path / "tt").glob("*.xlog")), "its rows are in the data dir's WAL"
+
+
+def test_a_scheduled_backup_is_full_once_the_newest_full_is_old(tmp_path):
+    """walvault_backup on schedule: full for a source with no full backup or one older than full_every_days,
+    else incremental; by the source's path, whatever other sources the repository holds."""
+    from walcore.repository import Repository, stamp_seconds
+    from walvault_provider.operators import scheduled_backup_type
+
+    source = REPO / "samples" / "tarantool" / "many-xlogs"
+    repo_path = tmp_path / "repo"
+    assert run_cli("backup", source, "--repo", repo_path, "--json").returncode == 0
+    repo = Repository(str(repo_path))
+    (full,) = [r.manifest for r in repo.backups()]
+    finished = stamp_seconds(full.finished)
+    assert scheduled_backup_type(repo, source, 7, now=finished + 6.9 * 86400) == "incremental"
+    assert scheduled_backup_type(repo, source, 7, now=finished + 7 * 86400) == "full"
+    assert scheduled_backup_type(repo, REPO / "samples" / "tarantool" / "features", 7, now=finished) == "full"

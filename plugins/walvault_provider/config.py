@@ -18,6 +18,8 @@ connections, which the file names. Every error names the key at fault.
         rotate_min_bytes: 67108864     # limestone: rotate once the active files hold this much (default 64 MiB)
     retention:
       days: 30                         # the recovery window (walvault expire)
+    backup:
+      full_every_days: 7               # a scheduled backup is full when the source's newest full is this old
     schedules:                         # cron expressions or presets; null: triggered only
       archive: "*/15 * * * *"
       backup: "0 1 * * *"             # the defaults are staggered: a snapshot after the backup, retention
@@ -70,6 +72,7 @@ class Config:
     retention_days: float = 30
     schedules: dict = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
     spark_connections: tuple[str, ...] = ("spark_default",)
+    full_every_days: float = 7
 
     @property
     def spark_connection(self) -> str:
@@ -114,9 +117,10 @@ def parse(raw, path: Path) -> Config:
         raise ConfigError(f"{where}: {key}: {message}")
 
     if not isinstance(raw, dict):
-        fail("(top)", "the file must hold a mapping (repository, sources, retention, schedules, spark)")
+        fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark)")
     _no_secrets(raw, "", fail)
-    _known(raw, ("repository", "sources", "retention", "schedules", "spark"), "", fail)
+    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark"), "", fail)
+    backup = _section(raw, "backup", ("full_every_days",), fail)
     repository = _section(raw, "repository", ("connection",), fail)
     retention = _section(raw, "retention", ("days",), fail)
     spark = _section(raw, "spark", ("connections",), fail)
@@ -174,7 +178,11 @@ def parse(raw, path: Path) -> Config:
     for i, conn_id in enumerate(spark_connections):
         if not _conn_id(conn_id) or conn_id in spark_connections[:i]:
             fail(f"spark.connections[{i}]", f"{conn_id!r} is not an Airflow connection id, or is listed twice")
-    return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections))
+    full_every = backup.get("full_every_days", 7)
+    if isinstance(full_every, bool) or not isinstance(full_every, (int, float)) or not 0 < full_every <= 366:
+        fail("backup.full_every_days", f"{full_every!r} is not a number of days (more than 0, at most 366)")
+    return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
+                  float(full_every))
 
 
 def _conn_id(value) -> bool:

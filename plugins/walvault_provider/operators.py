@@ -34,6 +34,22 @@ def flag(value, name: str) -> bool:
 LEASE_WAIT = 3600.0  # how long a snapshot, an expiry or a backup waits for a lease another command holds
 
 
+def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
+    """What a scheduled backup of a source is: full when it has no full backup finished within `full_every_days`
+    (so that a chain stays short and a restore never needs more than that many days of incrementals), else an
+    incremental on the newest."""
+    import time
+    from pathlib import Path
+
+    from walcore.repository import stamp_seconds
+
+    path = str(Path(source_path).resolve())
+    fulls = [stamp_seconds(r.manifest.finished) for r in repo.backups()
+             if r.manifest is not None and r.manifest.type == "full" and r.manifest.source.get("path") == path]
+    now = time.time() if now is None else now
+    return "incremental" if fulls and now - max(fulls) < full_every_days * 86400 else "full"
+
+
 class _WalvaultOperator(BaseOperator):
     template_fields: Sequence[str] = ("config_path",)
 
