@@ -59,8 +59,7 @@ def full_backup_exists(source: Path) -> bool:
 
     if not (REPOSITORY / "walvault.repo").exists():
         return False
-    return any(r.manifest is not None and r.manifest.type == "full"
-               and r.manifest.source.get("path") == str(source.resolve()) for r in Repository(str(REPOSITORY)).backups())
+    return any(m.type == "full" for m in Repository(str(REPOSITORY)).backups_of(source))
 
 
 def dags_test(env: dict, dag_id: str, conf: dict | None = None) -> str:

@@ -39,13 +39,10 @@ def scheduled_backup_type(repo, source_path, full_every_days: float, now: float 
     (so that a chain stays short and a restore never needs more than that many days of incrementals), else an
     incremental on the newest."""
     import time
-    from pathlib import Path
 
     from walcore.repository import stamp_seconds
 
-    path = str(Path(source_path).resolve())
-    fulls = [stamp_seconds(r.manifest.finished) for r in repo.backups()
-             if r.manifest is not None and r.manifest.type == "full" and r.manifest.source.get("path") == path]
+    fulls = [stamp_seconds(m.finished) for m in repo.backups_of(source_path) if m.type == "full"]
     now = time.time() if now is None else now
     return "incremental" if fulls and now - max(fulls) < full_every_days * 86400 else "full"
 
@@ -245,11 +242,9 @@ class WalvaultDrillOperator(_SourceOperator):
         config = self.load_config()
         source = config.source(self.source)
         repo = self.repository(config)
-        path = str(source.path.resolve())
-        backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.manifest.type != "snapshot"
-                   and r.manifest.source.get("path") == path]
+        backups = [m for m in repo.backups_of(source.path) if m.type != "snapshot"]
         if not backups:
-            raise RuntimeError(f"{source.name}: no backup of {path} in {repo.display} to drill")
+            raise RuntimeError(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
         newest = max(backups, key=lambda m: (m.finished, m.id))
         result = drill(repo, newest.id)
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",

@@ -299,6 +299,11 @@ class Repository:
         records = [r for f, i in self.sources() for r in self.source_backups(f, i)]
         return sorted(records, key=lambda r: (r.id, r.manifest.finished if r.manifest else ""))
 
+    def backups_of(self, path) -> list[BackupManifest]:
+        """The complete backups (snapshots included) of the data directory at `path`, oldest first."""
+        where = str(Path(path).resolve())
+        return [r.manifest for r in self.backups() if r.manifest is not None and r.manifest.source.get("path") == where]
+
     def find(self, backup_id: str) -> BackupRecord:
         """A backup by id, or `latest` (the newest complete backup); RepositoryError when there is none."""
         records = [r for r in self.backups() if r.manifest is not None]
