@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.submit import stop_tree
-from walvault_provider.local import BIN, CHECKOUT, LocalTarantool, environment, migrate
+from walvault_provider.local import BIN, CHECKOUT, LocalTarantool, airflow, environment, migrate
 
 VAR = CHECKOUT / "var"
 CONFIG = CHECKOUT / "dags" / "walvault.yaml"
@@ -66,16 +65,9 @@ def dags_test(env: dict, dag_id: str, conf: dict | None = None) -> str:
     label = dag_id + (f" {json.dumps(conf)}" if conf else "")
     VAR.joinpath("logs").mkdir(parents=True, exist_ok=True)
     log = VAR / "logs" / f"{dag_id}{'-' + conf['source'] if conf else ''}.log"
-    args = [str(BIN / "airflow"), "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else [])]
     started = time.monotonic()
-    # in a session of its own, stopped with everything under it (spark-submit, its JVM) if this script is stopped
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=1800)
-    except BaseException:
-        stop_tree(proc.pid)
-        raise
+    proc = airflow(env, "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else []))
+    output = proc.stdout + proc.stderr
     log.write_text(output)
     took = time.monotonic() - started
     if proc.returncode != 0 or "Traceback" in output:

@@ -68,8 +68,18 @@ def environment(home: Path, *, config: Path, repository: str, work_dir: Path, sp
 
 
 def airflow(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """Run `airflow ARGS`; its output (Airflow logs to stdout too) is returned, not shown."""
-    return subprocess.run([str(BIN / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    """Run `airflow ARGS`; its output (Airflow logs to stdout too) is returned, not shown. It runs in a session of
+    its own, stopped with everything under it (a task's spark-submit and JVM) on a timeout or when the caller is
+    stopped: subprocess.run would kill the airflow process alone."""
+    proc = subprocess.Popen([str(BIN / "airflow"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_tree(proc.pid)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def migrate(env: dict[str, str]) -> None:
