@@ -31,14 +31,12 @@ def submit(job: str, plan: dict, master: str, *, show_log: bool = False) -> int:
     The plan goes to a file of this process's own scratch directory (mode 0600: storage options may hold
     secrets), removed at the end; a killed walvault's is removed by the next submission. Stopping walvault
     (SIGINT, SIGTERM, SIGHUP) stops the job: spark-submit, its JVM and its Python driver, one process group."""
-    from walcore.fsutil import owned_tempdir
+    from walcore.fsutil import owned_tempdir, write_atomic
 
     output = str(owned_tempdir("walvault-spark-"))
     try:
         plan_path = os.path.join(output, "plan.json")
-        fd = os.open(plan_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({**plan, "job": job, "output": output}, f)
+        write_atomic(Path(plan_path), [json.dumps({**plan, "job": job, "output": output}).encode()], mode=0o600)
         env = {**os.environ}
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         env.setdefault("PYSPARK_PYTHON", sys.executable)
