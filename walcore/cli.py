@@ -544,8 +544,9 @@ def _backups(args) -> int:
         parent = f" <- {b['parent']}" if b["parent"] else ""
         size = f"{b['files']} files, {b['bytes']:,} bytes ({b['stored_bytes']:,} stored)" if b["files"] is not None else ""
         drill = b.get("drill")
-        drilled = f"  drill {drill['status']} {drill['time']}" if drill else ""
-        drilled = drilled.replace("drill failed", "DRILL FAILED")
+        drilled = ""
+        if drill:
+            drilled = f"  {'DRILL FAILED' if drill['status'] == 'failed' else 'drill ' + drill['status']} {drill['time']}"
         print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
               f"{b['position'] or ''}{parent}{drilled}")
     if not backups:
