@@ -246,3 +246,17 @@ def repo_target(request, tmp_path) -> RepoTarget:
     bucket = f"walvault-{os.getpid()}-{next(_bucket_counter)}"
     s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(bucket)
     return RepoTarget("s3", f"s3://{bucket}/repo", {"endpoint_url": endpoint})
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def scan_core(request, monkeypatch) -> str:
+    """Runs a test once on each scan core (walcore.scancore): the compiled one, which must be built, and the
+    pure-Python reference (WALVAULT_PURE=1, which the CLI's subprocesses and worker processes inherit)."""
+    from walcore import scancore
+
+    if request.param == "pure":
+        monkeypatch.setenv("WALVAULT_PURE", "1")
+    else:
+        monkeypatch.delenv("WALVAULT_PURE", raising=False)
+        assert scancore.compiled() is not None, "walcore._scan is not built (scripts/setup builds it)"
+    return request.param
