@@ -80,7 +80,7 @@ def _parse_fixheader_fields(header) -> tuple[int, int]:
         length, pos = _mp_uint(header, 4)
         _crc32p, pos = _mp_uint(header, pos)
         crc, pos = _mp_uint(header, pos)
-    except IndexError:
+    except (IndexError, struct.error):  # a byte, or a wide int's bytes, past the header's end
         raise BlockError("bad_fixheader", "msgpack integers run past the 19-byte block header") from None
     if pos < FIXHEADER_SIZE:
         b = header[pos]

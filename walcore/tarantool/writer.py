@@ -103,13 +103,19 @@ def file_name(vclock: Vclock, suffix: str) -> str:
 
 def generate_wal(wal_dir, *, target_bytes: int, instance: str = "00000000-0000-4000-8000-0000000000aa",
                  seed: int = 1, file_bytes: int = 64 << 20, space_id: int = 512, open_last: bool = True,
-                 snap_dir=None) -> list[Path]:
+                 snap_dir=None, shape: str = "mixed") -> list[Path]:
     """A synthetic but real-format workload: a snapshot and a chain of xlogs of about `target_bytes`.
 
-    Rows are REPLACEs of tuples [id, str, int, str] into `space_id` with 8–400 byte strings;
-    batches of 1–40 transactions (some multi-statement) per block, so plain and zstd blocks mix.
-    Returns the files written, oldest first.
+    Rows are REPLACEs of tuples [id, str, int, str] into `space_id` with 8–400 byte strings. Blocks, by `shape`:
+    "mixed", batches of 1–40 transactions (some multi-statement), so plain and zstd blocks mix; "one_row", one
+    single-statement transaction each (a busy instance's typical log); "multi_row", one or two transactions of
+    10–40 statements each, nearly all zstd-compressed. Returns the files written, oldest first.
     """
+    txs_per_block, statements_per_tx = {
+        "mixed": (lambda: rng.choice((1, 1, 2, 5, 20, 40)), lambda: rng.choice((1, 1, 1, 3))),
+        "one_row": (lambda: 1, lambda: 1),
+        "multi_row": (lambda: rng.choice((1, 2)), lambda: rng.randint(10, 40)),
+    }[shape]
     rng = random.Random(seed)
     wal_dir = Path(wal_dir)
     snap_dir = Path(snap_dir) if snap_dir else wal_dir
@@ -149,8 +155,8 @@ def generate_wal(wal_dir, *, target_bytes: int, instance: str = "00000000-0000-4
         file_size = 0
         while file_size < file_bytes and total + file_size < target_bytes:
             rows = []
-            for _ in range(rng.choice((1, 1, 2, 5, 20, 40))):
-                statements = rng.choice((1, 1, 1, 3))
+            for _ in range(txs_per_block()):
+                statements = statements_per_tx()
                 lsn0 = vclock[1] + 1
                 for s in range(statements):
                     vclock[1] += 1

@@ -11,6 +11,7 @@ import gc
 import os
 from dataclasses import dataclass, field
 
+from .. import scancore
 from ..findings import FindingList
 from .block import (EOF_MAGIC, FIXHEADER_SIZE, MAGIC_PREFIX, BlockError, decompress, parse_fixheader,
                     tarantool_crc32c)
@@ -232,13 +233,59 @@ def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: 
     return pos
 
 
+class _CompiledBlocks:
+    """_take_plain_blocks in compiled code (walcore._scan.BlockScanner, the same rules), reading the file in
+    chunks of its own: a chunk grows to the largest block, and no further."""
+
+    def __init__(self, core, xlog: bool):
+        self.scanner = core.BlockScanner(xlog, decompress)
+        self.chunk = bytearray(READ_BUFFER)
+
+    def __call__(self, f: _File, pos: int, span: Span, walker: RowWalker, stop: int | None) -> int:
+        scanner = self.scanner
+        if not scanner.begin(span.lsns, span.last_commit, span.blocks > 0):
+            return pos
+        size = f.size
+        fd = f.f.fileno()
+        view = memoryview(self.chunk)
+        while pos < size and (stop is None or pos < stop):
+            n = os.preadv(fd, [view], pos)
+            if n == 0:
+                break
+            taken, need = scanner.take(view[:n], pos, n if stop is None else min(n, stop - pos), size)
+            pos += taken
+            if need == 0:
+                break
+            if need > len(self.chunk):
+                self.chunk = bytearray(need)
+                view = memoryview(self.chunk)
+            elif taken == 0 and need > 0:
+                break  # a whole chunk was read and the block is still short: the file shrank; the careful loop says so
+        lsns, last_commit, rows, blocks, zstd_blocks, first_pos, last_block_pos = scanner.end()
+        if blocks:
+            for comp, first, last, lo, hi in lsns:
+                span.lsns[comp] = [first, last, lo, hi]
+            span.last_commit = last_commit
+            span.rows += rows
+            span.blocks += blocks
+            span.zstd_blocks += zstd_blocks
+            if span.first_pos is None:
+                span.first_pos = first_pos
+            span.last_block_pos = last_block_pos
+            span.end_pos = pos
+        f.seek(pos)
+        return pos
+
+
 def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: int | None) -> None:
     size = f.size
     walker = RowWalker(xlog)
+    core = scancore.compiled()
+    take_blocks = _CompiledBlocks(core, xlog) if core is not None else _take_plain_blocks
     read = f.f.read  # the hot loop keeps the position itself; f.pos is set where others need it
     pos = f.pos
     while stop is None or pos < stop:
-        pos = _take_plain_blocks(f, pos, span, walker, stop)
+        pos = take_blocks(f, pos, span, walker, stop)
         if stop is not None and pos >= stop:
             break
         if pos >= size:
