@@ -27,6 +27,9 @@ from walcore.tarantool.writer import TarantoolWriter, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
 from walcore.command.verify import verify_paths
 
+# Every test once on each scan core (compiled and pure-Python reference).
+pytestmark = pytest.mark.usefixtures("scan_core")
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 FIXTURES = SHARED / "fixtures" / "tarantool"
 SEED = int(os.environ.get("WALVAULT_DAMAGE_SEED", "20240611"))

@@ -12,10 +12,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
 from walcore.tarantool.block import EOF_MAGIC
 
-pytestmark = require_shared
+# Every test once on each scan core (compiled and pure-Python reference).
+pytestmark = [require_shared, pytest.mark.usefixtures("scan_core")]
 
 
 def verify_json(*paths) -> tuple[int, dict]:

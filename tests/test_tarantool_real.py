@@ -24,7 +24,8 @@ from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
 from walcore.tarantool.xlog import read_rows, scan_file
 from walcore.command.verify import verify_paths
 
-pytestmark = require_tarantool
+# Every test once on each scan core (compiled and pure-Python reference).
+pytestmark = [require_tarantool, pytest.mark.usefixtures("scan_core")]
 
 SUFFIXES = (".xlog", ".snap", ".vylog", ".run", ".index")
 FIELDS = ("lsn", "type", "replica_id", "group_id", "tsn", "commit", "space_id", "tuple_len")

@@ -18,6 +18,9 @@ from walcore.tarantool.vinyl import (CREATE_LSM, CREATE_RUN, DELETE_RANGE, DELET
                                      VinylRun, VylogError, replay)
 from walcore.tarantool.xlog import scan_file
 
+# Every test once on each scan core (compiled and pure-Python reference).
+pytestmark = pytest.mark.usefixtures("scan_core")
+
 LSM, RANGE, RUN, INDEX, SPACE, SLICE = 0, 1, 2, 5, 6, 8
 
 

@@ -25,9 +25,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_CANNOT_CHECK, f"walvault: {message}\n")
 
 
+class _Version(argparse.Action):
+    """--version: walvault's version and the scan core it runs (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and the scan core, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import __version__, scancore
+
+        print(f"walvault {__version__}\nscan core: {scancore.describe()}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="walvault", description="Check and keep the write-ahead logs of Tarantool and limestone.",
                      epilog="Exit codes: 0 intact/done, 1 findings, 2 cannot check.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, help_text in (("inspect", "list what is there: every file, its vclock or epochs, rows, ranges"),
                             ("verify", "check that every block, row, entry and chain link is intact")):
@@ -277,12 +291,16 @@ def _verify(args) -> int:
                                                    for q in (p, os.path.realpath(p)))]:
         print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    from .scancore import describe
+
     if args.json:
-        _print_json(report.to_json())
+        _print_json(report.to_json() | {"scan_core": describe()})
     else:
         from .text import render
 
         sys.stdout.write(render(report, detailed=args.command == "inspect", base=_common_base(args.paths)))
+        if args.command == "inspect":
+            print(f"scan core: {describe()}")
     if repo is not None:
         from .command.verify_report import write_source_report
 
