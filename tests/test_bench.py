@@ -30,15 +30,21 @@ def _run(script: str, tmp_path: Path, *args: str) -> dict:
 @require_tarantool
 def test_tarantool_bench_readers_agree(tmp_path):
     report = _run("verify_tarantool.py", tmp_path, "--size-mb", "3", "--rounds", "2")
-    readers = {r["reader"].split(" (")[0]: r for r in report["results"]}
-    assert set(readers) == {"read + CRC-32C", "plain Python: blocks+CRC+zstd+msgpack", "Tarantool xlog.pairs",
-                            "walcore scan_file, in process", "walvault verify --jobs 1", "walvault verify"}
-    assert report["rows"] > 1000 and report["rows_xlog_pairs"] == report["rows"]
-    for name, r in readers.items():
-        assert len(r["runs"]) == 2, name
-        if name != "read + CRC-32C":
-            assert r["rows"] == report["rows"], name
-    assert report["bytes"] >= 3 * 10**6
+    assert set(report["shapes"]) == {"one_row", "multi_row"}
+    for shape in report["shapes"].values():
+        readers = {r["reader"].split(" (")[0]: r for r in shape["results"]}
+        assert set(readers) == {"floor: read + CRC-32C + zstd", "plain Python: blocks+CRC+zstd+msgpack",
+                                "Tarantool xlog.pairs", "walcore scan_file, in process",
+                                "walcore scan_file, in process, pure Python", "walvault verify --jobs 1",
+                                "walvault verify", "start-up: verify of one small file",
+                                "start-up: verify of one small file, pure Python"}
+        assert shape["rows"] > 1000 and shape["rows_xlog_pairs"] == shape["rows"]
+        for name, r in readers.items():
+            assert len(r["runs"]) == 2, name
+            if r["rows"] is not None:
+                assert r["rows"] == shape["rows"], name
+        assert shape["bytes"] >= 3 * 10**6
+        assert len(shape["targets"]) == 5
 
 
 def test_limestone_bench_readers_agree(tmp_path):
