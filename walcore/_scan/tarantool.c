@@ -457,6 +457,8 @@ static PyObject *scanner_begin(BlockScanner *self, PyObject *args)
     PyObject *key, *value;
     int n = 0;
     while (PyDict_Next(lsns, &i, &key, &value)) {
+        if (n == SPAN_COMPONENTS) /* the dict grew while its keys were read (an int subclass's __index__) */
+            Py_RETURN_FALSE;
         Range *r = &self->range[n++];
         if (!PyList_Check(value) || PyList_GET_SIZE(value) != 4) {
             PyErr_SetString(PyExc_TypeError, "a span's LSNs are [first, last, min, max] lists");
@@ -483,6 +485,10 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
 {
     Py_buffer view;
     long long base, limit, size;
+    if (self->decompress == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "BlockScanner.__init__ was not called");
+        return NULL;
+    }
     if (!PyArg_ParseTuple(args, "y*LLL", &view, &base, &limit, &size))
         return NULL;
     const unsigned char *buf = view.buf;
