@@ -134,12 +134,12 @@ static int skip_object(const unsigned char **pp, const unsigned char *end, int d
         int width = b == 0xc7 ? 1 : b == 0xc8 ? 2 : 4;
         if (left < (size_t)width + 1) return 0;
         n = be(p, width);
-        if (p[width] == 0xff) return 0;
+        if (p[width] & 0x80) return 0; /* a negative type: msgpack's ExtType takes 0..127, -1 is its Timestamp */
         p += width + 1, left -= width + 1;
         goto data;
     }
     case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: /* fixext 1..16: the type byte, then the data */
-        if (left < 1 || p[0] == 0xff) return 0;
+        if (left < 1 || (p[0] & 0x80)) return 0;
         n = (uint64_t)1 << (b - 0xd4);
         p += 1, left -= 1;
         goto data;
@@ -437,10 +437,17 @@ static void scanner_dealloc(BlockScanner *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* 1 with the value; 0 (no error set) when it is no uint64 (a negative lsn the reference let through): the span
+ * is then the reference's to continue; -1 on another error. */
 static int as_u64(PyObject *item, uint64_t *out)
 {
     *out = PyLong_AsUnsignedLongLong(item);
-    return !(*out == (uint64_t)-1 && PyErr_Occurred());
+    if (!(*out == (uint64_t)-1 && PyErr_Occurred()))
+        return 1;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+        return -1;
+    PyErr_Clear();
+    return 0;
 }
 
 /* begin(lsns, last_commit, has_blocks): load the span's state. False (nothing loaded) when it has more
@@ -464,10 +471,14 @@ static PyObject *scanner_begin(BlockScanner *self, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "a span's LSNs are [first, last, min, max] lists");
             return NULL;
         }
-        if (!as_u64(key, &r->comp) || !as_u64(PyList_GET_ITEM(value, 0), &r->first) ||
-            !as_u64(PyList_GET_ITEM(value, 1), &r->last) || !as_u64(PyList_GET_ITEM(value, 2), &r->lo) ||
-            !as_u64(PyList_GET_ITEM(value, 3), &r->hi))
+        uint64_t *field[5] = {&r->comp, &r->first, &r->last, &r->lo, &r->hi};
+        int ok = 1;
+        for (int k = 0; k < 5 && ok > 0; k++)
+            ok = as_u64(k ? PyList_GET_ITEM(value, k - 1) : key, field[k]);
+        if (ok < 0)
             return NULL;
+        if (ok == 0)
+            Py_RETURN_FALSE;
     }
     self->n = n;
     self->last_commit = last_commit;

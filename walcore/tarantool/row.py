@@ -202,6 +202,12 @@ class RowWalker:
             summary = self._walk_xlog(unpacker) if self.xlog else self._walk_other(unpacker)
             if unpacker.tell() != self.consumed:
                 raise _GiveUp
+            # tell() also counts the bytes of an object begun and not finished (rows cut off at the end of the
+            # block): a nil fed now must come back as one, not finish that object
+            unpacker.feed(b"\xc0")
+            self.consumed += 1
+            if next(unpacker) is not None:
+                raise _GiveUp
             return summary
         except Exception:  # _GiveUp, or anything msgpack or a malformed header raises
             self.reset()
@@ -220,8 +226,8 @@ class RowWalker:
         # a 4-item array, which `h[LSN]` and the rest would read by position (longer ones have no `get`).
         skip = unpacker.skip
         h = next(unpacker)
-        first = last = h[LSN]
-        comp = h[REPLICA_ID]
+        first = last = h[LSN] | 0  # | 0: a bool goes on as the int it equals, as the compiled core keeps it
+        comp = h[REPLICA_ID] | 0
         if first <= 0 or (first | comp | h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0 \
                 or not h[TYPE] ^ NOP:
             raise _GiveUp
@@ -240,15 +246,15 @@ class RowWalker:
         # .snap/.vylog/.run/.index: one component; LSNs in any order (runs are sorted by key).
         skip = unpacker.skip
         h = next(unpacker)
-        comp = h.get(REPLICA_ID, 0)
-        first = lo = hi = lsn = h.get(LSN, 0)
+        comp = h.get(REPLICA_ID, 0) | 0
+        first = lo = hi = lsn = h.get(LSN, 0) | 0
         if (first | comp | h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0 or not h[TYPE] ^ NOP:
             raise _GiveUp
         skip()
         rows = 1
         for h in unpacker:
             lsn = h.get(LSN, 0) | 0
-            if h.get(REPLICA_ID, 0) ^ comp or not h[TYPE] ^ NOP or (h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
+            if h.get(REPLICA_ID, 0) ^ comp or not h[TYPE] ^ NOP or (lsn | h.get(TSN, 0) | h.get(FLAGS, 0) | h.get(GROUP_ID, 0)) < 0:
                 raise _GiveUp
             if lsn > hi:
                 hi = lsn

@@ -1,0 +1,858 @@
+#!/usr/bin/env python3
+"""Fuzz the compiled scan core (walcore._scan) against the pure-Python reference walks, under AddressSanitizer
+and UndefinedBehaviorSanitizer, for a bounded time. A bench script: not run in CI.
+
+    .venv/bin/python bench/fuzz_scan.py [--seconds 300] [--seed N] [--corpus DIR]
+    .venv/bin/python bench/fuzz_scan.py --replay FILE...        # the normal build, no sanitizer
+    .venv/bin/python bench/fuzz_scan.py --write-hostile tests/data/fuzz
+
+atheris is a bench-only dependency (not in requirements): when it is missing this script installs it with pip
+into the interpreter running it (`pip install atheris`: a manylinux wheel for cp311 with libFuzzer inside).
+
+How a run goes:
+1. walcore/ and setup.py are copied to a temp dir and the extension is built there with gcc
+   -fsanitize=address,undefined (the project's own build is left alone; setup.py's -O2 comes last and wins
+   over -O1).
+2. The script re-executes itself with libasan preloaded (Python itself is not instrumented, so the ASan runtime
+   must come first; libstdc++ after it, for ASan to find the __cxa_throw atheris uses), PYTHONMALLOC=malloc (so
+   Python's objects get redzones), PYTHONPATH at the copy, and checks that walcore._scan is loaded from there.
+   libubsan comes in as the extension's dependency. A small shim is preloaded before libasan: gcc's libasan
+   defines no-op __sanitizer_cov_* and __sanitizer_weak_hook_memcmp, which would win over atheris's libFuzzer
+   and leave the fuzzer blind to Python coverage; the shim forwards them to libFuzzer (hence
+   verify_asan_link_order=0).
+3. The child fuzzes `check_input` until the time is up. Coverage comes from the instrumented walcore Python
+   modules (the reference walks, which follow the same rules as the C; gcc cannot instrument the C for
+   libFuzzer). A crash or a difference is saved to bench/out/fuzz/crashes and the fuzzer restarts on the rest
+   of the budget. Keep a finding in tests/data/fuzz in the whole form (`--replay FILE --whole` writes FILE.whole: it needs no
+   fixture): tests/test_scan_fuzz_regressions.py replays every file there through `check_input`.
+
+An input: byte 0 picks the mode, byte 1 the Tarantool file kind, byte 2 which extra byte ranges to scan and
+bytes 3-6 where they start and stop (fractions of the file's size); the rest is the mode's:
+  whole    the rest is a whole file, meta block included (regression inputs are kept in this form)
+  raw      a meta block, then the rest as is
+  rows     the rest cut into payloads, each wrapped in a block with a correct header and CRC (some zstd)
+  struct   rows built from the bytes: headers with every key encoding, LSN runs, odd values, msgpack bodies
+  mutate   a real fixture file, its bytes or its rows mutated, CRCs recomputed or not
+  crc      _scan.tarantool_crc32c against the crc32c package, any start value, length and alignment
+  limestone  a real pwal fixture mutated, scan_pwal on both cores (only once walcore.limestone.scan calls
+           _scan.limestone_scan; until then these inputs are taken as `mutate`)
+Every Tarantool file is scanned whole and in the chosen ranges with both cores: kind, span and findings must be
+identical, and neither may raise. Its blocks are also given to BlockScanner.take in a buffer of their exact
+size, for ASan to see any read past it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+OUT = ROOT / "bench" / "out" / "fuzz"
+MAX_LEN = 1 << 14  # larger inputs only slow it down: the mutate mode reaches the big fixtures
+SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
+# Python's own CFLAGS carry -fwrapv, which would keep UBSan from checking signed overflow.
+CFLAGS = SANITIZE + " -fno-wrapv"
+MODES = ("whole", "raw", "rows", "struct", "mutate", "crc", "limestone")
+KINDS = ("XLOG", "SNAP", "VYLOG", "RUN", "INDEX")
+U64 = (1 << 64) - 1
+
+# The walcore modules, imported on first use: the fuzzing child imports them under atheris's instrumentation.
+W = None
+
+
+def _load():
+    global W
+    if W is None:
+        import types
+
+        import crc32c
+
+        from walcore import scancore
+        from walcore.limestone import scan as limestone_scan
+        from walcore.tarantool import block, meta, row, xlog
+        W = types.SimpleNamespace(crc32c=crc32c, scancore=scancore, limestone=limestone_scan, block=block,
+                                  meta=meta, row=row, xlog=xlog, limestone_on=None, fixtures={})
+    return W
+
+
+class Reader:
+    """The fuzz input, consumed from the front; zeros once it runs out (so every input means something)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+    def byte(self) -> int:
+        b = self.take(1)
+        return b[0] if b else 0
+
+    def uint(self, n: int) -> int:
+        return int.from_bytes(self.take(n).ljust(n, b"\0"), "big")
+
+    def rest(self) -> bytes:
+        return self.take(len(self.data))
+
+    def pick(self, seq):
+        return seq[self.byte() % len(seq)]
+
+
+# ------------------------------------------------------------------ msgpack pieces, valid or not
+
+def mp_uint(v: int, width: int = 0) -> bytes:
+    v &= U64
+    if not width:
+        if v < 0x80:
+            return bytes([v])
+        width = next(w for w in (1, 2, 4, 8) if v < 1 << 8 * w)
+    return bytes([{1: 0xCC, 2: 0xCD, 4: 0xCE, 8: 0xCF}[width]]) + (v % (1 << 8 * width)).to_bytes(width, "big")
+
+
+def mp_sint(v: int, width: int) -> bytes:
+    return bytes([{1: 0xD0, 2: 0xD1, 4: 0xD2, 8: 0xD3}[width]]) + (v % (1 << 8 * width)).to_bytes(width, "big")
+
+
+def mp_int(r: Reader, v: int) -> bytes:
+    """v, mostly as Tarantool writes it; sometimes wider, signed, or as a bool, float, nil or string."""
+    c = r.byte()
+    if c < 192:
+        return mp_uint(v) if v >= 0 else bytes([v & 0xFF]) if v >= -32 else mp_sint(v, 8)
+    width = (1, 2, 4, 8)[c % 4]
+    if c < 208:
+        return mp_uint(v, width)
+    if c < 224:
+        return mp_sint(v, width)
+    if c < 232:
+        return b"\xc3" if v else b"\xc2"
+    if c < 240:
+        return b"\xcb" + struct.pack(">d", float(v))
+    if c < 248:
+        return b"\xc0"
+    return b"\xa1" + bytes([v & 0x7F])
+
+
+def mp_len(r: Reader, n: int, fix: int, w16: int, fixmax: int = 15) -> bytes:
+    """A container/str/bin header for n items: fix form, 16 or 32 bits; sometimes a count that lies."""
+    c = r.byte()
+    if c >= 240:
+        n = (n + (c & 3) - 1) if c < 252 else U64 >> 32
+    if c % 4 == 0 and 0 <= n <= fixmax and fix is not None:
+        return bytes([fix | n])
+    if c % 4 == 3 or n > 0xFFFF:
+        return bytes([w16 + 1]) + (n & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes([w16]) + max(n, 0).to_bytes(2, "big")
+
+
+def mp_obj(r: Reader, depth: int = 0, budget: list | None = None) -> bytes:
+    """One msgpack object (or something close to one): every type, ext -1 (timestamps), deep nesting, 0xc1."""
+    budget = budget if budget is not None else [300]
+    budget[0] -= 1
+    c = r.byte() % 26
+    if budget[0] <= 0 or (depth > 5 and c >= 11):
+        c = c % 11
+    if c == 0:
+        return b"\xc0"
+    if c == 1:
+        return r.pick((b"\xc2", b"\xc3"))
+    if c == 2:
+        return bytes([r.byte() & 0x7F])
+    if c == 3:
+        return bytes([0xE0 | r.byte() & 0x1F])
+    if c == 4:
+        return bytes([0xCC + r.byte() % 4]) + r.take((1, 2, 4, 8)[r.byte() % 4])
+    if c == 5:
+        return bytes([0xD0 + r.byte() % 4]) + r.take((1, 2, 4, 8)[r.byte() % 4])
+    if c == 6:
+        return b"\xca" + r.take(4).ljust(4, b"\0")
+    if c == 7:
+        return b"\xcb" + r.take(8).ljust(8, b"\0")
+    if c in (8, 9):  # str: fix, 16 or 32 bits (mp_len), or 8 bits
+        data = r.take(r.byte() % 40)
+        return (mp_len(r, len(data), 0xA0, 0xDA, 31) if c == 8 else b"\xd9" + bytes([len(data)])) + data
+    if c == 10:  # bin 8, 16, 32
+        data, width = r.take(r.byte() % 40), r.pick((1, 2, 4))
+        return bytes([0xC3 + width - (width == 4)]) + len(data).to_bytes(width, "big") + data
+    if c in (11, 12):  # array, map
+        n = r.byte() % 6
+        if c == 11:
+            return mp_len(r, n, 0x90, 0xDC) + b"".join(mp_obj(r, depth + 1, budget) for _ in range(n))
+        return mp_len(r, n, 0x80, 0xDE) + b"".join(
+            mp_obj(r, 9, budget) + mp_obj(r, depth + 1, budget) for _ in range(n))  # scalar keys
+    if c == 13:  # a container as a map key: a tuple is hashable, a dict is not
+        return b"\x81" + r.pick((b"\x91\x01", b"\x80", b"\x91\x80", b"\x92\x01\x02")) + b"\xc0"
+    if c in (14, 15):  # fixext 1..16 / ext 8,16,32 of any type (0xff: msgpack's Timestamp)
+        etype = bytes([r.pick((0xFF, 0x01, 0x80, 0x7F, 0xFE))])
+        if c == 14:
+            k = r.byte() % 5
+            return bytes([0xD4 + k]) + etype + r.take(1 << k).ljust(1 << k, b"\0")
+        data = r.take(r.byte() % 20)
+        return r.pick((b"\xc7" + bytes([len(data)]), b"\xc8" + len(data).to_bytes(2, "big"),
+                       b"\xc9" + len(data).to_bytes(4, "big"))) + etype + data
+    if c == 16:  # a valid timestamp 96
+        return b"\xc7\x0c\xff" + r.take(4).ljust(4, b"\0") + r.take(8).ljust(8, b"\0")
+    if c == 17:  # deep nesting: msgpack stops at 1024, the C walk at 64
+        n = r.uint(2) % 2100
+        return r.pick((b"\x91", b"\x81\x00", b"\xdc\x00\x01")) * n + b"\xc0"
+    if c == 18:
+        return b"\xc1"
+    if c == 19:  # a length claiming more than there is
+        return r.pick((b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\x7f\xff\xff\xff",
+                       b"\xc6\xff\xff\xff\xff", b"\xc9\xff\xff\xff\xff\x01"))
+    if c == 20:
+        return r.take(r.byte() % 16)
+    # the rest: a body as Tarantool writes it, {space_id: ..., tuple: [...]}
+    n = r.byte() % 4
+    return b"\x82\x10" + mp_uint(512 + r.byte() % 3) + b"\x21" + bytes([0x90 | n]) + b"".join(
+        mp_obj(r, depth + 2, budget) for _ in range(n))
+
+
+# ------------------------------------------------------------------ Tarantool files
+
+TYPES = (2, 3, 2, 3, 4, 5, 9, 12, 12, 40, 100, 101, 0, -1, 255, 1 << 32)
+DELTAS = (1, 1, 1, 1, 1, 1, 1, 0, 2, -1, 1000, 1 << 63, -(1 << 40))
+COMPS = (0, 1, 2, 31, 32, 33, 100, 1 << 32)
+TYPE, REPLICA_ID, LSN, TIMESTAMP, GROUP_ID, TSN, FLAGS = 0x00, 0x02, 0x03, 0x04, 0x07, 0x08, 0x09
+
+
+def gen_row(r: Reader, st: dict) -> bytes:
+    """One row: a header map (keys in any order and encoding, some missing or doubled) and a body."""
+    f, g = r.byte(), r.byte()
+    st["lsn"] = (st["lsn"] + r.pick(DELTAS)) & U64
+    if f & 0x30 == 0x30:
+        st["comp"] = r.pick(COMPS)
+    rtype = r.pick(TYPES)
+    entries = [(TYPE, mp_int(r, rtype))]
+    if not f & 1:
+        entries.append((REPLICA_ID, mp_int(r, st["comp"])))
+    if not f & 2:
+        entries.append((LSN, mp_int(r, st["lsn"])))
+    if not f & 4:
+        entries.append((TIMESTAMP, b"\xcb" + struct.pack(">d", 1.7e9)))
+    if f & 8:
+        entries.append((TSN, mp_int(r, r.byte() % 4)))
+    if f & 64:
+        entries.append((FLAGS, mp_int(r, r.byte() % 4)))
+    if f & 128:
+        entries.append((GROUP_ID, mp_int(r, r.byte() % 3)))
+    if g & 1:
+        entries.append((r.pick((1, 5, 6, 10, 0x7F, 200, -1, 1 << 40)), mp_obj(r)))
+    if g & 2:
+        k = r.byte() % len(entries)
+        entries = entries[k:] + entries[:k]
+    if g & 4:
+        key, _ = r.pick(entries)
+        entries.insert(r.byte() % (len(entries) + 1), (key, mp_int(r, r.pick(TYPES))))
+    head = mp_len(r, len(entries), 0x80, 0xDE) + b"".join(mp_int(r, k) + v for k, v in entries)
+    if g & 8 and rtype == 12 or g & 16 and g & 32:
+        return head  # no body: NOP, or a header alone at the end of a block
+    return head + mp_obj(r)
+
+
+def fixheader(r: Reader, compressed: bool, payload: bytes) -> bytes:
+    """The block header: mostly as Tarantool writes it; else of other int widths and padding, or a bad CRC."""
+    B = _load().block
+    c = r.byte()
+    if c < 160:
+        return B.encode_fixheader(compressed, payload)
+    crc = B.tarantool_crc32c(payload) ^ (c < 176 and c & 8 != 0)  # one in ten of these: a wrong CRC
+    out = (B.ZROW_MAGIC if compressed else B.ROW_MAGIC) + mp_uint(len(payload), (0, 1, 2, 4, 8)[c % 5]) \
+        + mp_uint((0, 0, 1, U64)[c >> 2 & 3], (0, 8)[c >> 4 & 1]) + mp_uint(crc, (0, 4, 8)[c % 3])
+    pad = 19 - len(out)
+    if pad >= 2 and c & 64:
+        out += b"\xd9" + bytes([pad - 2]) + bytes(pad - 2)
+    elif pad >= 1:
+        out += bytes([0xA0 + pad - 1]) + bytes(pad - 1)
+    return out[:19]
+
+
+def wrap(r: Reader, rows: bytes, compressed: bool) -> bytes:
+    """A block of these rows; a zstd frame is sometimes cut short (its CRC still right)."""
+    payload = rows
+    if compressed:
+        payload = _load().block.compress(rows)
+        if r.byte() >= 240:
+            payload = payload[:max(1, len(payload) - 1 - r.byte() % 8)]
+    return fixheader(r, compressed, payload) + payload
+
+
+def tail(r: Reader) -> bytes:
+    """What follows the last block: nothing, the EOF marker (with bytes after it), junk, part of a magic."""
+    c, eof = r.byte() % 8, _load().block.EOF_MAGIC
+    if c == 4:
+        return eof + r.take(3)
+    if c == 5:
+        return r.take(r.byte() % 24)
+    return (b"", b"", eof, eof, None, None, b"\xd5\xba\x0b", eof[:2])[c]
+
+
+def meta_for(kind: int) -> bytes:
+    filetype = KINDS[kind % len(KINDS)]
+    return _load().meta.encode_meta(filetype, instance="aaaaaaaa-bbbb-4ccc-8ddd-000000000001",
+                                    vclock={1: 100}, prev_vclock={1: 10} if filetype == "XLOG" else None)
+
+
+def tarantool_fixtures() -> list[Path]:
+    return sorted(p for p in (FIXTURES / "tarantool").rglob("*")
+                  if p.suffix in (".xlog", ".snap", ".vylog", ".run", ".index"))
+
+
+def limestone_fixtures() -> list[Path]:
+    return sorted((FIXTURES / "limestone").rglob("pwal_*"))
+
+
+def parse_fixture(path: Path):
+    """(bytes, meta size, [(compressed, rows)], tail): a real file taken apart, to be mutated."""
+    W = _load()
+    cached = W.fixtures.get(path)
+    if cached is None:
+        data = path.read_bytes()
+        pos = meta_size = W.meta.parse_meta(data[:W.meta.MAX_META_SIZE]).size
+        blocks = []
+        while pos + 19 <= len(data) and data[pos:pos + 4] != W.block.EOF_MAGIC:
+            compressed, length, _ = W.block.parse_fixheader(data[pos:pos + 19])
+            payload = data[pos + 19:pos + 19 + length]
+            blocks.append((compressed, W.block.decompress(payload) if compressed else payload))
+            pos += 19 + length
+        cached = W.fixtures[path] = (data, meta_size, blocks, data[pos:])
+    return cached
+
+
+INTERESTING = (0x00, 0x01, 0x0C, 0x7F, 0x80, 0x8F, 0x90, 0xC0, 0xC1, 0xC2, 0xC3, 0xCC, 0xCE, 0xCF, 0xD3, 0xD4,
+               0xD8, 0xD9, 0xDC, 0xDD, 0xDE, 0xDF, 0xFF)
+
+
+def mutate(r: Reader, b: bytearray) -> None:
+    op, pos = r.byte() % 8, r.uint(3) % (len(b) + 1)
+    if op in (0, 1) and pos < len(b):
+        b[pos] ^= 1 << r.byte() % 8
+    elif op in (2, 3) and pos < len(b):
+        b[pos] = r.byte() if op == 2 else r.pick(INTERESTING)
+    elif op == 4:
+        b[pos:pos] = r.take(r.byte() % 8 + 1)
+    elif op == 5:
+        del b[pos:pos + r.byte() % 16 + 1]
+    elif op == 6 and r.byte() < 64:
+        del b[pos:]
+    elif op == 7:  # a copy of another part (a duplicated block or row, if it falls right)
+        src, n = r.uint(3) % (len(b) + 1), r.byte() * 4
+        b[pos:pos] = b[src:src + n]
+
+
+def fix_crcs(data: bytearray, start: int) -> bytearray:
+    """Rewrite the header of every block that still parses, so that its CRC matches what follows it."""
+    B = _load().block
+    pos = start
+    while pos + 19 <= len(data):
+        try:
+            compressed, length, _ = B.parse_fixheader(bytes(data[pos:pos + 19]))
+        except B.BlockError:
+            nxt = data.find(B.MAGIC_PREFIX, pos + 1)
+            if nxt < 0:
+                break
+            pos = nxt
+            continue
+        payload = bytes(data[pos + 19:pos + 19 + length])
+        if len(payload) == length:
+            data[pos:pos + 19] = B.encode_fixheader(compressed, payload)
+        pos += 19 + length
+    return data
+
+
+def gen_mutated(r: Reader) -> bytes:
+    fixtures = tarantool_fixtures()
+    data, meta_size, blocks, end = parse_fixture(fixtures[r.uint(2) % len(fixtures)])
+    how, n = r.byte(), r.byte() % 6
+    if how & 1:  # mutate the rows (decompressed), then put blocks with correct headers around them again
+        rows = [bytearray(b) for _, b in blocks]
+        for _ in range(n if rows else 0):
+            mutate(r, rows[r.byte() % len(rows)])
+        out = bytearray(data[:meta_size])
+        for (compressed, _), b in zip(blocks, rows):
+            out += wrap(r, bytes(b), compressed)
+        return bytes(out + end)
+    out = bytearray(data)
+    for _ in range(n):
+        mutate(r, out)
+    return bytes(fix_crcs(out, meta_size) if how & 2 else out)
+
+
+def build_file(data: bytes) -> bytes:
+    """The Tarantool file an input stands for (modes whole to mutate)."""
+    mode = MODES[data[0] % len(MODES)] if data else "whole"
+    kind, r = data[1] if len(data) > 1 else 0, Reader(data[7:])
+    if mode == "whole":
+        return r.rest()
+    if mode == "raw":
+        return meta_for(kind) + r.rest()
+    if mode == "rows":
+        out = bytearray(meta_for(kind))
+        while r.pos < len(r.data) and len(out) < MAX_LEN * 2:
+            flags = r.byte()
+            out += wrap(r, r.take(r.uint(2) % 4096 if flags & 2 else flags % 64 + 1), bool(flags & 1))
+        return bytes(out) + tail(r)
+    if mode == "struct":
+        out, st = bytearray(meta_for(kind)), {"lsn": r.uint(1) + 1, "comp": 1}
+        for _ in range(r.byte() % 8 + 1):
+            flags = r.byte()
+            out += wrap(r, b"".join(gen_row(r, st) for _ in range(flags % 8 + 1)), bool(flags & 8))
+        return bytes(out) + tail(r)
+    return gen_mutated(r)  # mutate (and limestone when it is not fuzzed)
+
+
+def to_whole(data: bytes) -> bytes:
+    """The same check as an input in the whole form, which needs no fixture and no generator to replay."""
+    return bytes([MODES.index("whole")]) + data[1:7].ljust(6, b"\0") + build_file(data)
+
+
+# ------------------------------------------------------------------ the differential check
+
+def _workdir(workdir) -> Path:
+    if workdir is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # tmpfs: no disk writes
+        workdir = Path(base) / f"walvault-fuzz-{os.getpid()}"
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def _both(fn, *args, **kwargs) -> list:
+    """fn run on the reference core, then on the compiled one: ("ok", result) or ("raised", traceback)."""
+    saved = os.environ.get("WALVAULT_PURE")
+    out = []
+    try:
+        for pure in ("1", "0"):
+            os.environ["WALVAULT_PURE"] = pure
+            try:
+                out.append(("ok", fn(*args, **kwargs)))
+            except Exception:
+                out.append(("raised", traceback.format_exc()))
+    finally:
+        if saved is None:
+            os.environ.pop("WALVAULT_PURE", None)
+        else:
+            os.environ["WALVAULT_PURE"] = saved
+    return out
+
+
+def _summary(path, **kwargs) -> dict:
+    scan = _load().xlog.scan_file(path, **kwargs)
+    s = scan.span
+    return {"kind": scan.kind, "size": scan.size, "first_pos": s.first_pos, "end_pos": s.end_pos,
+            "blocks": s.blocks, "zstd_blocks": s.zstd_blocks, "rows": s.rows, "lsns": sorted(s.lsns.items()),
+            "last_commit": s.last_commit, "last_block_pos": s.last_block_pos, "eof": s.eof, "stopped": s.stopped,
+            "findings": [(f.code, f.offset, f.message) for f in scan.findings]}
+
+
+def _agree_dicts(what: str, pair: list) -> None:
+    (ka, a), (kb, b) = pair
+    if ka == "raised" or kb == "raised":
+        raise AssertionError(f"{what}: a scan raised\n--- reference: {a}\n--- compiled: {b}")
+    # repr, not ==: True == 1, but a span that says `true` in JSON is not the one that says 1
+    diff = [f"  {k}: reference {a[k]!r}\n  {' ' * len(k)}  compiled  {b.get(k)!r}"
+            for k in a if repr(a[k]) != repr(b.get(k))]
+    if diff:
+        raise AssertionError(f"{what}: the cores disagree\n" + "\n".join(diff))
+
+
+def _ranges(data: bytes, size: int) -> list[dict]:
+    flags = data[2] if len(data) > 2 else 0
+    at = [int.from_bytes(data[i:i + 2].ljust(2, b"\0"), "big") * (size + 2) >> 16 for i in (3, 5)]
+    start, stop = min(at), max(at)
+    out = []
+    if flags & 1:
+        out.append({"start": start, "stop": stop})
+    if flags & 2:
+        out.append({"start": start, "stop": None if flags & 8 else stop, "search": False})
+    if flags & 4:
+        out.append({"stop": stop})
+    return out
+
+
+def _take_exact(core, blocks: bytes, base: int, data: bytes, lsns: dict, last_commit: bool) -> None:
+    """BlockScanner.take over a buffer of exactly the blocks' size (ctypes: one malloc of that size), so that
+    ASan sees a read past the end; the scan_file path reads into a larger bytearray, where it would not."""
+    import ctypes
+    W = _load()
+    buf = memoryview((ctypes.c_ubyte * len(blocks)).from_buffer_copy(blocks)) if blocks else b""
+    flags = data[2] if len(data) > 2 else 0
+    limit = len(blocks) if flags & 16 else len(blocks) * int.from_bytes(data[3:5].ljust(2, b"\0"), "big") >> 16
+    for xlog in (True, False):
+        for state in (({}, True, False), (lsns, last_commit, True)):
+            scanner = core.BlockScanner(xlog, W.block.decompress)
+            if scanner.begin(*state):
+                scanner.take(buf, base, limit, base + len(blocks) + (flags >> 5))
+                scanner.end()
+
+
+def check_input(data: bytes, workdir=None) -> None:
+    """One fuzz input through the differential check; raises AssertionError (with the details) at a
+    difference between the cores, or at an exception from either."""
+    W = _load()
+    mode = MODES[data[0] % len(MODES)] if data else "whole"
+    work = _workdir(workdir)
+    if mode == "crc":
+        return _check_crc(data)
+    if mode == "limestone" and limestone_fuzzed():
+        return _check_limestone(data, work)
+    content = build_file(data)
+    path = work / "fuzz.tarantool"
+    path.write_bytes(content)
+    full = _both(_summary, path)
+    _agree_dicts("scan_file(path)", full)
+    for kwargs in _ranges(data, len(content)):
+        _agree_dicts(f"scan_file(path, {', '.join(f'{k}={v}' for k, v in kwargs.items())})",
+                     _both(_summary, path, **kwargs))
+    core = W.scancore._built
+    if core is not None and full[0][1]["kind"] is not None:
+        meta = W.meta.parse_meta(content[:W.meta.MAX_META_SIZE])
+        lsns = {c: list(v) for c, v in full[0][1]["lsns"]}
+        if len(lsns) <= 64:
+            _take_exact(core, content[meta.size:], meta.size, data, lsns, full[0][1]["last_commit"])
+
+
+def _check_crc(data: bytes) -> None:
+    W = _load()
+    core = W.scancore._built
+    if core is None:
+        return
+    r = Reader(data[1:])
+    start, flags = r.uint(4), r.byte()
+    payload = r.rest()
+    if flags & 1 and payload:  # long enough for the three-lane path (3 x 4096 bytes)
+        payload = (payload * (3 * 4096 // len(payload) + 2))[:3 * 4096 + r.uint(2) % 9000]
+    view = memoryview(payload)[flags >> 1 & 7:]  # any alignment
+    got = core.tarantool_crc32c(view, start)
+    want = W.crc32c.crc32c(bytes(view), start ^ 0xFFFFFFFF) ^ 0xFFFFFFFF
+    if got != want:
+        raise AssertionError(f"tarantool_crc32c({len(view)} bytes, {start:#x}) = {got:#x}, crc32c says {want:#x}")
+
+
+def limestone_fuzzed() -> bool:
+    """Whether walcore.limestone.scan calls the compiled _scan.limestone_scan (seen by a profile hook on a
+    real pwal file) and it works: until then the limestone inputs are fuzzed as Tarantool ones."""
+    W = _load()
+    if W.limestone_on is None:
+        W.limestone_on = False
+        core, files = W.scancore._built, limestone_fixtures()
+        if core is None or not files:
+            return False
+        called = []
+
+        def hook(frame, event, arg):
+            if event == "c_call" and arg is core.limestone_scan:
+                called.append(1)
+        sample = min(files, key=lambda p: (p.stat().st_size < 200, p.stat().st_size))
+        saved = os.environ.pop("WALVAULT_PURE", None)
+        sys.setprofile(hook)
+        try:
+            W.limestone.scan_pwal(sample, 0)
+            W.limestone_on = bool(called)
+        except NotImplementedError:
+            pass
+        finally:
+            sys.setprofile(None)
+            if saved is not None:
+                os.environ["WALVAULT_PURE"] = saved
+    return W.limestone_on
+
+
+def _check_limestone(data: bytes, work: Path) -> None:
+    W = _load()
+    files = limestone_fixtures()
+    r = Reader(data[7:])
+    b = bytearray(files[r.uint(2) % len(files)].read_bytes())
+    c = r.byte() % 5
+    durable = r.uint(8) if c == 3 else r.uint(2) if c == 4 else (0, 1, U64)[c]
+    for _ in range(r.byte() % 6):
+        mutate(r, b)
+    path = work / "pwal_0000"
+    path.write_bytes(b)
+    _agree_dicts(f"scan_pwal(path, {durable})",
+                 [(k, dataclasses.asdict(v) if k == "ok" else v) for k, v in _both(W.limestone.scan_pwal, path,
+                                                                                   durable)])
+
+
+# ------------------------------------------------------------------ hand-made hostile inputs
+
+def hostile_inputs() -> dict[str, bytes]:
+    """Inputs (whole form) that aim at the C walk's bounds checks; kept in tests/data/fuzz."""
+    W = _load()
+    B, xlog, snap = W.block, meta_for(0), meta_for(1)
+
+    def block(rows: bytes, compressed=False) -> bytes:
+        payload = B.compress(rows) if compressed else rows
+        return B.encode_fixheader(compressed, payload) + payload
+
+    def row(lsn, body: bytes = b"\x82\x10\xcd\x02\x00\x21\x91\x01", head: bytes = b"") -> bytes:
+        """A REPLACE of replica 1 (lsn: an int, or its msgpack bytes), extra header entries, a body."""
+        lsn = lsn if isinstance(lsn, bytes) else mp_uint(lsn)
+        return bytes([0x84 + (len(head) > 0)]) + b"\x00\x03\x02\x01\x03" + lsn + \
+            b"\x04\xcb" + struct.pack(">d", 1.7e9) + head + body
+
+    good = block(row(1) + row(2))
+    zipped = B.compress(row(3) + row(4))
+    cut = zipped[:-3]
+    whole = bytes([MODES.index("whole")])
+    return {
+        # len as 0xcf + 8 bytes, then crc32p 0xcf whose 8 bytes run past the 19-byte header
+        "fixheader-cf-past-end": whole + bytes(6) + xlog + B.ROW_MAGIC + b"\xcf" + (5).to_bytes(8, "big")
+        + b"\xcf\x00\x00\x00\x00\x00" + good + B.EOF_MAGIC,
+        # a block whose length claims 2^31 (the largest allowed) and 2^31 + 1, with ranges scanned too
+        "block-len-2g": whole + b"\x00\x17\x00\x7f\xff\xff" + xlog + good + B.ROW_MAGIC + b"\xce\x80\x00\x00\x00"
+        + b"\x00\xce\x00\x00\x00\x00\xa3\x00\x00\x00" + good,
+        "block-len-2g-plus-1": whole + bytes(6) + snap + B.ROW_MAGIC + b"\xcf" + (2**31 + 1).to_bytes(8, "big")
+        + b"\x00\xce\x00\x00\x00\x00" + good,
+        # a row header map32 claiming 2^32 - 1 entries
+        "header-map-2e32": whole + bytes(6) + xlog + good + block(b"\xdf\xff\xff\xff\xff\x00\x02\x03\x03"),
+        # nested arrays 2000 deep in a row body (msgpack's limit is 1024, the C walk's 64)
+        "nested-2000": whole + bytes(6) + xlog + good + block(row(3, b"\x91" * 2000 + b"\xc0")) + B.EOF_MAGIC,
+        "nested-60-maps": whole + bytes(6) + xlog + good + block(row(3, b"\x81\x01" * 60 + b"\xc0")),
+        # ext type -1 (msgpack's Timestamp) in a body: a valid one, and one of a length no timestamp has
+        "ext-minus-1": whole + bytes(6) + xlog + good + block(row(3, b"\xd6\xff\x00\x00\x00\x01") + row(
+            4, b"\xc7\x05\xff\x00\x00\x00\x00\x01")) + B.EOF_MAGIC,
+        "ext-minus-1-header": whole + bytes(6) + snap + block(row(1, head=b"\x05\xd7\xff" + bytes(8))),
+        # a zstd frame cut short, its CRC right
+        "zstd-truncated": whole + b"\x00\x07\x10\x00\xff\xff" + xlog + good + B.encode_fixheader(True, cut) + cut
+        + block(row(5)) + B.EOF_MAGIC,
+        # an lsn of 2^64 - 1 followed by 1 (last + 1 wraps in uint64)
+        "lsn-wrap": whole + bytes(6) + xlog + block(row(U64)) + block(row(1)) + B.EOF_MAGIC,
+        # a bool where an lsn must be, then a block that continues it
+        "lsn-bool": whole + bytes(6) + xlog + block(row(b"\xc3")) + block(row(2)) + block(row(3)) + B.EOF_MAGIC,
+        # found by the fuzzer, minimized: an ext of type -2 (msgpack refuses any negative type but -1) in the body
+        # of a local row (no replica_id: the fast Python walk gives up), and in a row header
+        "negative-ext-body": whole + bytes(6) + xlog + block(b"\x83\x00\x02\x03\x01\x04\xcb" + struct.pack(">d", 1.7e9)
+                                                          + b"\xd4\xfe\x00") + B.EOF_MAGIC,
+        "negative-ext-header": whole + bytes(6) + xlog + good + block(row(3, head=b"\x05\xd4\x80\x00")) + B.EOF_MAGIC,
+        # found by the fuzzer, minimized: a negative lsn in the second row of a snap block
+        "negative-lsn-snap": whole + bytes(6) + snap + block(b"\x82\x00\x02\x03\x01\x80" + b"\x82\x00\x02\x03\xff\x80")
+        + B.EOF_MAGIC,
+        # found by the fuzzer, minimized: a block whose rows end inside a row header (map of 4, three entries),
+        # a block the C walk takes, then one it leaves to the reference (a doubled lsn key), whose fast walk
+        # finishes the half row with it
+        "partial-row": whole + bytes(6) + xlog + block(row(1) + b"\x84\x00\x02\x02\x01\x03\x02\x04")
+        + block(row(2)) + block(row(3, head=b"\x03\x03")) + B.EOF_MAGIC,
+        # a float key that equals the type key (0.0 == 0 in a Python dict)
+        "float-key": whole + bytes(6) + snap + block(b"\x82\x00\x02\xcb" + bytes(8) + b"\x0c") + good,
+    }
+
+
+# ------------------------------------------------------------------ the fuzzing run
+
+SHIM = r"""
+/* Forward libFuzzer's coverage entry points past gcc's libasan (which defines them as no-ops) to atheris's
+   libFuzzer; no-ops until fuzz_shim_attach names the module that holds it (loading it early, as Python would:
+   the import then finds it loaded). Tail calls: libFuzzer reads its caller's address. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+static void nop2(uintptr_t a, uintptr_t b) { (void)a; (void)b; }
+static void nop5(void *a, const void *b, const void *c, size_t d, int e) {}
+static void (*f_8bit)(uintptr_t, uintptr_t) = nop2, (*f_pcs)(uintptr_t, uintptr_t) = nop2;
+static void (*f_cmp8)(uintptr_t, uintptr_t) = nop2, (*f_ccmp8)(uintptr_t, uintptr_t) = nop2;
+static void (*f_memcmp)(void *, const void *, const void *, size_t, int) = nop5;
+int fuzz_shim_attach(const char *path)
+{
+    void *h = dlopen(path, RTLD_NOW);
+    if (!h) return 0;
+    void *a = dlsym(h, "__sanitizer_cov_8bit_counters_init"), *b = dlsym(h, "__sanitizer_cov_pcs_init"),
+         *c = dlsym(h, "__sanitizer_cov_trace_cmp8"), *d = dlsym(h, "__sanitizer_cov_trace_const_cmp8"),
+         *e = dlsym(h, "__sanitizer_weak_hook_memcmp");
+    if (!a || !b || !c || !d || !e) return 0;
+    f_8bit = a, f_pcs = b, f_cmp8 = c, f_ccmp8 = d, f_memcmp = e;
+    return 1;
+}
+void __sanitizer_cov_8bit_counters_init(uintptr_t a, uintptr_t b) { f_8bit(a, b); }
+void __sanitizer_cov_pcs_init(uintptr_t a, uintptr_t b) { f_pcs(a, b); }
+void __sanitizer_cov_trace_cmp8(uintptr_t a, uintptr_t b) { f_cmp8(a, b); }
+void __sanitizer_cov_trace_const_cmp8(uintptr_t a, uintptr_t b) { f_ccmp8(a, b); }
+void __sanitizer_weak_hook_memcmp(void *pc, const void *a, const void *b, size_t n, int r) { f_memcmp(pc, a, b, n, r); }
+"""
+
+
+def ensure_atheris():
+    try:
+        import atheris
+    except ImportError:
+        print(f"atheris (a bench-only dependency: the coverage-guided fuzzer, libFuzzer inside) is not installed; "
+              f"installing it with pip into {sys.prefix}", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "atheris"], check=True)
+        import atheris
+    return atheris
+
+
+def build_sanitized(tmp: Path) -> dict:
+    """The extension built with ASan + UBSan in a copy of walcore/, and the shim; the child's environment."""
+    shutil.copytree(ROOT / "walcore", tmp / "walcore", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copy(ROOT / "setup.py", tmp / "setup.py")
+    env = dict(os.environ, CC="gcc", CFLAGS=CFLAGS, LDFLAGS="-fsanitize=address,undefined")
+    log = tmp / "build.log"
+    with open(log, "w") as out:
+        subprocess.run(["nice", "-n", "10", sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tmp,
+                       env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
+    if not list((tmp / "walcore").glob("_scan*.so")):  # setup.py's extension is optional: a failure is silent
+        sys.exit(f"the sanitizer build failed:\n{log.read_text()[-4000:]}")
+    (tmp / "shim.c").write_text(SHIM)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(tmp / "shim.so"), str(tmp / "shim.c"), "-ldl"],
+                   check=True)
+    asan, stdcxx = (subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+                    for lib in ("libasan.so", "libstdc++.so"))
+    # libstdc++ too: ASan finds the real __cxa_throw only in what is loaded when it starts, and atheris throws
+    # (a Python comparison that raises, under its instrumentation) from C++
+    return dict(os.environ, WALVAULT_FUZZ_BUILD=str(tmp), PYTHONPATH=str(tmp), PYTHONMALLOC="malloc",
+                LD_PRELOAD=f"{tmp / 'shim.so'}:{asan}:{stdcxx}",
+                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:verify_asan_link_order=0",
+                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+
+
+def seed_corpus(corpus: Path) -> None:
+    """Real fixtures (whole, raw and mutate inputs), a few of each other mode, and the regression inputs."""
+    corpus.mkdir(parents=True, exist_ok=True)
+    if any(corpus.iterdir()):
+        return
+    seeds = []
+    for i, path in enumerate(tarantool_fixtures()):
+        data = path.read_bytes()
+        seeds.append(bytes([MODES.index("mutate"), 0, 0]) + bytes(4) + i.to_bytes(2, "big") + b"\x00\x00")
+        if len(data) < MAX_LEN - 7:
+            seeds.append(bytes([MODES.index("whole"), 0, 0]) + bytes(4) + data)
+    for kind in range(len(KINDS)):
+        seeds.append(bytes([MODES.index("struct"), kind, 0]) + bytes(4) + bytes(range(0, 256, 3)))
+        seeds.append(bytes([MODES.index("rows"), kind, 0]) + bytes(4) + b"\x10\x84\x00\x02\x02\x01\x03\x05\x04\x00")
+    seeds += [bytes([MODES.index("crc")]) + bytes(range(64)), bytes([MODES.index("limestone")]) + bytes(20)]
+    seeds += [p.read_bytes() for p in sorted((ROOT / "tests" / "data" / "fuzz").glob("*")) if p.is_file()]
+    for s in seeds:
+        (corpus / hashlib.sha1(s).hexdigest()).write_bytes(s)
+
+
+def child(args) -> None:
+    """In the sanitizer environment: check that it is what it should be, then fuzz."""
+    atheris = ensure_atheris()
+    build = Path(os.environ["WALVAULT_FUZZ_BUILD"])
+    with atheris.instrument_imports(include=["walcore"]):
+        W = _load()
+    so = Path(W.scancore._built.__file__) if W.scancore._built else None
+    maps = Path("/proc/self/maps").read_text()
+    if so is None or build not in so.parents or "libasan" not in maps or "libubsan" not in maps:
+        sys.exit(f"walcore._scan is not the sanitizer build from {build}: {so}")
+    import ctypes
+    core = next(Path(atheris.__file__).parent.glob("core_with_libfuzzer*.so"))  # libFuzzer: the shim's target
+    if not ctypes.CDLL(str(build / "shim.so")).fuzz_shim_attach(str(core).encode()):
+        sys.exit("the coverage shim could not find libFuzzer's entry points in atheris")
+    print(f"fuzzing {so} (ASan + UBSan); limestone inputs: "
+          f"{'scan_pwal on both cores' if limestone_fuzzed() else 'not fuzzed (limestone_scan not in use yet)'}"
+          f"\n(atheris's warning that coverage symbols come from shim.so is expected: the shim hands them on to it)",
+          flush=True)
+    args.crashes.mkdir(parents=True, exist_ok=True)
+    atheris.Setup([sys.argv[0], str(args.corpus), f"-max_total_time={args.seconds}", f"-seed={args.seed}",
+                   f"-artifact_prefix={args.crashes}/", f"-max_len={MAX_LEN}", "-timeout=60",
+                   "-rss_limit_mb=4096", "-print_final_stats=1"], check_input)
+    atheris.Fuzz()
+
+
+def parent(args) -> int:
+    ensure_atheris()
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="walvault-fuzz-build-"))
+    try:
+        env = build_sanitized(tmp)
+        seed_corpus(args.corpus)
+        args.crashes.mkdir(parents=True, exist_ok=True)
+        before = set(args.crashes.iterdir())
+        log = OUT / "fuzz.log"
+        runs, fuzz_seconds, rounds = 0, 0.0, 0
+        print(f"sanitizer build in {time.monotonic() - started:.0f} s; log: {log}", flush=True)
+        with open(log, "a") as logf:
+            while (left := int(args.seconds - (time.monotonic() - started))) >= 10 and rounds < 5:
+                rounds += 1
+                t0, seen = time.monotonic(), set(args.crashes.iterdir())
+                proc = subprocess.Popen(["nice", "-n", "10", sys.executable, __file__, "--child", "--seconds",
+                                         str(left), "--seed", str(args.seed + rounds - 1), "--corpus",
+                                         str(args.corpus), "--crashes", str(args.crashes)],
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        errors="replace")
+                n = 0
+                for line in proc.stdout:
+                    logf.write(line)
+                    if m := re.match(r"stat::number_of_executed_units: (\d+)", line):
+                        n = int(m.group(1))
+                    # the fuzzer's progress lines go to the log; the rest (findings, stats) to the screen too
+                    if not re.match(r'#\d+\s+(NEW|REDUCE|pulse)|INFO: Instrumenting|"|###### ', line):
+                        print(line, end="", flush=True)
+                proc.wait()
+                shutil.rmtree(f"/dev/shm/walvault-fuzz-{proc.pid}", ignore_errors=True)
+                runs += n
+                fuzz_seconds += time.monotonic() - t0
+                if proc.returncode == 0:
+                    break
+                if not set(args.crashes.iterdir()) - seen:
+                    sys.exit(f"the fuzzer failed (exit {proc.returncode}) without a crash input: see {log}")
+                print(f"--- the fuzzer stopped (exit {proc.returncode}): restarting on the time left", flush=True)
+        found = sorted(set(args.crashes.iterdir()) - before)
+        print(f"\nexecutions: {runs}  fuzzing time: {fuzz_seconds:.0f} s  ({runs / max(fuzz_seconds, 1):.0f} exec/s)"
+              f"  wall time: {time.monotonic() - started:.0f} s  crashes found: {len(found)}")
+        for p in found:
+            print(f"  {p}   (replay: {sys.executable} {__file__} --replay {p})")
+        return 1 if found else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replay(paths, whole: bool) -> int:
+    bad = 0
+    for p in paths:
+        data = Path(p).read_bytes()
+        if whole:
+            Path(p).with_name(Path(p).name + ".whole").write_bytes(to_whole(data))
+        try:
+            check_input(data)
+            print(f"ok    {p}")
+        except AssertionError as e:
+            bad += 1
+            print(f"FAIL  {p}\n{e}")
+    shutil.rmtree(_workdir(None), ignore_errors=True)
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=int, default=300, help="total time budget, the build included")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--corpus", type=Path, default=OUT / "corpus")
+    ap.add_argument("--crashes", type=Path, default=OUT / "crashes")
+    ap.add_argument("--replay", nargs="+", metavar="FILE", help="check these inputs with the normal build")
+    ap.add_argument("--whole", action="store_true", help="with --replay: also write each input as FILE.whole")
+    ap.add_argument("--write-hostile", type=Path, metavar="DIR", help="write the hand-made hostile inputs")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.corpus, args.crashes = args.corpus.resolve(), args.crashes.resolve()
+    if args.replay:
+        return replay(args.replay, args.whole)
+    if args.write_hostile:
+        args.write_hostile.mkdir(parents=True, exist_ok=True)
+        for name, data in hostile_inputs().items():
+            (args.write_hostile / name).write_bytes(data)
+        return 0
+    if args.child:
+        child(args)
+        return 0
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
