@@ -26,7 +26,7 @@ from walcore.limestone import scan
 from walcore.limestone.pwal import ADD_STORAGE, CANCELED_HEADER, PUT, PUT_BLOB, REMOVE, SNIPPET_HEADER
 from walcore.limestone.writer import put, remove, snippet_end, snippet_header, storage_op
 
-CHUNKS = (25, 26, 64, 333, 4096, 1 << 20)  # 25: the longest fixed part of an entry (a storage op)
+CHUNKS = (25, 26, 64, 333, 4096, 256 << 10, 1 << 20)  # 25: the longest fixed part of an entry (a storage op)
 U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
 
@@ -129,7 +129,7 @@ def test_generated_directories(monkeypatch, tmp_path):
         write_workload(w, root)
         durable_epoch = durable_epoch_of(root)
         for path in sorted(root.glob("pwal_*")):
-            for chunk in (25, 4096, 1 << 20):
+            for chunk in (25, 4096, scan._COMPILED_CHUNK):
                 monkeypatch.setattr(scan, "_COMPILED_CHUNK", chunk)
                 both_cores(monkeypatch, path, durable_epoch, f"seed {seed} {tags}, chunk {chunk}")
 

@@ -233,7 +233,7 @@ PyObject *limestone_scan(PyObject *module, PyObject *args)
     if (w.durable_epoch == (uint64_t)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             goto done;
-        PyErr_Clear(); /* negative or past 64 bits: no header compares with it as in Python; the exact walk */
+        PyErr_Clear(); /* negative or past 64 bits: the exact walk compares epochs with it as Python does */
         result = Py_NewRef(Py_None);
         goto done;
     }

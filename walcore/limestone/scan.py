@@ -34,7 +34,9 @@ DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR
                        ADD_STORAGE: "add_storage", REMOVE_STORAGE: "remove_storage"}
 _NO_EPOCH = (1 << 64) - 1
 _CHUNK = 256 << 10
-_COMPILED_CHUNK = 1 << 20  # the compiled walk's buffer: large enough that a call's overhead is lost in it
+# The compiled walk's buffer: a call's overhead is lost in it, it stays in the CPU's cache, and a value longer
+# than what is left of it is skipped unread (on an OLTP-like mix 256 KiB beat 1 MiB by 7 %, 4 MiB by 17 %).
+_COMPILED_CHUNK = 256 << 10
 _FIELDS = struct.Struct("<II")
 # More missing blobs than a report lists (FindingList.limit) need not be remembered.
 MISSING_BLOBS = FindingList.limit + 1
@@ -244,7 +246,7 @@ def _scan_compiled(core, path, durable_epoch: int) -> PwalScan | None:
         counts = [0] * 11
         entries = durable = canceled = 0
         lo = hi = None
-        buf = bytearray(_COMPILED_CHUNK)  # one buffer, read into again and again: bounded memory at any size
+        buf = bytearray(_COMPILED_CHUNK)  # one buffer read into again and again: bounded memory at any size
         view = memoryview(buf)
         at, state = 0, None
         while at < size:
@@ -252,11 +254,10 @@ def _scan_compiled(core, path, durable_epoch: int) -> PwalScan | None:
             walked = core.limestone_scan(fd, view[:n], at, size, durable_epoch, state)
             if walked is None:
                 return None
-            at, state, walked_entries, walked_counts, (walked_durable, walked_canceled), epochs, nondurable, \
-                blob_puts = walked
+            at, state, walked_entries, walked_counts, snippets, epochs, nondurable, blob_puts = walked
             entries += walked_entries
-            durable += walked_durable
-            canceled += walked_canceled
+            durable += snippets[0]
+            canceled += snippets[1]
             counts = [a + b for a, b in zip(counts, walked_counts)]
             if epochs is not None:
                 lo = epochs[0] if lo is None else min(lo, epochs[0])
