@@ -44,22 +44,13 @@ struct walk {
     PyObject *nondurable, *blob_puts; /* lists, owned by limestone_scan */
 };
 
-static uint32_t le32(const unsigned char *p)
+/* The unsigned little-endian integer of the n (4 or 8) bytes at p, which need not be aligned. */
+static uint64_t load_le(const unsigned char *p, size_t n)
 {
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
+    uint64_t v = 0;
+    memcpy(&v, p, n);
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static uint64_t le64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
+    v = __builtin_bswap64(v) >> (64 - 8 * n);
 #endif
     return v;
 }
@@ -97,7 +88,7 @@ static int append(PyObject *list, const char *format, ...)
 static int blob_count(struct walk *w, uint64_t at, uint32_t *count)
 {
     if (at + 4 <= w->base + w->len) {
-        *count = le32(w->data + (at - w->base));
+        *count = (uint32_t)load_le(w->data + (at - w->base), 4);
         return 1;
     }
     unsigned char bytes[4];
@@ -117,7 +108,7 @@ static int blob_count(struct walk *w, uint64_t at, uint32_t *count)
             return 0;
         got += (size_t)n;
     }
-    *count = le32(bytes);
+    *count = (uint32_t)load_le(bytes, 4);
     return 1;
 }
 
@@ -139,7 +130,7 @@ static enum step walk_buffer(struct walk *w)
         if (kind == SNIPPET_HEADER || kind == CANCELED_HEADER) {
             if ((w->state & START) == VALID && (w->state & MARKERS))
                 return GIVE_UP; /* a durable snippet left unclosed in a file whose snippets have end markers */
-            uint64_t epoch = le64(e + 1);
+            uint64_t epoch = load_le(e + 1, 8);
             if (!w->have_epochs) {
                 w->lo = w->hi = epoch;
                 w->have_epochs = 1;
@@ -170,9 +161,9 @@ static enum step walk_buffer(struct walk *w)
             if (w->state & FIRST)
                 return GIVE_UP; /* a data entry where a snippet header must come */
             if (kind == PUT || kind == PUT_BLOB)
-                end = w->at + 33 + (uint64_t)le32(e + 1) + le32(e + 5); /* + key, write version, value */
+                end = w->at + 33 + load_le(e + 1, 4) + load_le(e + 5, 4); /* + key, write version, value */
             else if (kind == REMOVE)
-                end = w->at + 29 + (uint64_t)le32(e + 1); /* + storage id, key, write version */
+                end = w->at + 29 + load_le(e + 1, 4); /* + storage id, key, write version */
             else
                 end = w->at + 25;
             uint64_t ids_at = 0;
