@@ -195,6 +195,68 @@ static enum step walk_buffer(struct walk *w)
     return MORE;
 }
 
+/* limestone_scan's tuple for a walk that went well; NULL with an exception set. */
+static PyObject *walk_result(const struct walk *w)
+{
+    PyObject *counts = PyTuple_New(TYPES);
+    if (counts == NULL)
+        return NULL;
+    for (Py_ssize_t t = 0; t < TYPES; t++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(w->counts[t]);
+        if (n == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(counts, t, n);
+    }
+    PyObject *epochs = w->have_epochs ? Py_BuildValue("(KK)", (unsigned long long)w->lo, (unsigned long long)w->hi)
+                                      : Py_NewRef(Py_None);
+    if (epochs == NULL) {
+        Py_DECREF(counts);
+        return NULL;
+    }
+    /* N: the tuple takes over counts and epochs (and releases them if it cannot be built) */
+    return Py_BuildValue("(KlKN(KK)NOO)", (unsigned long long)w->at, w->state, (unsigned long long)w->entries,
+                         counts, (unsigned long long)w->durable, (unsigned long long)w->canceled, epochs,
+                         w->nondurable, w->blob_puts);
+}
+
+/* limestone_scan once its buffer and lists are in w: checks the other arguments, walks, and says what it found. */
+static PyObject *run_walk(struct walk *w, long long base, long long size, PyObject *durable_epoch, PyObject *state)
+{
+    if (base < 0 || size < base) {
+        PyErr_SetString(PyExc_ValueError, "limestone_scan: need 0 <= base <= size");
+        return NULL;
+    }
+    w->base = w->at = (uint64_t)base;
+    w->size = (uint64_t)size;
+    w->state = START;
+    if (state != Py_None) {
+        w->state = PyLong_AsLong(state);
+        if (w->state == -1 && PyErr_Occurred())
+            return NULL;
+        if (w->state & ~(long)(VALID | FIRST | MARKERS)) {
+            PyErr_SetString(PyExc_ValueError, "limestone_scan: not a state it returned");
+            return NULL;
+        }
+    }
+    w->durable_epoch = PyLong_AsUnsignedLongLong(durable_epoch);
+    if (w->durable_epoch == (uint64_t)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear(); /* negative or past 64 bits: the exact walk compares epochs with it as Python does */
+        Py_RETURN_NONE;
+    }
+    enum step step = walk_buffer(w);
+    if (step == FAILED)
+        return NULL;
+    if (step == GIVE_UP || (w->at == w->base && w->at < w->size)) {
+        /* or no progress: the buffer is shorter than an entry's fixed part (a short read) */
+        Py_RETURN_NONE;
+    }
+    return walk_result(w);
+}
+
 PyObject *limestone_scan(PyObject *module, PyObject *args)
 {
     int fd;
@@ -203,63 +265,9 @@ PyObject *limestone_scan(PyObject *module, PyObject *args)
     PyObject *durable_epoch, *state;
     if (!PyArg_ParseTuple(args, "iy*LLO!O", &fd, &view, &base, &size, &PyLong_Type, &durable_epoch, &state))
         return NULL;
-    PyObject *result = NULL;
-    struct walk w = {.fd = fd, .data = view.buf, .len = (uint64_t)view.len, .state = START};
-    if (base < 0 || size < base) {
-        PyErr_SetString(PyExc_ValueError, "limestone_scan: need 0 <= base <= size");
-        goto done;
-    }
-    w.base = w.at = (uint64_t)base;
-    w.size = (uint64_t)size;
-    if (state != Py_None) {
-        w.state = PyLong_AsLong(state);
-        if (w.state == -1 && PyErr_Occurred())
-            goto done;
-        if (w.state & ~(long)(VALID | FIRST | MARKERS)) {
-            PyErr_SetString(PyExc_ValueError, "limestone_scan: not a state it returned");
-            goto done;
-        }
-    }
-    w.durable_epoch = PyLong_AsUnsignedLongLong(durable_epoch);
-    if (w.durable_epoch == (uint64_t)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            goto done;
-        PyErr_Clear(); /* negative or past 64 bits: the exact walk compares epochs with it as Python does */
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    if (!(w.nondurable = PyList_New(0)) || !(w.blob_puts = PyList_New(0)))
-        goto done;
-    enum step step = walk_buffer(&w);
-    if (step == FAILED)
-        goto done;
-    if (step == GIVE_UP || (w.at == w.base && w.at < w.size)) {
-        /* no progress: the buffer is shorter than an entry's fixed part (a short read) */
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    PyObject *counts = PyTuple_New(TYPES);
-    if (counts == NULL)
-        goto done;
-    for (Py_ssize_t t = 0; t < TYPES; t++) {
-        PyObject *n = PyLong_FromUnsignedLongLong(w.counts[t]);
-        if (n == NULL) {
-            Py_DECREF(counts);
-            goto done;
-        }
-        PyTuple_SET_ITEM(counts, t, n);
-    }
-    PyObject *epochs = w.have_epochs ? Py_BuildValue("(KK)", (unsigned long long)w.lo, (unsigned long long)w.hi)
-                                     : Py_NewRef(Py_None);
-    if (epochs == NULL) {
-        Py_DECREF(counts);
-        goto done;
-    }
-    /* N: the tuple takes over counts and epochs (and releases them if it cannot be built) */
-    result = Py_BuildValue("(KlKN(KK)NOO)", (unsigned long long)w.at, w.state, (unsigned long long)w.entries,
-                           counts, (unsigned long long)w.durable, (unsigned long long)w.canceled, epochs,
-                           w.nondurable, w.blob_puts);
-done:
+    struct walk w = {.fd = fd, .data = view.buf, .len = (uint64_t)view.len, .nondurable = PyList_New(0),
+                     .blob_puts = PyList_New(0)};
+    PyObject *result = w.nondurable && w.blob_puts ? run_walk(&w, base, size, durable_epoch, state) : NULL;
     Py_XDECREF(w.nondurable);
     Py_XDECREF(w.blob_puts);
     PyBuffer_Release(&view);
