@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 enum { PUT = 1, SNIPPET_HEADER = 2, SNIPPET_END = 3, REMOVE = 5, CANCELED_HEADER = 6, CLEAR_STORAGE = 7,
-       REMOVE_STORAGE = 9, PUT_BLOB = 10, TYPES = 11 };
+       ADD_STORAGE = 8, REMOVE_STORAGE = 9, PUT_BLOB = 10, TYPES = 11 };
 
 /* The walk's state between calls: in a durable snippet (_scan_fast's `valid`), where a snippet header must
  * come (`first`), end markers seen in this file (`markers_seen`). */
@@ -64,7 +64,7 @@ static uint64_t fixed_size(unsigned kind)
     case REMOVE: return 5;              /* type, key_len */
     case SNIPPET_HEADER: case CANCELED_HEADER: return 9;
     case SNIPPET_END: return 10;
-    case CLEAR_STORAGE: case CLEAR_STORAGE + 1: case REMOVE_STORAGE: return 25;
+    case CLEAR_STORAGE: case ADD_STORAGE: case REMOVE_STORAGE: return 25; /* type, storage_id, write version */
     default: return 0; /* unknown, or a durable-epoch record (4) */
     }
 }
