@@ -116,7 +116,7 @@ def taskset_core0() -> list[str]:
 
 
 def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[dict | None], dict],
-                sampler: Callable[[int], Any] | None = None, runs: int = RUNS) -> dict:
+                sampler: Callable[[int], Any] | None = None, runs: int = RUNS, env: dict | None = None) -> dict:
     """`walvault verify --json` as a subprocess, `runs` times: wall time (process start included) and peak RSS.
 
     /usr/bin/time's %M, like ru_maxrss of RUSAGE_CHILDREN, is the largest single process
@@ -125,7 +125,8 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
     parse(report) gives the fields read from the first usable JSON report (they follow "runs" in the
     result); parse(None) the same fields when no run printed one. With a sampler, one more run follows
     the timed ones, untimed: sampler(pid) is called once it has started and returns None or an object
-    whose finish() is called when it has ended; what finish() returns is listed under "sampled".
+    whose finish() is called when it has ended; what finish() returns is listed under "sampled". env: the
+    processes' environment (default: this one's).
     """
     prefix = taskset_core0() if pin else []
     times, rss, rcs, fields, sampled = [], [], [], None, []
@@ -143,7 +144,7 @@ def time_verify(data_dir: Path, jobs: int | None, pin: bool, parse: Callable[[di
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             with open(out_file, "wb") as out, tempfile.TemporaryFile() as err:
                 t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
                 watch = None if timed else sampler(proc.pid)
                 proc.wait()
                 if timed:

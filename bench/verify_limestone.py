@@ -11,6 +11,11 @@ walcore.limestone.writer.LogDir, warms the page cache, then times side by side:
   c. `walvault verify --jobs 1` (pinned to core 0 when taskset exists)
   d. `walvault verify` with the default jobs (one per core)
   e. for information: walcore.limestone.scan.scan_pwal over every file, in this process (no process start)
+  f. for comparison: (c) on the pure-Python scan core (WALVAULT_PURE=1); (c), (d) and (e) run on the
+     compiled core walcore._scan when it is built (the first line printed says which)
+
+The scan core's targets are printed on labelled lines (and under "targets" in the JSON): (c) within 2x of
+(a), the read floor; (d) at least 1.8x as fast as (c).
 
 The in-process readers (a, b, e) run pinned to core 0 too, so that every one-core figure is
 comparable. Each reader runs RUNS times; the table shows the best run (min time) and the median.
@@ -37,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 
+from walcore import scancore
 from walcore.limestone.epoch import EPOCH_NAME
 from walcore.limestone.manifest import MANIFEST_NAME
 from walcore.limestone.pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE, DURABLE_EPOCH, PUT, PUT_BLOB,
@@ -330,13 +336,13 @@ def verify_entries(report: dict | None) -> dict:
                                         "durable_entries", "snippets")} for d in report["dirs"]]}
 
 
-def time_verify(data_dir: Path, jobs: int | None, pin: bool) -> dict:
+def time_verify(data_dir: Path, jobs: int | None, pin: bool, env: dict | None = None) -> dict:
     """(c)/(d) `walvault verify --json` as a subprocess: wall time (process start included) and peak RSS.
 
     RUNS timed runs, then one more that samples the tree's RSS: the sampler polls /proc and would
     take CPU from the workers of a timed run on a 2-core machine.
     """
-    r = common.time_verify(data_dir, jobs, pin, verify_entries, sampler=sample_tree_rss)
+    r = common.time_verify(data_dir, jobs, pin, verify_entries, sampler=sample_tree_rss, env=env)
     tree = r.pop("sampled")
     known_tree = [t for t in tree if t is not None]
     return {**r, "jobs": jobs, "tree_rss_kib": max(known_tree) if known_tree else None, "tree_rss_runs_kib": tree}
@@ -388,19 +394,23 @@ def main() -> int:
           f"{gen['storage_ops']:,} storage ops, {gen['sessions']:,} sessions in {gen['epochs']:,} epochs; "
           f"average put value {gen['value_bytes'] / max(gen['put'], 1):,.0f} B)")
     print(common.cores_and_load(load_before))
+    print(f"scan core: {scancore.describe()}")
 
     read_all(paths)  # warm the page cache: every reader below reads from memory
 
     with pinned() as pin:
         pinned_inprocess = pin.saved is not None
         core = " (core 0)" if pinned_inprocess else ""
-        measured = {f"read limit, 4 MiB chunks{core}": time_inprocess(read_all, paths)}
+        read = time_inprocess(read_all, paths)
+        measured = {f"read limit, 4 MiB chunks{core}": read}
         measured[f"bare Python header walk{core}"] = bare = time_inprocess(bare_loop, paths)
         measured[f"scan_pwal in-process{core}"] = scan = time_inprocess(scan_all, paths, durable_epoch)
     verify_1 = time_verify(log, jobs=1, pin=True)
     measured[f"walvault verify --jobs 1{' (core 0)' if verify_1['pinned'] else ''}"] = verify_1
     verify_n = time_verify(log, jobs=None, pin=False)
     measured[f"walvault verify (default jobs: {os.cpu_count()})"] = verify_n
+    verify_pure = time_verify(log, jobs=1, pin=True, env={**os.environ, "WALVAULT_PURE": "1"})
+    measured[f"walvault verify --jobs 1, WALVAULT_PURE=1{' (core 0)' if verify_pure['pinned'] else ''}"] = verify_pure
     with tempfile.TemporaryDirectory(prefix="walvault-bench-") as tmp:
         start = time_start(Path(tmp))
 
@@ -414,7 +424,7 @@ def main() -> int:
     if scan["not_ok"]:
         wrong.append("scan_pwal")
         print(f"!! scan_pwal found the generated files not ok: {', '.join(scan['not_ok'])}")
-    for r in (verify_1, verify_n):
+    for r in (verify_1, verify_n, verify_pure):
         if any(r["exit_codes"]) or not r["dirs"]:
             wrong.append("walvault verify")
         for d in r["dirs"] or []:
@@ -439,6 +449,17 @@ def main() -> int:
     print(f"issue targets (information only): verify --jobs 1 = {bare_s / r1:.2f}x bare (target >= 0.8); "
           f"verify default jobs = {bare_s / rn:.2f}x bare (target >= 1.6); "
           f"peak RSS {rss_max / 1024:.0f} MiB (target < 200 MB)")
+    read_s, pure_s = min(read["runs"]), min(verify_pure["runs"])
+    targets = {"scan_core": scancore.describe(), "read_floor_s": read_s, "verify_jobs_1_s": r1,
+               "verify_default_jobs_s": rn, "verify_jobs_1_pure_s": pure_s, "process_start_s": start["best_s"],
+               "jobs_1_over_read_floor": r1 / read_s, "default_jobs_speedup": r1 / rn,
+               "pure_over_compiled": pure_s / r1}
+    print(f"scan core target: verify --jobs 1 / read floor = {r1:.2f} s / {read_s:.2f} s = "
+          f"{targets['jobs_1_over_read_floor']:.2f} (target <= 2; process start included)")
+    print(f"scan core target: verify default jobs speedup = {r1:.2f} s / {rn:.2f} s = "
+          f"{targets['default_jobs_speedup']:.2f}x --jobs 1 (target >= 1.8)")
+    print(f"pure-Python core: verify --jobs 1 with WALVAULT_PURE=1 = {pure_s:.2f} s "
+          f"({targets['pure_over_compiled']:.2f}x the compiled core's time)")
     elapsed = time.perf_counter() - t_start
     print(common.load_line(load_before, load_after, elapsed))
 
@@ -455,7 +476,7 @@ def main() -> int:
         "avg_entry_bytes": nbytes / gen["entries"], "runs_per_reader": RUNS, "cores": os.cpu_count(),
         "inprocess_pinned_core0": pinned_inprocess, "load_avg_before": load_before, "load_avg_after": load_after,
         "python": platform.python_version(), "process_start": start, "elapsed_s": elapsed,
-        "ratio_to_bare": {r["reader"]: bare_s / r["best_s"] for r in results}, "results": results,
+        "ratio_to_bare": {r["reader"]: bare_s / r["best_s"] for r in results}, "targets": targets, "results": results,
         "profile": profile,
     })
 

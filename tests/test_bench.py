@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tarantool
+from walcore import scancore
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -56,7 +57,10 @@ def test_limestone_bench_readers_agree(tmp_path):
             assert r["entries"] == gen["entries"], r["reader"]
         for d in r.get("dirs") or []:
             assert d["status"] == "ok" and d["count_durable_wal_entries"] == gen["put"] + gen["remove"]
-    assert sum(1 for r in report["results"] if r["reader"].startswith("walvault verify")) == 2
+    assert sum(1 for r in report["results"] if r["reader"].startswith("walvault verify")) == 3  # one pure
+    targets = report["targets"]
+    assert targets["scan_core"] == scancore.describe()
+    assert targets["jobs_1_over_read_floor"] > 0 and targets["default_jobs_speedup"] > 0
 
 
 def test_backup_bench_backs_up_and_restores(tmp_path):

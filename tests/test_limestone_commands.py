@@ -26,7 +26,7 @@ README = FIXTURES / "README.md"
 MANIFEST = "limestone-manifest.json"
 MS14 = r"\d{14}"
 
-pytestmark = require_limestone
+pytestmark = [require_limestone, pytest.mark.usefixtures("scan_core")]  # each test on both scan cores
 
 
 # --------------------------------------------------------------------------- helpers

@@ -34,6 +34,8 @@ from walcore.limestone.pwal import REMOVE_STORAGE as T_REMOVE_STORAGE
 from walcore.limestone.state import build_state, format_tsv
 from walcore.limestone.writer import LogDir
 
+pytestmark = pytest.mark.usefixtures("scan_core")  # each test on both scan cores (compact scans its files)
+
 # The README workload's final state (fixture 01-clean and its relatives).
 FINAL = [(100, b"k1", b"v1-updated"), (200, b"a", b"alpha-3"), (200, b"b", b"beta"),
          (200, b"blobkey", b"row-with-blob"), (200, b"c", b"gamma")]

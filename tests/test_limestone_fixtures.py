@@ -25,7 +25,7 @@ from limestone_bytes import walk
 README = FIXTURES / "README.md"
 MANIFEST = "limestone-manifest.json"
 
-pytestmark = require_limestone
+pytestmark = [require_limestone, pytest.mark.usefixtures("scan_core")]  # each test on both scan cores
 
 STATUS = {"OK": "ok", "auto-repairable": "repairable", "unrepairable": "unrepairable"}
 DIR_KEYS = {"path", "family", "format_version", "persistent_format_version", "live", "status", "durable_epoch",

@@ -46,6 +46,8 @@ from walcore.command.state import StateRefused, directory_state
 from walcore.command.verify import verify_paths
 
 
+pytestmark = pytest.mark.usefixtures("scan_core")  # each test on both scan cores
+
 N_SEEDS = 300
 LEVEL = {OK: 0, REPAIRABLE: 1, UNREPAIRABLE: 2}
 

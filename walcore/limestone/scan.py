@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import scancore
 from ..findings import FindingList
 from .layout import blob_path
 from .pwal import (ADD_STORAGE, CANCELED_HEADER, CLEAR_STORAGE, DURABLE_EPOCH, ENTRY_NAMES, PUT, PUT_BLOB, REMOVE,
@@ -33,6 +34,9 @@ DURABLE_COUNT_NAMES = {PUT: "put", REMOVE: "remove", PUT_BLOB: "put_blob", CLEAR
                        ADD_STORAGE: "add_storage", REMOVE_STORAGE: "remove_storage"}
 _NO_EPOCH = (1 << 64) - 1
 _CHUNK = 256 << 10
+# The compiled walk's buffer: a call's overhead is lost in it, it stays in the CPU's cache, and a value longer
+# than what is left of it is skipped unread (on an OLTP-like mix 256 KiB beat 1 MiB by 7 %, 4 MiB by 17 %).
+_COMPILED_CHUNK = 256 << 10
 _FIELDS = struct.Struct("<II")
 # More missing blobs than a report lists (FindingList.limit) need not be remembered.
 MISSING_BLOBS = FindingList.limit + 1
@@ -126,6 +130,9 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
     """The walk of a well-formed file, without building an entry object: headers parsed from a large
     buffer, values skipped. None at anything the exact walk must judge (a short or unknown entry, an
     entry where a header must come, a durable-epoch record)."""
+    core = scancore.compiled()
+    if core is not None:
+        return _scan_compiled(core, path, durable_epoch)
     ld = durable_epoch
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
@@ -225,6 +232,45 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
     if valid and not first and markers_seen:
         return None  # the last durable snippet has no end marker
     counts[PUT], counts[REMOVE] = puts, removes
+    return _fast_result(scan, entries, counts, durable, canceled, lo, hi)
+
+
+def _scan_compiled(core, path, durable_epoch: int) -> PwalScan | None:
+    """_scan_fast's walk by the compiled core (walcore._scan.limestone_scan), over the file read in chunks into
+    one buffer; the blob ids of durable put_blob entries are checked here, as _scan_fast does."""
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        scan = PwalScan(str(path), size)
+        blobs = _BlobCheck(path, scan.missing_blobs)
+        counts = [0] * 11
+        entries = durable = canceled = 0
+        lo = hi = None
+        buf = bytearray(_COMPILED_CHUNK)  # one buffer read into again and again: bounded memory at any size
+        view = memoryview(buf)
+        at, state = 0, None
+        while at < size:
+            n = os.preadv(fd, [buf], at)
+            walked = core.limestone_scan(fd, view[:n], at, size, durable_epoch, state)
+            if walked is None:
+                return None
+            at, state, walked_entries, walked_counts, snippets, epochs, nondurable, blob_puts = walked
+            entries += walked_entries
+            durable += snippets[0]
+            canceled += snippets[1]
+            counts = [a + b for a, b in zip(counts, walked_counts)]
+            if epochs is not None:
+                lo = epochs[0] if lo is None else min(lo, epochs[0])
+                hi = epochs[1] if hi is None else max(hi, epochs[1])
+            for offset, epoch in nondurable:
+                _nondurable(scan, offset, epoch, durable_epoch)
+            for offset, ids_at, count in blob_puts:
+                blobs.check(read_blob_ids(fd, ids_at, count), offset)
+    return _fast_result(scan, entries, counts, durable, canceled, lo, hi)
+
+
+def _fast_result(scan: PwalScan, entries: int, counts: list[int], durable: int, canceled: int, lo, hi) -> PwalScan:
+    """`scan` filled with what a fast walk counted (counts: durable entries per type)."""
     scan.entries = entries
     scan.snippets["durable"] += durable
     scan.snippets["canceled"] += canceled
