@@ -6,6 +6,8 @@ import subprocess
 import sys
 from array import array
 
+import pytest
+
 from walcore.limestone import writer
 from walcore.limestone.pwal import PUT_BLOB
 from walcore.limestone.scan import MISSING_BLOBS
@@ -26,6 +28,7 @@ def traced(imports: str, code: str) -> tuple[int, object]:
     return peak, result
 
 
+@pytest.mark.usefixtures("scan_core")
 def test_memory_does_not_grow_with_file_size(tmp_path):
     """Scanning holds one block at a time: the peak is far below the file size and does not grow when
     the file is four times larger."""
@@ -43,6 +46,7 @@ result = [scan.span.eof, len(scan.findings)]""")
     assert peaks["large"] < 1.5 * peaks["small"] + (1 << 20)
 
 
+@pytest.mark.usefixtures("scan_core")
 def test_memory_does_not_grow_with_a_huge_blob_count(tmp_path):
     """A put_blob entry whose id count (damaged, or just huge) still fits in the file refers to millions of
     blobs: they are read in chunks and only the missing ones a report can list are kept."""
