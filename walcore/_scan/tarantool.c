@@ -537,7 +537,8 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
             break;
         }
         RowSummary s;
-        int ok = compressed ? walk_compressed(self, payload, length, &s) : walk_rows(payload, (size_t)length, self->xlog, &s);
+        int ok = compressed ? walk_compressed(self, payload, length, &s)
+                            : walk_rows(payload, (size_t)length, self->xlog, &s);
         if (ok < 0) {
             PyBuffer_Release(&view);
             return NULL;
