@@ -227,7 +227,8 @@ def test_json_has_the_contract_keys():
     proc = run_cli("inspect", "--json", TARANTOOL_FIXTURES)
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
-    assert set(data) == {"files", "chains", "dirs"} and data["dirs"] == []
+    assert set(data) == {"files", "chains", "dirs", "scan_core"} and data["dirs"] == []
+    assert data["scan_core"] == "compiled (walcore._scan)"
     expected = {json.loads(line)["file"]: json.loads(line)
                 for line in (TARANTOOL_FIXTURES / "expected-xlog-pairs-summary.jsonl").read_text().splitlines()}
     seen = {}

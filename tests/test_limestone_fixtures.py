@@ -128,10 +128,11 @@ def test_text_output_exit_codes(command):
 
 
 @pytest.mark.parametrize("name", sorted(TABLE))
-def test_json_contract(name, tmp_path):
+def test_json_contract(name, tmp_path, scan_core):
     work = copy_fixture(name, tmp_path)
     _, report = verify_json(work, "--jobs", "2", command="inspect")
-    assert set(report) == {"files", "chains", "dirs"}
+    assert set(report) == {"files", "chains", "dirs", "scan_core"}
+    assert report["scan_core"].startswith(scan_core)
     assert report["chains"] == []
     (d,) = report["dirs"]
     assert set(d) == DIR_KEYS

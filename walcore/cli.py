@@ -291,16 +291,17 @@ def _verify(args) -> int:
                                                    for q in (p, os.path.realpath(p)))]:
         print(f"walvault: cannot check: no WAL files to check under {', '.join(map(str, empty))}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    # inspect says which scan core ran (the pure-Python one is much slower: a user should know).
     from .scancore import describe
 
     if args.json:
-        _print_json(report.to_json() | {"scan_core": describe()})
+        _print_json(report.to_json() | ({"scan_core": describe()} if args.command == "inspect" else {}))
     else:
         from .text import render
 
-        sys.stdout.write(render(report, detailed=args.command == "inspect", base=_common_base(args.paths)))
         if args.command == "inspect":
             print(f"scan core: {describe()}")
+        sys.stdout.write(render(report, detailed=args.command == "inspect", base=_common_base(args.paths)))
     if repo is not None:
         from .command.verify_report import write_source_report
 

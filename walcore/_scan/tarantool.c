@@ -388,14 +388,16 @@ static int merge(BlockScanner *self, const RowSummary *s)
 }
 
 /* The rows of a zstd block, through block.decompress; -1 on a Python error it does not own, 0 when the
- * reference must decide (a BlockError: the frame is damaged), 1 with the summary. */
-static int walk_compressed(BlockScanner *self, const unsigned char *payload, uint64_t length, RowSummary *s)
+ * reference must decide (a BlockError: the frame is damaged), 1 with the summary. `whole` is a memoryview of
+ * the buffer take() walks; the payload goes out as a slice of it, which holds the buffer as long as anyone
+ * keeps it (a view of raw memory would outlive the buffer in a callback that kept it). */
+static int walk_compressed(BlockScanner *self, PyObject *whole, Py_ssize_t start, Py_ssize_t length, RowSummary *s)
 {
-    PyObject *view = PyMemoryView_FromMemory((char *)payload, (Py_ssize_t)length, PyBUF_READ);
-    if (view == NULL)
+    PyObject *payload = PySequence_GetSlice(whole, start, start + length);
+    if (payload == NULL)
         return -1;
-    PyObject *rows = PyObject_CallOneArg(self->decompress, view);
-    Py_DECREF(view);
+    PyObject *rows = PyObject_CallOneArg(self->decompress, payload);
+    Py_DECREF(payload);
     if (rows == NULL) {
         if (PyErr_ExceptionMatches(PyExc_ValueError)) { /* BlockError: the reference finds it again */
             PyErr_Clear();
@@ -502,8 +504,14 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
     }
     if (!PyArg_ParseTuple(args, "y*LLL", &view, &base, &limit, &size))
         return NULL;
+    if (base < 0 || limit < 0 || size < base) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "take: need 0 <= base <= size and 0 <= limit");
+        return NULL;
+    }
     const unsigned char *buf = view.buf;
     long long len = view.len, off = 0, need = STOP_LIMIT;
+    PyObject *whole = NULL; /* a memoryview of the buffer, made at the first zstd block */
     if (limit > len)
         limit = len;
     while (off < limit) {
@@ -512,7 +520,7 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
             need = STOP_REFERENCE;
             break;
         }
-        if (base + off + FIXHEADER_SIZE > size) { /* the EOF marker, or a header cut off by the end */
+        if ((uint64_t)base + (uint64_t)off + FIXHEADER_SIZE > (uint64_t)size) { /* EOF marker, or a cut header */
             need = STOP_REFERENCE;
             break;
         }
@@ -523,7 +531,7 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
         int compressed;
         uint64_t length, crc;
         if (!parse_fixheader(buf + off, &compressed, &length, &crc) ||
-            (uint64_t)(base + off) + FIXHEADER_SIZE + length > (uint64_t)size) {
+            (uint64_t)base + (uint64_t)off + FIXHEADER_SIZE + length > (uint64_t)size) {
             need = STOP_REFERENCE;
             break;
         }
@@ -537,9 +545,18 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
             break;
         }
         RowSummary s;
-        int ok = compressed ? walk_compressed(self, payload, length, &s)
-                            : walk_rows(payload, (size_t)length, self->xlog, &s);
+        int ok;
+        if (compressed) {
+            if (whole == NULL && (whole = PyMemoryView_FromObject(view.obj)) == NULL) {
+                ok = -1;
+            } else {
+                ok = walk_compressed(self, whole, (Py_ssize_t)(off + FIXHEADER_SIZE), (Py_ssize_t)length, &s);
+            }
+        } else {
+            ok = walk_rows(payload, (size_t)length, self->xlog, &s);
+        }
         if (ok < 0) {
+            Py_XDECREF(whole);
             PyBuffer_Release(&view);
             return NULL;
         }
@@ -557,6 +574,7 @@ static PyObject *scanner_take(BlockScanner *self, PyObject *args)
         self->last_block_pos = base + off;
         off += FIXHEADER_SIZE + (long long)length;
     }
+    Py_XDECREF(whole);
     PyBuffer_Release(&view);
     return Py_BuildValue("LL", off, need);
 }

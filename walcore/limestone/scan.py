@@ -142,7 +142,8 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
         puts = removes = entries = durable = canceled = 0
         valid, first, markers_seen = True, True, False
         lo = hi = None
-        buf = f.read(_CHUNK)
+        # Never past `size`: what limestone appends meanwhile is for the next scan (the other walks stop there too).
+        buf = f.read(min(_CHUNK, size))
         blen = len(buf)
         base = i = 0
         unpack_from = _FIELDS.unpack_from
@@ -151,7 +152,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                 if base + blen < size:
                     base += i
                     f.seek(base)
-                    buf, i = f.read(_CHUNK), 0
+                    buf, i = f.read(min(_CHUNK, size - base)), 0
                     blen = len(buf)
                 if i >= blen:
                     break
@@ -227,7 +228,7 @@ def _scan_fast(path, durable_epoch: int) -> PwalScan | None:
                     return None
                 base += i
                 f.seek(base)
-                buf, i = f.read(_CHUNK), 0
+                buf, i = f.read(min(_CHUNK, size - base)), 0
                 blen = len(buf)
     if valid and not first and markers_seen:
         return None  # the last durable snippet has no end marker

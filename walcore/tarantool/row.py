@@ -196,9 +196,9 @@ class RowWalker:
         """(rows, component, first, last, min, max LSN, last row commits) of a block's rows, or None
         when the exact walk must decide."""
         unpacker = self.unpacker
-        unpacker.feed(payload)
-        self.consumed += len(payload)
         try:
+            unpacker.feed(payload)  # BufferFull past MAX_BLOCK_SIZE (a zstd frame can unpack to more)
+            self.consumed += len(payload)
             summary = self._walk_xlog(unpacker) if self.xlog else self._walk_other(unpacker)
             if unpacker.tell() != self.consumed:
                 raise _GiveUp

@@ -235,32 +235,44 @@ def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: 
 
 class _CompiledBlocks:
     """_take_plain_blocks in compiled code (walcore._scan.BlockScanner, the same rules), reading the file in
-    chunks of its own: a chunk grows to the largest block, and no further."""
+    chunks of its own. The bytes read stay held, so that after a block the careful loop decided the walk goes
+    on from them; the chunk is no larger than the file, and grows to the largest block, no further."""
 
     def __init__(self, core, xlog: bool):
         self.scanner = core.BlockScanner(xlog, decompress)
-        self.chunk = bytearray(READ_BUFFER)
+        self.chunk = bytearray()
+        self.base = self.held = 0  # the file's bytes [base, base + held) are in the chunk
 
     def __call__(self, f: _File, pos: int, span: Span, walker: RowWalker, stop: int | None) -> int:
         scanner = self.scanner
         if not scanner.begin(span.lsns, span.last_commit, span.blocks > 0):
             return pos
         size = f.size
-        fd = f.f.fileno()
         view = memoryview(self.chunk)
         while pos < size and (stop is None or pos < stop):
-            n = os.preadv(fd, [view], pos)
-            if n == 0:
-                break
-            taken, need = scanner.take(view[:n], pos, n if stop is None else min(n, stop - pos), size)
+            fresh = not self.base <= pos < self.base + self.held
+            if fresh:
+                if not self.chunk:
+                    self.chunk = bytearray(max(min(READ_BUFFER, size - pos), FIXHEADER_SIZE))
+                    view = memoryview(self.chunk)
+                self.base, self.held = pos, os.preadv(f.f.fileno(), [view], pos)
+                if not self.held:
+                    break  # the file shrank
+            off = pos - self.base
+            limit = self.held if stop is None else min(self.held, stop - self.base)
+            taken, need = scanner.take(view[off:self.held], pos, limit - off, size)
             pos += taken
             if need == 0:
                 break
-            if need > len(self.chunk):
-                self.chunk = bytearray(need)
-                view = memoryview(self.chunk)
-            elif taken == 0 and need > 0:
-                break  # a whole chunk was read and the block is still short: the file shrank; the careful loop says so
+            if need > 0:  # the block at pos runs past the bytes held
+                if fresh and taken == 0 and need <= len(self.chunk):
+                    break  # a whole chunk read, and still short: the file shrank; the careful loop says so
+                if need > len(self.chunk):
+                    view.release()
+                    self.chunk = bytearray(need)
+                    view = memoryview(self.chunk)
+                self.held = 0
+        view.release()
         lsns, last_commit, rows, blocks, zstd_blocks, first_pos, last_block_pos = scanner.end()
         if blocks:
             for comp, first, last, lo, hi in lsns:
