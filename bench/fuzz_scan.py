@@ -34,11 +34,21 @@ bytes 3-6 where they start and stop (fractions of the file's size); the rest is 
   struct   rows built from the bytes: headers with every key encoding, LSN runs, odd values, msgpack bodies
   mutate   a real fixture file, its bytes or its rows mutated, CRCs recomputed or not
   crc      _scan.tarantool_crc32c against the crc32c package, any start value, length and alignment
-  limestone  a real pwal fixture mutated, scan_pwal on both cores (only once walcore.limestone.scan calls
-           _scan.limestone_scan; until then these inputs are taken as `mutate`)
+  limestone  a pwal file, scan_pwal on both cores: the whole PwalScan (findings, missing blobs, marks, tail and
+           cut, codes, counts, epochs, snippets) must be identical. Byte 1 % 4 says where the file comes from:
+           0 whole: the limestone whole form (PwalCase: durable epoch, buffer size, blob files, the file; the
+             regression form, no fixture needed), 1 mutate: a real pwal fixture with its entries and bytes
+             mutated, 2-3 struct: entries built from the bytes (PwalGen). Bytes 2-6 (mutate, struct): the
+             durable epoch (around the directory's, or odd ones: 0, 2^64 - 1, -1, 2^64), the compiled walk's
+             buffer size (walcore.limestone.scan._COMPILED_CHUNK is set for the check: its own 256 KiB, 1..64
+             bytes, or 25..4096, so that entries span buffers), and the blob files (as in the fixture's
+             directory, none, or flat). The file is checked in a directory of its own with only those blob
+             files. Non-whole limestone inputs are taken as `mutate` while walcore.limestone.scan does not call
+             _scan.limestone_scan (limestone_fuzzed()).
 Every Tarantool file is scanned whole and in the chosen ranges with both cores: kind, span and findings must be
 identical, and neither may raise. Its blocks are also given to BlockScanner.take in a buffer of their exact
-size, for ASan to see any read past it.
+size, for ASan to see any read past it. At the end the parent prints how many checks each mode ran (the child
+saves its counts every 2 s, so each round's last seconds are not in them).
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -80,10 +91,12 @@ def _load():
         import crc32c
 
         from walcore import scancore
+        from walcore.limestone import epoch, layout, pwal
         from walcore.limestone import scan as limestone_scan
         from walcore.tarantool import block, meta, row, xlog
         W = types.SimpleNamespace(crc32c=crc32c, scancore=scancore, limestone=limestone_scan, block=block,
-                                  meta=meta, row=row, xlog=xlog, limestone_on=None, fixtures={})
+                                  meta=meta, row=row, xlog=xlog, pwal=pwal, epoch=epoch, layout=layout,
+                                  limestone_chunk=limestone_scan._COMPILED_CHUNK, limestone_on=None, fixtures={})
     return W
 
 
@@ -416,15 +429,22 @@ def build_file(data: bytes) -> bytes:
 
 def to_whole(data: bytes) -> bytes:
     """The same check as an input in the whole form, which needs no fixture and no generator to replay."""
+    if data and MODES[data[0] % len(MODES)] == "limestone" and (
+            limestone_fuzzed() or _limestone_source(data) == "whole"):
+        return build_pwal_case(data).encode()
     return bytes([MODES.index("whole")]) + data[1:7].ljust(6, b"\0") + build_file(data)
 
 
 # ------------------------------------------------------------------ the differential check
 
+def _workdir_of(pid: int) -> Path:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # tmpfs: no disk writes
+    return Path(base) / f"walvault-fuzz-{pid}"
+
+
 def _workdir(workdir) -> Path:
     if workdir is None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # tmpfs: no disk writes
-        workdir = Path(base) / f"walvault-fuzz-{os.getpid()}"
+        workdir = _workdir_of(os.getpid())
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     return workdir
@@ -507,7 +527,7 @@ def check_input(data: bytes, workdir=None) -> None:
     work = _workdir(workdir)
     if mode == "crc":
         return _check_crc(data)
-    if mode == "limestone" and limestone_fuzzed():
+    if mode == "limestone" and (limestone_fuzzed() or _limestone_source(data) == "whole"):
         return _check_limestone(data, work)
     content = build_file(data)
     path = work / "fuzz.tarantool"
@@ -543,48 +563,414 @@ def _check_crc(data: bytes) -> None:
 
 
 def limestone_fuzzed() -> bool:
-    """Whether walcore.limestone.scan calls the compiled _scan.limestone_scan (seen by a profile hook on a
-    real pwal file) and it works: until then the limestone inputs are fuzzed as Tarantool ones."""
+    """Whether walcore.limestone.scan calls the compiled _scan.limestone_scan (seen by a profile hook on a small
+    well-formed pwal file built here: no fixture needed) and it works: until then the limestone inputs that are
+    not in the whole form are fuzzed as Tarantool ones."""
     W = _load()
     if W.limestone_on is None:
         W.limestone_on = False
-        core, files = W.scancore._built, limestone_fixtures()
-        if core is None or not files:
+        core = W.scancore._built
+        if core is None or not hasattr(core, "limestone_scan"):
             return False
         called = []
 
         def hook(frame, event, arg):
             if event == "c_call" and arg is core.limestone_scan:
                 called.append(1)
-        sample = min(files, key=lambda p: (p.stat().st_size < 200, p.stat().st_size))
         saved = os.environ.pop("WALVAULT_PURE", None)
-        sys.setprofile(hook)
-        try:
-            W.limestone.scan_pwal(sample, 0)
-            W.limestone_on = bool(called)
-        except NotImplementedError:
-            pass
-        finally:
-            sys.setprofile(None)
-            if saved is not None:
-                os.environ["WALVAULT_PURE"] = saved
+        with tempfile.TemporaryDirectory() as tmp:
+            sample = Path(tmp) / "pwal_0000"
+            sample.write_bytes(l_header(1) + l_put(b"k", b"v") + l_end(1))
+            sys.setprofile(hook)
+            try:
+                scan = W.limestone.scan_pwal(sample, 1)
+                W.limestone_on = bool(called) and scan.durable == {L_PUT: 1}
+            except NotImplementedError:
+                pass
+            finally:
+                sys.setprofile(None)
+                if saved is not None:
+                    os.environ["WALVAULT_PURE"] = saved
     return W.limestone_on
 
 
-def _check_limestone(data: bytes, work: Path) -> None:
+# ------------------------------------------------------------------ limestone pwal files
+
+# Entry types (walcore/limestone/pwal.py): put, snippet header, snippet end, durable-epoch record, remove, canceled
+# header, put_blob; 7, 8, 9 are the storage operations.
+L_PUT, L_HEADER, L_END, L_DURABLE, L_REMOVE, L_CANCELED, L_PUT_BLOB = 1, 2, 3, 4, 5, 6, 10
+L_TYPE_BYTES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x2A, 0x7F, 0xFF)
+L_ODD_TYPES = (0, 4, 11, 0x2A, 0x7F, 0x80, 0xFF)  # not an entry the walks take (4: a durable-epoch record)
+# Lengths that lie: near 2^32, so that key_len + value_len (+ 33) wraps in 32 bits; counts whose count * 8 does.
+L_LONG = (0xFFFFFFFF, 0xFFFFFFF0, 0xFFFFFFDF, 0x80000000, 0x7FFFFFFF, 0x7FFFFFF0, 0x10000)
+L_COUNTS = (0xFFFFFFFF, 0x20000000, 0x20000001, 0x1FFFFFFF, 0x10000000, 0x80000000)
+L_DELTAS = (-33, -25, -17, -10, -9, -5, -4, -3, -2, -1, 0, 0, 0, 1, 2, 3, 8)  # an entry's end from a buffer's end
+BLOB_POOL = (1, 2, 3, 99, 100, 1 << 32, U64)
+TREE, FLAT = 1, 2  # where a blob file is: blob/dir_NN/<id>.blob, or beside the pwal file (a flat backup copy)
+LS_SOURCES = ("whole", "mutate", "struct", "struct")  # byte 1 % 4 of a limestone input
+MAX_CHUNK = 1 << 20
+MAX_PWAL = 1 << 20
+L_EPOCHS = (0, 1, U64, U64 - 1, 1 << 63, 1 << 32, -1, 1 << 64)  # odd durable epochs (the last two: not a u64)
+
+
+def l_header(epoch: int, kind: int = L_HEADER) -> bytes:
+    return bytes([kind]) + struct.pack("<Q", epoch % (1 << 64))
+
+
+def l_end(epoch: int, crc_type: int = 0) -> bytes:
+    return bytes([L_END]) + struct.pack("<QB", epoch % (1 << 64), crc_type)
+
+
+def l_put(key: bytes, value: bytes, storage: int = 100, *, kind: int = L_PUT, key_len: int | None = None,
+          value_len: int | None = None, ids=None, count: int | None = None) -> bytes:
+    """A put (or put_blob, with its blob ids); the length fields may lie about key and value."""
+    key_len = len(key) if key_len is None else key_len
+    value_len = len(value) if value_len is None else value_len
+    out = bytes([kind]) + struct.pack("<IIQ", key_len, value_len, storage) + key + struct.pack("<QQ", 7, 1) + value
+    if kind == L_PUT_BLOB:
+        ids = list(ids or ())
+        out += struct.pack("<I", len(ids) if count is None else count) + b"".join(struct.pack("<Q", i) for i in ids)
+    return out
+
+
+def l_remove(key: bytes, storage: int = 100, key_len: int | None = None) -> bytes:
+    return bytes([L_REMOVE]) + struct.pack("<IQ", len(key) if key_len is None else key_len, storage) + key \
+        + struct.pack("<QQ", 7, 2)
+
+
+def l_storage(kind: int, storage: int) -> bytes:
+    return bytes([kind]) + struct.pack("<QQQ", storage, 7, 3)
+
+
+@dataclasses.dataclass
+class PwalCase:
+    """One limestone check: a pwal file, the durable epoch it is judged by, the compiled walk's buffer size
+    (walcore.limestone.scan._COMPILED_CHUNK; 0: the module's own) and the blob files beside the pwal file.
+    Its encoding is the limestone whole form: byte 0 the mode, byte 1 0 (whole), 5 unused bytes, the durable
+    epoch (16 bytes, signed, big-endian), the chunk (4), the number of blob files (1) and each (id: 8,
+    TREE|FLAT: 1), then the pwal file."""
+
+    pwal: bytes
+    durable: int
+    chunk: int = 0
+    blobs: tuple = ()  # ((blob id, TREE | FLAT), ...)
+
+    def encode(self) -> bytes:
+        blobs = self.blobs[:64]
+        return bytes([MODES.index("limestone")]) + bytes(6) + self.durable.to_bytes(16, "big", signed=True) \
+            + self.chunk.to_bytes(4, "big") + bytes([len(blobs)]) \
+            + b"".join(b.to_bytes(8, "big") + bytes([w]) for b, w in blobs) + self.pwal
+
+    @classmethod
+    def decode(cls, r: Reader) -> "PwalCase":
+        durable = int.from_bytes(r.take(16).ljust(16, b"\0"), "big", signed=True)
+        chunk = min(r.uint(4), MAX_CHUNK)
+        blobs = tuple((r.uint(8), r.byte() & 3) for _ in range(r.byte() % 65))
+        return cls(r.rest(), durable, chunk, blobs)
+
+
+class PwalGen:
+    """pwal entries built from the fuzz bytes: snippet headers with epochs around the durable epoch, puts and
+    removes whose lengths end near the compiled walk's buffer ends or lie (near 2^32), put_blob with counts
+    (some of which overflow in 32 bits), snippet ends, canceled headers, durable-epoch records, unknown bytes.
+    It follows where the compiled walk's buffers begin (each call's buffer starts at the first entry whose
+    fixed part is not whole in the previous one) to aim lengths at their ends."""
+
+    def __init__(self, r: Reader, durable: int, chunk: int):
+        self.r, self.durable, self.chunk = r, durable, chunk
+        self.out, self.base = bytearray(), 0
+        self.first = True  # where a snippet header must come (at the start, after an end marker)
+
+    def buffer_end(self, fixed: int) -> int:
+        """Where the buffer holding an entry (of this fixed part) that starts at the end of out ends."""
+        pos = len(self.out)
+        if pos + fixed > self.base + self.chunk:
+            self.base = pos
+        return self.base + self.chunk
+
+    def add(self, entry: bytes, fixed: int) -> None:
+        self.buffer_end(fixed)
+        self.out += entry
+        if entry[0] in (L_HEADER, L_CANCELED, L_END):
+            self.first = entry[0] == L_END
+
+    def header_first(self, data: bool) -> None:
+        """Mostly a file as limestone writes it: a header before data where one must come, an end marker
+        before a header that follows data."""
+        if self.r.byte() < 224 and self.first == data:
+            self.add(l_end(self.epoch()) if not data else l_header(self.epoch()), 10 if not data else 9)
+
+    def epoch(self) -> int:
+        r, d = self.r, self.durable
+        c = r.byte()
+        if c < 208:
+            return (d + c % 7 - 3) % (1 << 64)  # around the durable epoch (below 0 and past 2^64 - 1 it wraps)
+        return r.pick((0, 1, U64, U64 - 1, 1 << 63, d + (1 << 32), d))
+
+    def fill(self, n: int) -> bytes:
+        return self.r.take(min(n, 8)).ljust(n, b"\0")
+
+    def sizes(self, fixed: int, extra: int) -> tuple[int, int, bool]:
+        """key_len, value_len for an entry of `extra` bytes besides key and value; True if they lie."""
+        r = self.r
+        c, k = r.byte(), r.byte() % 24
+        if c < 136:
+            return k, r.uint(2) % (48 if c < 104 else 3000), False
+        if c < 248:  # the entry (or the put_blob's count after the value) ends near the end of a buffer
+            v = self.buffer_end(fixed) + r.pick(L_DELTAS) - len(self.out) - extra - k
+            while v < 0:
+                v += self.chunk
+            return k, v, False
+        return r.pick(L_LONG + (0, 16)), r.pick(L_LONG + (0x21, 0x10, 0)), True
+
+    def put(self, kind: int = L_PUT) -> None:
+        r = self.r
+        k, v, lying = self.sizes(17, 33)
+        storage = r.pick((100, 200, 0, U64))
+        if lying:  # what follows is what the entry's length summed in 32 bits says (as far as 4 KiB)
+            body = self.fill(min(max(((33 + k + v) & 0xFFFFFFFF) - 33, 0), 4096))
+            entry = bytes([kind]) + struct.pack("<IIQ", k & 0xFFFFFFFF, v & 0xFFFFFFFF, storage) + body \
+                + struct.pack("<QQ", 7, 1)
+        else:
+            entry = l_put(self.fill(k), self.fill(v), storage, kind=L_PUT)
+            entry = bytes([kind]) + entry[1:]
+        if kind == L_PUT_BLOB:
+            c = r.byte()
+            if c < 240:
+                ids = [r.pick(BLOB_POOL) for _ in range(c % 4)]
+                count = len(ids) + (224 <= c < 232) * r.pick((1, -1, 2))  # an id more or less than there are
+            else:
+                count = r.pick(L_COUNTS)
+                ids = [r.pick(BLOB_POOL)] * min(((count * 8) & 0xFFFFFFFF) // 8, 64)  # as many as a wrap says
+            entry += struct.pack("<I", max(count, 0)) + b"".join(struct.pack("<Q", i) for i in ids)
+        self.add(entry, 17)
+
+    def remove(self) -> None:
+        k, v, lying = self.sizes(5, 29)
+        if lying:
+            self.add(l_remove(self.fill(min(max(((29 + k) & 0xFFFFFFFF) - 29, 0), 4096)), key_len=k), 5)
+        else:
+            self.add(l_remove(self.fill(k + v)), 5)
+
+    def step(self, op: int) -> bool:
+        """One entry (or a few) for op (0..39); False when the file must end here."""
+        r = self.r
+        if op >= 32:
+            op = (5, 6, 12, 15, 22, 23, 24, 0)[op - 32]
+        if op < 27:
+            self.header_first(4 < op < 22)
+        if op < 4 or op == 31:
+            self.add(l_header(self.epoch()), 9)
+        elif op == 4:
+            self.add(l_header(self.epoch(), L_CANCELED), 9)
+        elif op < 12:
+            self.put()
+        elif op < 15:
+            self.remove()
+        elif op < 17:
+            self.put(L_PUT_BLOB)
+        elif op < 20:
+            self.add(l_end(self.epoch(), r.pick((0, 0, 1, 0xFF))), 10)
+        elif op < 22:
+            self.add(l_storage(r.pick((7, 8, 9)), r.pick((100, 300, 0))), 25)
+        elif op < 27:  # a well-formed session
+            epoch = self.epoch()
+            self.add(l_header(epoch), 9)
+            for _ in range(r.byte() % 5):
+                self.put(r.pick((L_PUT, L_PUT, L_PUT, L_PUT_BLOB))) if r.byte() & 1 else self.remove()
+            self.add(l_end(epoch), 10)
+        elif op == 27:
+            self.out += l_header(self.epoch(), L_DURABLE)
+        elif op == 28:
+            self.out += bytes([r.pick(L_ODD_TYPES)]) + r.take(r.byte() % 24)
+        elif op == 29:
+            self.out += r.take(r.byte() % 32)
+        else:  # an entry cut short by the end of the file (a snippet header, mostly)
+            c = r.byte()
+            if c < 128:
+                entry = l_header(self.epoch(), r.pick((L_HEADER, L_HEADER, L_CANCELED, L_DURABLE)))
+            else:
+                mark = len(self.out)
+                self.step(r.pick((5, 12, 15, 17, 20)))
+                entry = bytes(self.out[mark:])
+                del self.out[mark:]
+            self.out += entry[:max(1, len(entry) - 1 - r.byte() % len(entry))]
+            return False
+        return True
+
+
+def gen_pwal(r: Reader, durable: int, chunk: int) -> bytes:
+    g = PwalGen(r, durable, chunk)
+    for _ in range(256):
+        if r.pos >= len(r.data) or len(g.out) > MAX_PWAL or not g.step(r.byte() % 40):
+            break
+    return bytes(g.out)
+
+
+def pwal_fixture(path: Path):
+    """A real pwal file cut into its entries (the rest after the last whole one), the durable epoch of its
+    directory (the highest of its epoch files) and its blob files."""
     W = _load()
+    key = ("limestone", path)
+    cached = W.fixtures.get(key)
+    if cached is None:
+        data = path.read_bytes()
+        cuts = [e.offset for e in W.pwal.iter_entries(path)] + [len(data)]
+        entries = [data[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+        epochs = [W.epoch.scan_epoch(p.read_bytes()).durable_epoch for p in path.parent.glob("epoch*")]
+        durable = max((e for e in epochs if e is not None), default=3)
+        blobs = {}
+        for p in path.parent.glob("*.blob"):
+            blobs[int(p.name[:16], 16)] = FLAT
+        for p in path.parent.glob("blob/dir_*/*.blob"):
+            blobs[int(p.name[:16], 16)] = blobs.get(int(p.name[:16], 16), 0) | TREE
+        cached = W.fixtures[key] = (entries, durable, tuple(sorted(blobs.items())))
+    return cached
+
+
+def mutate_entries(r: Reader, es: list, g: PwalGen) -> None:
+    """One change to a pwal file's entries: a type byte, a length field or an epoch; an entry dropped, doubled,
+    cut short or new; the file cut after an entry."""
+    i = r.uint(2) % len(es)
+    e, op = bytearray(es[i]), r.byte() % 8
+    if op == 0 and e:
+        e[0] = r.pick(L_TYPE_BYTES)
+    elif op == 1 and len(e) >= 9:
+        kind = e[0]
+        if kind in (L_PUT, L_PUT_BLOB, L_REMOVE):
+            at = 1 if kind == L_REMOVE else r.pick((1, 5))
+            if kind == L_PUT_BLOB and r.byte() & 1:  # the count of blob ids
+                at = 33 + sum(struct.unpack_from("<II", e, 1))
+            if at + 4 <= len(e):
+                old = struct.unpack_from("<I", e, at)[0]
+                new = r.pick(L_LONG + L_COUNTS + (0, old + 1, old - 1, old + 8, old * 2))
+                e[at:at + 4] = struct.pack("<I", new & 0xFFFFFFFF)
+        else:
+            e[1:9] = struct.pack("<Q", g.epoch() % (1 << 64))
+    elif op == 2:
+        del es[i]
+        return
+    elif op == 3:
+        es.insert(r.uint(2) % (len(es) + 1), bytes(e))
+        return
+    elif op == 4:
+        e = e[:r.byte() % max(len(e), 1)]
+    elif op == 5:
+        del es[i + 1:]
+    elif op == 6 and e and e[0] in (L_HEADER, L_CANCELED):
+        e[0] ^= L_HEADER ^ L_CANCELED
+    else:
+        g.out = bytearray()
+        g.step(r.byte() % 40)
+        es.insert(i, bytes(g.out))
+        return
+    es[i] = bytes(e)
+
+
+def _limestone_source(data: bytes) -> str:
+    return LS_SOURCES[data[1] % 4] if len(data) > 1 else "whole"
+
+
+def build_pwal_case(data: bytes) -> PwalCase:
+    """The limestone check an input stands for. Bytes 2-6 of a mutate or struct input: the durable epoch, the
+    compiled walk's buffer size (2 bytes), the blob files, spare."""
+    W = _load()
+    source, r = _limestone_source(data), Reader(data[7:])
+    if source == "whole":
+        return PwalCase.decode(r)
+    s = data[2:7].ljust(5, b"\0")
+    v = int.from_bytes(s[1:3], "big")
+    chunk = (0, 1 + v % 64, 25 + v % 4072, 25 + v % 4072)[v >> 14]  # 0: the module's own (256 KiB)
+    if source == "struct":
+        c = s[0]
+        durable = c % 50 if c < 200 else L_EPOCHS[c % 8]
+        pwal = gen_pwal(r, durable, chunk or W.limestone_chunk)
+        blobs = tuple((b, FLAT if s[3] & 0x80 else TREE) for i, b in enumerate(BLOB_POOL) if s[3] >> i & 1)
+        return PwalCase(pwal, durable, chunk, blobs)
     files = limestone_fixtures()
-    r = Reader(data[7:])
-    b = bytearray(files[r.uint(2) % len(files)].read_bytes())
-    c = r.byte() % 5
-    durable = r.uint(8) if c == 3 else r.uint(2) if c == 4 else (0, 1, U64)[c]
+    path = files[r.uint(2) % len(files)]
+    entries, real, blobs = pwal_fixture(path)
+    c = s[0]
+    durable = max(real + c % 7 - 3, 0) if c < 160 else c % 48 if c < 232 else L_EPOCHS[c % 8]
+    es = list(entries)
+    g = PwalGen(r, durable, chunk or W.limestone_chunk)
     for _ in range(r.byte() % 6):
+        if es:
+            mutate_entries(r, es, g)
+    b = bytearray(b"".join(es))
+    for _ in range(r.byte() % 4):
         mutate(r, b)
-    path = work / "pwal_0000"
-    path.write_bytes(b)
-    _agree_dicts(f"scan_pwal(path, {durable})",
-                 [(k, dataclasses.asdict(v) if k == "ok" else v) for k, v in _both(W.limestone.scan_pwal, path,
-                                                                                   durable)])
+    if chunk and len(b) // chunk > 1024:  # at most a thousand calls of the compiled walk on the large fixtures
+        chunk = len(b) // 1024 + 1
+    # blob files: as in the fixture's directory (in a copy of it), none, or all of them flat
+    blobs = (blobs, blobs, (), tuple((b, FLAT) for b, _ in blobs))[s[3] % 4]
+    return PwalCase(bytes(b), durable, chunk, blobs)
+
+
+def _pwal_dir(case: PwalCase, work: Path) -> Path:
+    """The case's pwal file in a directory of its own, with its blob files (and nothing else)."""
+    blob_path = _load().layout.blob_path
+    d = work / "limestone"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    path = d / "pwal_0000"
+    path.write_bytes(case.pwal)
+    for blob, where in case.blobs:
+        at = blob_path(d, blob)
+        if where & TREE:
+            at.parent.mkdir(parents=True, exist_ok=True)
+            at.write_bytes(b"BLOB")
+        if where & FLAT:
+            (d / at.name).write_bytes(b"BLOB")
+    return path
+
+
+def _pwal_summary(path: Path, durable: int) -> dict:
+    scan = _load().limestone.scan_pwal(path, durable)
+    out = dataclasses.asdict(scan)
+    out["findings"] = [(f.code, f.offset, f.message) for f in scan.findings]
+    out["durable"] = list(scan.durable.items())  # in order: the same dict, also when printed
+    out["epoch_range"] = scan.epoch_range
+    return out
+
+
+def _check_limestone(data: bytes, work: Path) -> None:
+    """scan_pwal on both cores: the whole PwalScan must be the same (the compiled walk's buffer set as asked)."""
+    W = _load()
+    case = build_pwal_case(data)
+    path = _pwal_dir(case, work)
+    saved = W.limestone._COMPILED_CHUNK
+    W.limestone._COMPILED_CHUNK = case.chunk or W.limestone_chunk
+    try:
+        pair = _both(_pwal_summary, path, case.durable)
+    finally:
+        W.limestone._COMPILED_CHUNK = saved
+    _agree_dicts(f"scan_pwal(path, {case.durable}) of {len(case.pwal)} bytes (compiled chunk "
+                 f"{case.chunk or W.limestone_chunk}, blob files {case.blobs})", pair)
+    if W.scancore._built is not None and hasattr(W.scancore._built, "limestone_scan"):
+        _limestone_exact(W.scancore._built, path, case)
+
+
+def _limestone_exact(core, path: Path, case: PwalCase) -> None:
+    """_scan_compiled's walk with each buffer in a malloc of exactly its size (ctypes), so that ASan sees a read
+    past it (scan_pwal's bytearray is as long as the chunk, also where the file ends first)."""
+    import ctypes
+    chunk, data = case.chunk or _load().limestone_chunk, case.pwal
+    with open(path, "rb", buffering=0) as f:
+        at, state = 0, None
+        while at < len(data):
+            piece = data[at:at + chunk]
+            buf = memoryview((ctypes.c_ubyte * len(piece)).from_buffer_copy(piece))
+            try:
+                walked = core.limestone_scan(f.fileno(), buf, at, len(data), case.durable, state)
+            except Exception:
+                raise AssertionError(f"limestone_scan(buffer of {len(piece)} bytes at {at}) raised\n"
+                                     f"{traceback.format_exc()}")
+            if walked is None:
+                break
+            if not at < walked[0] <= len(data):
+                raise AssertionError(f"limestone_scan(buffer of {len(piece)} bytes at {at}): next at {walked[0]}")
+            at, state = walked[0], walked[1]
 
 
 # ------------------------------------------------------------------ hand-made hostile inputs
@@ -648,6 +1034,40 @@ def hostile_inputs() -> dict[str, bytes]:
         + block(row(2)) + block(row(3, head=b"\x03\x03")) + B.EOF_MAGIC,
         # a float key that equals the type key (0.0 == 0 in a Python dict)
         "float-key": whole + bytes(6) + snap + block(b"\x82\x00\x02\xcb" + bytes(8) + b"\x0c") + good,
+        **hostile_limestone(),
+    }
+
+
+def hostile_limestone() -> dict[str, bytes]:
+    """Hand-made pwal files (limestone whole form) that aim at the compiled walk's length arithmetic and its
+    buffer ends; durable epoch 3 unless said."""
+    put_wv = struct.pack("<QQ", 7, 1)
+    # a put in a durable snippet whose key_len + value_len is 2^32 + 0x20: summed in 32 bits, the 0x20 bytes and
+    # write version that follow would make a whole entry, and a good put and an end marker come after it
+    wrap_put = bytes([L_PUT]) + struct.pack("<IIQ", 0xFFFFFFF0, 0x30, 100) + bytes(0x20) + put_wv
+    # then one whose 33 + key_len wraps to 0 in 32 bits (a walk that did so would not move)
+    zero_put = bytes([L_PUT]) + struct.pack("<IIQ", 0xFFFFFFDF, 0, 100) + put_wv
+    # entries aimed at the ends of 64-byte buffers: a put ending at 64, a put_blob at 64 whose id count sits at
+    # 126..130 (across the end at 128: read with pread), a put whose value runs past its buffer (skipped unread),
+    # a remove ending exactly at its buffer's end, an end marker ending the file
+    at_end = (l_header(2) + l_put(b"k" * 6, b"v" * 16) + l_put(b"bkey5", b"w" * 24, kind=L_PUT_BLOB, ids=[1])
+              + l_put(b"big", b"x" * 300) + l_remove(b"r" * 35) + l_end(2) + l_header(5) + l_put(b"n", b"")
+              + l_end(5))
+    assert len(l_header(2) + l_put(b"k" * 6, b"v" * 16)) == 64 and len(l_remove(b"r" * 35)) == 64
+    return {
+        "limestone-put-len-wrap32": PwalCase(l_header(3) + wrap_put + l_put(b"k2", b"v2") + l_end(3), 3).encode(),
+        "limestone-put-len-wrap32-zero": PwalCase(l_header(3) + zero_put + l_end(3), 3, 40).encode(),
+        # a put_blob whose id count is 2^29 + 1: count * 8 is 2^32 + 8, in 32 bits one id (which is there)
+        "limestone-put-blob-count-wrap": PwalCase(
+            l_header(3) + l_put(b"bk", b"row", kind=L_PUT_BLOB, ids=[1], count=0x20000001) + l_put(b"k", b"v")
+            + l_end(3), 3, 0, ((1, TREE),)).encode(),
+        "limestone-entry-at-chunk-end": PwalCase(at_end, 3, 64, ((1, FLAT),)).encode(),
+        # a snippet header cut short at the end of the file: after an end marker (a broken tail), and right
+        # after a put of a durable snippet (the snippet is corrupted), the latter through 40-byte buffers
+        "limestone-truncated-header-at-end": PwalCase(
+            l_header(1) + l_put(b"k", b"v") + l_end(1) + l_header(2)[:5], 3).encode(),
+        "limestone-truncated-header-in-snippet": PwalCase(
+            l_header(1) + l_put(b"k", b"v") + l_header(2)[:6], 3, 40).encode(),
     }
 
 
@@ -723,8 +1143,6 @@ def build_sanitized(tmp: Path) -> dict:
 def seed_corpus(corpus: Path) -> None:
     """Real fixtures (whole, raw and mutate inputs), a few of each other mode, and the regression inputs."""
     corpus.mkdir(parents=True, exist_ok=True)
-    if any(corpus.iterdir()):
-        return
     seeds = []
     for i, path in enumerate(tarantool_fixtures()):
         data = path.read_bytes()
@@ -735,9 +1153,76 @@ def seed_corpus(corpus: Path) -> None:
         seeds.append(bytes([MODES.index("struct"), kind, 0]) + bytes(4) + bytes(range(0, 256, 3)))
         seeds.append(bytes([MODES.index("rows"), kind, 0]) + bytes(4) + b"\x10\x84\x00\x02\x02\x01\x03\x05\x04\x00")
     seeds += [bytes([MODES.index("crc")]) + bytes(range(64)), bytes([MODES.index("limestone")]) + bytes(20)]
+    seeds += limestone_seeds()
     seeds += [p.read_bytes() for p in sorted((ROOT / "tests" / "data" / "fuzz").glob("*")) if p.is_file()]
-    for s in seeds:
-        (corpus / hashlib.sha1(s).hexdigest()).write_bytes(s)
+    for s in seeds:  # added to a corpus kept from earlier runs too
+        if not (corpus / hashlib.sha1(s).hexdigest()).exists():
+            (corpus / hashlib.sha1(s).hexdigest()).write_bytes(s)
+
+
+def limestone_seeds() -> list[bytes]:
+    """Each pwal fixture as it is (its directory's durable epoch, the compiled walk's own buffer or one of 257
+    bytes); struct inputs whose pwal file is well-formed (found among pseudo-random ones)."""
+    import random
+
+    W, ls = _load(), MODES.index("limestone")
+    seeds = []
+    for i in range(len(limestone_fixtures())):
+        seeds.append(bytes([ls, 1, 3, 0, 0, 0, 0]) + i.to_bytes(2, "big") + bytes(2))
+        seeds.append(bytes([ls, 1, 3, 0x80, 0xE8, 0, 0]) + i.to_bytes(2, "big") + bytes(2))
+    rnd, found = random.Random(1), 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(2000):
+            data = bytes([ls, 2, rnd.randrange(50), 0x80 | rnd.randrange(64), rnd.randrange(256), 1, 0]) + bytes(
+                rnd.randrange(256) for _ in range(rnd.randrange(40, 200)))
+            path = Path(tmp) / "pwal_0000"
+            path.write_bytes(build_pwal_case(data).pwal)
+            entries = list(W.pwal.iter_entries(path))
+            if len(entries) > 4 and all(type(e) is W.pwal.Entry for e in entries):
+                seeds.append(data)
+                found += 1
+                if found == 12:
+                    break
+    return seeds
+
+
+MODE_RUNS: dict[str, list] = {}  # the child's checks per mode: [count, seconds]
+_RUNS_SAVED = [0.0]
+
+
+def input_mode(data: bytes) -> str:
+    """The mode an input is checked in (limestone ones by where their pwal file comes from)."""
+    mode = MODES[data[0] % len(MODES)] if data else "whole"
+    if mode == "limestone":
+        source = _limestone_source(data)
+        return f"limestone-{source}" if source == "whole" or limestone_fuzzed() else "limestone(as mutate)"
+    return mode
+
+
+def counted_check(data: bytes) -> None:
+    """check_input, counted per mode; the counts go to modes.json in the work dir every 2 s and at a failure,
+    for the parent to add up (libFuzzer ends the process without running Python's exit handlers)."""
+    mode, t0 = input_mode(data), time.monotonic()
+    ok = False
+    try:
+        check_input(data)
+        ok = True
+    finally:
+        run = MODE_RUNS.setdefault(mode, [0, 0.0])
+        run[0] += 1
+        run[1] += time.monotonic() - t0
+        if not ok or t0 - _RUNS_SAVED[0] >= 2:
+            _RUNS_SAVED[0] = t0
+            tmp = _workdir(None) / "modes.json.tmp"
+            tmp.write_text(json.dumps(MODE_RUNS))
+            tmp.replace(tmp.with_name("modes.json"))
+
+
+def read_mode_runs(pid: int) -> dict:
+    try:
+        return json.loads((_workdir_of(pid) / "modes.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def child(args) -> None:
@@ -756,12 +1241,13 @@ def child(args) -> None:
         sys.exit("the coverage shim could not find libFuzzer's entry points in atheris")
     print(f"fuzzing {so} (ASan + UBSan); limestone inputs: "
           f"{'scan_pwal on both cores' if limestone_fuzzed() else 'not fuzzed (limestone_scan not in use yet)'}"
+          f" (limestone_fuzzed() = {limestone_fuzzed()})"
           f"\n(atheris's warning that coverage symbols come from shim.so is expected: the shim hands them on to it)",
           flush=True)
     args.crashes.mkdir(parents=True, exist_ok=True)
     atheris.Setup([sys.argv[0], str(args.corpus), f"-max_total_time={args.seconds}", f"-seed={args.seed}",
                    f"-artifact_prefix={args.crashes}/", f"-max_len={MAX_LEN}", "-timeout=60",
-                   "-rss_limit_mb=4096", "-print_final_stats=1"], check_input)
+                   "-rss_limit_mb=4096", "-print_final_stats=1"], counted_check)
     atheris.Fuzz()
 
 
@@ -775,7 +1261,7 @@ def parent(args) -> int:
         args.crashes.mkdir(parents=True, exist_ok=True)
         before = set(args.crashes.iterdir())
         log = OUT / "fuzz.log"
-        runs, fuzz_seconds, rounds = 0, 0.0, 0
+        runs, fuzz_seconds, rounds, modes = 0, 0.0, 0, {}
         print(f"sanitizer build in {time.monotonic() - started:.0f} s; log: {log}", flush=True)
         with open(log, "a") as logf:
             while (left := int(args.seconds - (time.monotonic() - started))) >= 10 and rounds < 5:
@@ -795,7 +1281,9 @@ def parent(args) -> int:
                     if not re.match(r'#\d+\s+(NEW|REDUCE|pulse)|INFO: Instrumenting|"|###### ', line):
                         print(line, end="", flush=True)
                 proc.wait()
-                shutil.rmtree(f"/dev/shm/walvault-fuzz-{proc.pid}", ignore_errors=True)
+                for mode, (count, seconds) in read_mode_runs(proc.pid).items():
+                    modes[mode] = [a + b for a, b in zip(modes.get(mode, [0, 0.0]), (count, seconds))]
+                shutil.rmtree(_workdir_of(proc.pid), ignore_errors=True)
                 runs += n
                 fuzz_seconds += time.monotonic() - t0
                 if proc.returncode == 0:
@@ -806,6 +1294,9 @@ def parent(args) -> int:
         found = sorted(set(args.crashes.iterdir()) - before)
         print(f"\nexecutions: {runs}  fuzzing time: {fuzz_seconds:.0f} s  ({runs / max(fuzz_seconds, 1):.0f} exec/s)"
               f"  wall time: {time.monotonic() - started:.0f} s  crashes found: {len(found)}")
+        print("modes run (checks, and checks per second of the check itself): " + ", ".join(
+            f"{mode} {count} ({count / max(seconds, 1e-9):.0f}/s)" for mode, (count, seconds) in sorted(modes.items()))
+            if modes else "modes run: not recorded")
         for p in found:
             print(f"  {p}   (replay: {sys.executable} {__file__} --replay {p})")
         return 1 if found else 0

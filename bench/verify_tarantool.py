@@ -59,7 +59,7 @@ FILE_BYTES = 64 << 20
 # --------------------------------------------------------------------------- data
 
 
-def prepare_data(root: Path, size_mb: int, shape: str) -> list[Path]:
+def prepare_data(root: Path, size_mb: int, shape: str = "mixed") -> list[Path]:
     """Files under root/wal (a .snap, then xlogs), reused when the stamp says they match."""
     wal = root / "wal"
     want = {"size_mb": size_mb, "seed": SEED, "file_bytes": FILE_BYTES, "shape": shape}

@@ -4,7 +4,8 @@ must give the same span and findings for it, and neither may raise.
 
 The inputs are hand-made hostile ones (`bench/fuzz_scan.py --write-hostile tests/data/fuzz` writes them) and the
 fuzzer's findings, kept in the "whole" form (7 bytes of settings, then the file itself) so that they need no
-fixture.
+fixture. The limestone ones (limestone-*) are in the limestone whole form (PwalCase: durable epoch, the compiled
+walk's buffer size, blob files, then the pwal file), checked with scan_pwal on both cores.
 """
 
 from __future__ import annotations
@@ -34,6 +35,17 @@ FIXED = ("negative-ext-body", "negative-ext-header", "negative-lsn-snap", "parti
 
 def test_inputs_are_there():
     assert len(INPUTS) >= 10 and set(FIXED) <= set(INPUTS)
+    assert sum(name.startswith("limestone-") for name in INPUTS) >= 4
+
+
+def test_limestone_inputs_reach_the_compiled_walk():
+    """The limestone inputs are pwal files checked on both cores: walcore.limestone.scan calls the compiled
+    limestone_scan, and each limestone input is in the limestone whole form."""
+    assert fuzz_scan.limestone_fuzzed()
+    for name in INPUTS:
+        data = (DATA / name).read_bytes()
+        if name.startswith("limestone-"):
+            assert fuzz_scan.input_mode(data) == "limestone-whole", name
 
 
 @pytest.mark.parametrize("name", INPUTS)

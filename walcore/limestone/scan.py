@@ -412,4 +412,5 @@ def _walk(path, durable_epoch: int, scan: PwalScan, *, with_data: bool) -> Itera
         if open_durable is not None and markers_seen:
             unclosed()
     scan.code, scan.repair_code = codes
+    scan.durable = dict(sorted(scan.durable.items()))  # by type, as the fast walks list them
     blobs.close()
