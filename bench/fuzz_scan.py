@@ -23,8 +23,9 @@ How a run goes:
 3. The child fuzzes `check_input` until the time is up. Coverage comes from the instrumented walcore Python
    modules (the reference walks, which follow the same rules as the C; gcc cannot instrument the C for
    libFuzzer). A crash or a difference is saved to bench/out/fuzz/crashes and the fuzzer restarts on the rest
-   of the budget. Keep a finding in tests/data/fuzz in the whole form (`--replay FILE --whole` writes FILE.whole: it needs no
-   fixture): tests/test_scan_fuzz_regressions.py replays every file there through `check_input`.
+   of the budget. Keep a finding in tests/data/fuzz in the whole form (`--replay FILE --whole` writes
+   FILE.whole: it needs no fixture): tests/test_scan_fuzz_regressions.py replays every file there through
+   `check_input`.
 
 An input: byte 0 picks the mode, byte 1 the Tarantool file kind, byte 2 which extra byte ranges to scan and
 bytes 3-6 where they start and stop (fractions of the file's size); the rest is the mode's:
@@ -90,11 +91,15 @@ def _load():
 
         import crc32c
 
+        sys.path.insert(0, str(ROOT / "tests"))  # tarantool_bytes: the tests' independent reader of the framing
+        import tarantool_bytes
+
         from walcore import scancore
         from walcore.limestone import epoch, layout, pwal
         from walcore.limestone import scan as limestone_scan
         from walcore.tarantool import block, meta, row, xlog
-        W = types.SimpleNamespace(crc32c=crc32c, scancore=scancore, limestone=limestone_scan, block=block,
+        W = types.SimpleNamespace(crc32c=crc32c, tarantool_bytes=tarantool_bytes, scancore=scancore,
+                                  limestone=limestone_scan, block=block,
                                   meta=meta, row=row, xlog=xlog, pwal=pwal, epoch=epoch, layout=layout,
                                   limestone_chunk=limestone_scan._COMPILED_CHUNK, limestone_on=None, fixtures={})
     return W
@@ -329,19 +334,16 @@ def limestone_fixtures() -> list[Path]:
 
 
 def parse_fixture(path: Path):
-    """(bytes, meta size, [(compressed, rows)], tail): a real file taken apart, to be mutated."""
+    """(bytes, meta size, [(compressed, rows)], tail): a real file taken apart (by the tests' own reader of the
+    framing, tests/tarantool_bytes.py), to be mutated."""
     W = _load()
     cached = W.fixtures.get(path)
     if cached is None:
         data = path.read_bytes()
-        pos = meta_size = W.meta.parse_meta(data[:W.meta.MAX_META_SIZE]).size
-        blocks = []
-        while pos + 19 <= len(data) and data[pos:pos + 4] != W.block.EOF_MAGIC:
-            compressed, length, _ = W.block.parse_fixheader(data[pos:pos + 19])
-            payload = data[pos + 19:pos + 19 + length]
-            blocks.append((compressed, W.block.decompress(payload) if compressed else payload))
-            pos += 19 + length
-        cached = W.fixtures[path] = (data, meta_size, blocks, data[pos:])
+        fr = W.tarantool_bytes.framing(data)
+        blocks = [(b.kind == "zstd", W.tarantool_bytes.block_rows(data, b)) for b in fr.blocks]
+        end = fr.blocks[-1].end if fr.blocks else fr.meta_size
+        cached = W.fixtures[path] = (data, fr.meta_size, blocks, data[end:])
     return cached
 
 

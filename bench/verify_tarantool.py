@@ -51,6 +51,7 @@ from common import MB  # noqa: E402
 
 sys.path.insert(0, str(common.REPO / "tests"))
 import tarantool_real  # noqa: E402  (test support module, stdlib only)
+from tarantool_bytes import framing  # noqa: E402  (the tests' independent reader of the framing)
 
 SEED = 1
 FILE_BYTES = 64 << 20
@@ -91,17 +92,8 @@ def read_crc(paths: list[Path]) -> dict:
 
 def zstd_blocks(paths: list[Path]) -> dict[Path, list[tuple[int, int]]]:
     """(offset, length) of every zstd payload, per file: found before the floor is timed."""
-    found = {}
-    for p in paths:
-        data = p.read_bytes()
-        pos = data.index(b"\n\n") + 2
-        blocks = found[p] = []
-        while pos + FIXHEADER_SIZE <= len(data) and data[pos:pos + 4] != EOF_MAGIC:
-            compressed, length, _ = parse_fixheader(data[pos:pos + FIXHEADER_SIZE])
-            if compressed:
-                blocks.append((pos + FIXHEADER_SIZE, length))
-            pos += FIXHEADER_SIZE + length
-    return found
+    return {p: [(b.pos + FIXHEADER_SIZE, b.length) for b in framing(p.read_bytes()).blocks if b.kind == "zstd"]
+            for p in paths}
 
 
 def floor(paths: list[Path], zstd: dict[Path, list[tuple[int, int]]]) -> dict:
