@@ -12,12 +12,14 @@ from pathlib import Path
 def run(spark, job: str, plan: dict) -> int:
     """Run a plan's command on a Spark session; with an `output` dir, leave there what it prints (`stdout`,
     `stderr`) and `result.json` ({"exit"}), written last. Returns the command's exit code."""
-    from walcore.cli import main
+    from walcore.cli import PASSWORD_ENV, main
 
-    from .plan import to_argv
+    from .plan import connect_password, to_argv
     from .runner import SparkRunner
 
     argv = to_argv(plan, job)
+    if (password := connect_password(plan)) is not None:
+        os.environ[PASSWORD_ENV] = password  # this driver's own: the command line holds none
     output = plan.get("output")
     if not output:
         return main(argv, runner=SparkRunner(spark))

@@ -10,13 +10,16 @@
      "output": dir | null}               where the job leaves what the command prints, and its exit code
 
 With an `output` dir, the job exits 0 once the command's exit code is in `output/result.json`, and a plan given
-as `@file` is removed then (it may hold credentials).
+as `@file` is removed then (it may hold credentials). `connect` is [user[:password]@]host:port: its password goes
+to the command through the job's environment, never through the command line the plan stands for.
 """
 
 from __future__ import annotations
 
 import json
 import os
+
+from walcore.tarantool.live import split_password
 
 JOBS = {"verify": "verify", "backup": "backup", "limestone_state": "state"}
 OPTIONS = {"verify": ("full", "json", "progress"), "backup": ("type", "level", "wait", "connect", "json", "progress"),
@@ -96,13 +99,20 @@ def to_argv(plan: dict, job: str) -> list[str]:
     if job == "backup":
         flags += [f"--type={options.get('type', 'full')}", f"--level={options.get('level', 3)}",
                   f"--wait={options.get('wait', 0)}"]
-        flags += [f"--connect={options['connect']}"] if options.get("connect") else []
+        flags += [f"--connect={split_password(options['connect'])[0]}"] if options.get("connect") else []
     if job == "limestone_state" and plan.get("parquet"):
         flags += [f"--parquet={plan['parquet']}", *storage]
     flags += ["--json"] if options.get("json") else []
     if "progress" in options:
         flags += ["--progress" if options["progress"] else "--no-progress"]
     return [JOBS[job], *flags, "--", *positional]
+
+
+def connect_password(plan: dict) -> str | None:
+    """The password in the plan's `connect` URI: the job hands it to the command through the environment
+    (WALVAULT_PASSWORD), never through the command line to_argv builds."""
+    connect = (plan.get("options") or {}).get("connect")
+    return split_password(connect)[1] if connect else None
 
 
 def from_args(args) -> tuple[str, dict]:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_CHECK = 0, 1, 2
+PASSWORD_ENV = "WALVAULT_PASSWORD"  # the password of --connect's user, when --password-file does not give it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--repo-option", action="append", default=[], metavar="KEY=VALUE",
                      help="an fsspec storage option for --parquet's URL; repeatable")
     _spark_argument(cmd)
+    cmd = sub.add_parser("init", help="make a new or empty location a walvault repository (every other command "
+                         "needs one)", description="Create the repository (walvault.repo and its copy) at --repo "
+                         "URL. A location holding a repository already is left as it is; one holding anything else "
+                         "is refused (exit 2).")
+    _repo_arguments(cmd)
+    cmd.add_argument("--json", action="store_true")
     cmd = sub.add_parser("archive", help="copy the sealed files of sources into the repository, each verified first")
     cmd.add_argument("paths", nargs="+", type=Path, metavar="SOURCE", help="Tarantool data dirs, limestone dirs")
     _repo_arguments(cmd)
@@ -97,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     _repo_arguments(cmd)
     cmd.add_argument("--type", choices=("full", "incremental"), default="full")
     cmd.add_argument("--connect", metavar="URI",
-                     help="a running Tarantool ([user:password@]host:port): back up through box.backup.start()")
+                     help="a running Tarantool ([user@]host:port): back up through box.backup.start()")
+    _password_argument(cmd)
     cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                      help="wait this long for another backup or expiry of the source to finish (default: fail)")
     _work_arguments(cmd)
@@ -110,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("source", type=Path, metavar="SOURCE")
     _repo_arguments(cmd)
     cmd.add_argument("--connect", metavar="URI",
-                     help="a running Tarantool ([user:password@]host:port): box.snapshot() first, then its checkpoint")
+                     help="a running Tarantool ([user@]host:port): box.snapshot() first, then its checkpoint")
+    _password_argument(cmd)
     cmd.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                      help="wait this long for another backup, snapshot or expiry of the source to finish")
     _work_arguments(cmd)
@@ -163,6 +174,12 @@ def _repo_arguments(cmd, required: bool = True) -> None:
                      help="an fsspec storage option (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
 
 
+def _password_argument(cmd) -> None:
+    cmd.add_argument("--password-file", type=Path, metavar="FILE",
+                     help=f"the password of --connect's user: the file's first line (default: the environment "
+                     f"variable {PASSWORD_ENV}); never give it on the command line, where every local user sees it")
+
+
 def _spark_argument(cmd) -> None:
     cmd.add_argument("--spark", metavar="MASTER",
                      help="run the work as a Spark job (spark_jobs/) on this master: local[N] or spark://host:port; "
@@ -178,7 +195,7 @@ def _work_arguments(cmd) -> None:
 
 
 # What stderr says first when a command that writes or trusts a directory does not go ahead.
-_NOT_DONE = {"rotate": "not rotated", "repair": "not repaired", "state": "no state", "archive": "not archived",
+_NOT_DONE = {"init": "no repository made", "rotate": "not rotated", "repair": "not repaired", "state": "no state", "archive": "not archived",
              "backup": "not backed up", "restore": "not restored", "backups": "cannot list",
              "snapshot": "no snapshot", "expire": "nothing expired", "policy": "no policy", "drill": "no drill"}
 
@@ -194,6 +211,12 @@ def main(argv: list[str] | None = None, runner=None) -> int:
     if wrong := _usage_error(args):
         print(f"walvault: {wrong}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    if getattr(args, "connect", None):
+        try:
+            args.connect = _connect_uri(args)
+        except ValueError as e:
+            print(f"walvault: {e}", file=sys.stderr)
+            return EXIT_CANNOT_CHECK
     if getattr(args, "spark", None):
         if runner is not None:
             print("walvault: --spark inside a Spark job", file=sys.stderr)
@@ -255,30 +278,86 @@ def _usage_error(args) -> str | None:
             check_days(args.days)
         except ValueError as e:
             return f"--days: {e}"
-    if getattr(args, "wait", None) is not None and args.wait < 0:
-        return "--wait must not be negative"
+    if getattr(args, "wait", None) is not None and not (math.isfinite(args.wait) and args.wait >= 0):
+        return "--wait must be a finite number of seconds, not negative"
     if args.command == "expire" and args.as_of is not None and _as_of(args.as_of) is None:
         return f"--as-of {args.as_of!r} is not a time (ISO 8601 UTC, or @unix seconds)"
+    if args.command == "restore" and args.to is not None and not (_LIMESTONE_POINT.fullmatch(args.to)
+                                                                  or _point(args.to)):
+        return (f"--to {args.to!r} is not a point: a vclock ('{{1: 120, 0: 5}}' or '1:120,0:5'), a time (ISO 8601, "
+                "or @unix seconds) or, for limestone, an epoch (N or epoch:N)")
+    if getattr(args, "password_file", None) is not None and not args.connect:
+        return "--password-file goes with --connect (the password of its user)"
+    if getattr(args, "repo", None) is not None:  # verify's is optional
+        from .repository import RepositoryError
+        from .repository.storage import check_url
+
+        try:
+            check_url(args.repo)
+        except RepositoryError as e:
+            return f"--repo: {e}"
     return None
 
 
-def _as_of(text: str) -> float | None:
-    from .tarantool.pitr import parse_point
+_LIMESTONE_POINT = re.compile(r"(epoch:)?[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
+
+
+def _point(text: str):
+    """The Tarantool point (pitr.Point) a --to or --as-of names; None when it names none walvault can use."""
+    from .tarantool.pitr import format_time, parse_point
 
     try:
         point = parse_point(text)
         if point.time is not None:
-            time.gmtime(point.time)  # a time walvault can print (not 1e30)
+            format_time(point.time)  # a time walvault can print (not 1e30)
     except (ValueError, OverflowError, OSError):
         return None
-    return point.time
+    return point
+
+
+def _as_of(text: str) -> float | None:
+    point = _point(text)
+    return point.time if point is not None else None
+
+
+def _connect_uri(args) -> str:
+    """--connect with its user's password: from the URI (warned: a command line is visible to every local user),
+    from --password-file, or from WALVAULT_PASSWORD. The result is kept in memory only; ValueError says what is
+    wrong (never the password)."""
+    from .tarantool.live import split_password, with_password
+
+    bare, password = split_password(args.connect)
+    if password is not None:
+        if args.password_file is not None:
+            raise ValueError("--connect holds a password and --password-file gives one: give it once, in the file")
+        print(f"walvault: warning: a password in --connect is visible in the process list; use {PASSWORD_ENV} or "
+              "--password-file", file=sys.stderr)
+        return args.connect
+    if args.password_file is not None:
+        if "@" not in bare:
+            raise ValueError("--password-file: --connect names no user (user@host:port)")
+        try:
+            with open(args.password_file, encoding="utf-8") as f:
+                line = f.readline()
+        except OSError as e:
+            raise ValueError(f"--password-file {args.password_file}: cannot read it ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--password-file {args.password_file}: not UTF-8 text") from None
+        password = line.removesuffix("\n").removesuffix("\r")
+        if not password:
+            raise ValueError(f"--password-file {args.password_file}: its first line is empty")
+    else:
+        password = os.environ.get(PASSWORD_ENV)
+    if password is None or "@" not in bare:  # a user-less URI (guest) takes no password
+        return args.connect
+    return with_password(args.connect, password)
 
 
 def _verify(args) -> int:
     from .command.verify import Ledger, verify_paths
 
     progress = _progress(args)
-    repo = _repository(args, create=True) if getattr(args, "repo", None) else None
+    repo = _repository(args) if getattr(args, "repo", None) else None
     started = time.time()
     report = verify_paths(args.paths, runner=args.runner, progress=progress,
                           ledger=Ledger(repo, full=args.full) if repo else None)
@@ -407,17 +486,34 @@ def _progress(args) -> bool:
     return sys.stderr.isatty() if args.progress is None else args.progress
 
 
-def _repository(args, create: bool = False):
+def _repository(args):
+    """The repository of --repo; RepositoryError (exit 2) when the location holds none: only `init` makes one."""
     from .repository import Repository
     from .repository.storage import parse_options
 
-    return Repository(args.repo, parse_options(args.repo_option), create=create)
+    return Repository(args.repo, parse_options(args.repo_option))
+
+
+def _init(args) -> int:
+    from .repository import Repository
+    from .repository.storage import parse_options
+
+    repo, created = Repository.init(args.repo, parse_options(args.repo_option))
+    if args.json:
+        _print_json({"repository": repo.display, "created": created, "format": repo.info.get("format"),
+                     "since": repo.info.get("created")})
+    elif created:
+        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})")
+    else:
+        print(f"{repo.display} is a walvault repository already (format {repo.info.get('format')}, created "
+              f"{repo.info.get('created')}): nothing changed")
+    return EXIT_OK
 
 
 def _archive(args) -> int:
     from .command.archive import archive
 
-    repo = _repository(args, create=True)
+    repo = _repository(args)
     result = archive(args.paths, repo, level=args.level, runner=args.runner, progress=_progress(args))
     if args.json:
         _print_json(result.to_json())
@@ -440,7 +536,7 @@ def _backup(args) -> int:
     from .command.backup import backup, plan_for
 
     plan_for(args.source, check_only=True)
-    repo = _repository(args, create=True)
+    repo = _repository(args)
     result = backup(args.source, repo, incremental=args.type == "incremental", connect=args.connect,
                     level=args.level, runner=args.runner, progress=_progress(args), wait=args.wait)
     if args.json:
@@ -460,8 +556,8 @@ def _snapshot(args) -> int:
     from .command.backup import plan_for
     from .command.snapshot import snapshot
 
-    plan_for(args.source, check_only=True)  # a wrong SOURCE is said before a repository is created
-    repo = _repository(args, create=True)
+    plan_for(args.source, check_only=True)  # a wrong SOURCE is said first
+    repo = _repository(args)
     result = snapshot(args.source, repo, connect=args.connect, level=args.level, runner=args.runner,
                       progress=_progress(args), wait=args.wait)
     m = result.manifest

@@ -104,10 +104,40 @@ def load(path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: cannot read the walvault configuration ({e.strerror or e}); set {ENV_VAR} "
                           "to its path") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_loader(path))
+    except DuplicateKey as e:
+        raise ConfigError(str(e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not YAML: {e}") from None
     return parse(raw, path)
+
+
+class DuplicateKey(ValueError):
+    """A mapping names one key twice: YAML would keep the later value silently (a retention window changed unseen)."""
+
+
+def _loader(path: Path):
+    """yaml's SafeLoader, refusing a mapping that holds a key twice."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _value in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise DuplicateKey(f"{path}: the key {key!r} is given twice (lines {seen[key]} and {line}): "
+                                           "remove one")
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def parse(raw, path: Path) -> Config:

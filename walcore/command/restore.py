@@ -13,6 +13,7 @@ whole transaction at or before it; limestone — the backup's files with the dur
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -132,13 +133,30 @@ def _reuse_staging(staging: Path, mark: dict) -> list[str]:
     return notes
 
 
+def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dict) -> list[str]:
+    """A vclock point that leaves out a component the log has stops before that component's first row: say so."""
+    from ..tarantool.pitr import parse_point
+
+    point = parse_point(to)
+    if point.vclock is None:
+        return []
+    has = {int(c) for vclock in (point_info.get("vclock") or {}, manifest.position.get("vclock") or {})
+           for c, lsn in vclock.items() if lsn}
+    return [f"the point names no component {c}: taken as 0, so the restore stops before its first row"
+            + (" (component 0 counts local-space rows)" if c == 0 else "") for c in sorted(has - set(point.vclock))]
+
+
 def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = None,
             progress: bool = False) -> RestoreResult:
     target = Path(target)
+    if target.is_symlink():  # dangling, the restore would go where it leads (or fail at the end); else unclear
+        raise Refused(f"{target} is a symbolic link: give the directory to restore into itself", "cannot_check")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise Refused(f"{target} exists and is not an empty directory: nothing was written", "refused")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent}: no such directory")
+    if repo.storage.local and target.resolve().is_relative_to(os.path.realpath(repo.storage.root)):
+        raise Refused(f"{target} is inside the repository {repo.display}: restore somewhere else", "cannot_check")
     record = _find(repo, backup_id)
     pin = repo.restore_pin(record.family, record.instance)  # an expiry leaves this source alone meanwhile
     try:
@@ -178,6 +196,7 @@ def _restore(repo: Repository, record, backup_id: str, target: Path, to: str | N
             from .restore_pitr import tarantool_point
 
             reused, point_info, entries = tarantool_point(repo, manifest, to, staging, progress)
+            notes += _components_taken_as_zero(to, manifest, point_info)
         else:
             from .restore_pitr import limestone_point
 
@@ -194,5 +213,12 @@ def _restore(repo: Repository, record, backup_id: str, target: Path, to: str | N
         if isinstance(e, ObjectDamaged):
             raise Refused(f"backup {manifest.id} cannot be restored: {e}", "damaged") from None
         raise
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise  # as an interruption: the staging stays, for the next run to resume
+        # A full filesystem: what was written would only keep it full.
+        shutil.rmtree(staging, ignore_errors=True)
+        raise Refused(f"{target}: {e.strerror}{f' writing {e.filename}' if e.filename else ''}: the partial "
+                      f"restore {staging} was removed; nothing was restored", "cannot_check") from None
     return RestoreResult(manifest.id, str(target), len(entries), sum(e.size for _, e in entries), reused,
                          point_info, notes)

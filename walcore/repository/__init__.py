@@ -113,8 +113,29 @@ class Repository:
         else:
             self.info = read_info(self.storage)
             if self.info is None:
-                raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): "
-                                      "run a backup or archive into it first")
+                raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): create one "
+                                      f"with `walvault init --repo {self.display}`")
+
+    @classmethod
+    def init(cls, url: str, options: dict | None = None) -> tuple[Repository, bool]:
+        """`walvault init`: the repository at `url`, made there when the location is missing or empty; (it, whether
+        it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
+        a directory of other things into a repository."""
+        storage = Storage(url, options)
+        if read_info(storage) is not None:
+            return cls(url, options), False
+        if storage.local and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
+            raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
+        try:
+            held = storage.fs.ls(storage.root, detail=False)
+        except FileNotFoundError:
+            held = []
+        except Exception as e:
+            raise storage.error("cannot list the location", e) from None
+        if held:
+            raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
+                                  "(init makes a repository only in a new or empty location)")
+        return cls(url, options, create=True), True
 
     # -- names
 

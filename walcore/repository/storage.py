@@ -92,12 +92,35 @@ def check_name(name: str) -> str:
     return str(p)
 
 
+_SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
+
+
+def check_url(url: str) -> None:
+    """Refuse a repository URL that would not address what it says: empty (the current directory), a scheme
+    without '//' (`s3:/b/r` would be a local directory named `s3:`), a protocol fsspec does not know or whose
+    package is missing."""
+    import fsspec
+
+    if not url.strip():
+        raise RepositoryError("the repository URL is empty: give a path, s3://bucket/prefix or another fsspec URL")
+    if m := _SCHEME_WITHOUT_SLASHES.match(url):
+        raise RepositoryError(f"{redact_url(url)} is neither a URL ({m[1]}://...) nor a plain path: a local "
+                              f"directory whose name starts with '{m[1]}:' is written ./{m[1]}:...")
+    protocol, _path = fsspec.core.split_protocol(url)
+    if protocol not in (None, "file", "local"):
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as e:
+            raise RepositoryError(f"cannot open repository {redact_url(url)}: {e}") from None
+
+
 class Storage:
     """The repository root. Names are relative, '/'-separated."""
 
     def __init__(self, url: str, options: dict | None = None):
         import fsspec
 
+        check_url(url)
         self.url = url
         self.display = redact_url(url)
         self.options = dict(options or {})

@@ -63,6 +63,23 @@ def redact_uri(uri: str) -> str:
     return f"{m['head']}***@{m['tail']}" if m else uri
 
 
+def split_password(uri: str) -> tuple[str, str | None]:
+    """(the URI without its password, the password or None)."""
+    m = _USERINFO.fullmatch(uri)
+    return (f"{m['head'][:-1]}@{m['tail']}", m["password"]) if m else (uri, None)
+
+
+def with_password(uri: str, password: str) -> str:
+    """The URI of [tarantool://]user@host:port with the password added, to be kept in memory only (never in a
+    command line: /proc/PID/cmdline is readable by every local user)."""
+    scheme = _SCHEME.match(uri)
+    head = uri[:scheme.end()] if scheme else ""
+    userinfo, at, hostport = uri[len(head):].rpartition("@")
+    if not at or ":" in userinfo:
+        raise LiveError(f"{redact_uri(uri)}: a password is added only to a URI naming a user and no password")
+    return f"{head}{userinfo}:{password}@{hostport}"
+
+
 def _parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
     """(host, port, user, password) from [tarantool://][user[:password]@]host:port."""
     scheme = _SCHEME.match(uri)
