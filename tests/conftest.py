@@ -192,6 +192,16 @@ def append_vylog_records(vylog: Path, bodies: list[dict]) -> int:
 
 # -- repositories: the same tests over a local path and over S3 (moto's server on 127.0.0.1)
 
+
+def new_repository(url, options: dict | None = None):
+    """The repository `walvault init --repo URL` makes (done in process), for a test about something else: no
+    command but init creates one. Returns `url`, to pass on as it was."""
+    from walcore.repository import Repository
+
+    Repository(str(url), options or {}, create=True)
+    return url
+
+
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "walvault-test-key", "AWS_SECRET_ACCESS_KEY": "walvault-test-secret-value",
                   "AWS_DEFAULT_REGION": "us-east-1"}
 

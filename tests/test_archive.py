@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import copy_limestone_fixture, require_limestone, require_tarantool, run_cli, tree_snapshot
+from conftest import copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli, tree_snapshot
 
 
 def _archive(*args):
@@ -25,6 +25,7 @@ def test_tarantool_sealed_files_only_then_a_no_op(real_instance, repo_target, tm
     src = tmp_path / "src"
     shutil.copytree(real_instance, src)
     before = tree_snapshot(src)
+    repo_target.repository(create=True)
     proc, result = _archive(src, *repo_target.cli)
     assert proc.returncode == 0, proc.stderr
     assert tree_snapshot(src) == before, "archive wrote to the source"
@@ -52,7 +53,7 @@ def test_damaged_file_is_refused_with_its_findings(real_instance, tmp_path):
     data = bytearray(xlog.read_bytes())
     data[len(data) // 2] ^= 0xFF
     xlog.write_bytes(bytes(data))
-    proc, result = _archive(src, "--repo", tmp_path / "repo")
+    proc, result = _archive(src, "--repo", new_repository(tmp_path / "repo"))
     assert proc.returncode == 1
     refused = {r["path"]: r for r in result["refused"]}
     assert str(xlog) in refused
@@ -68,7 +69,7 @@ def test_same_name_other_bytes_is_a_conflict_that_keeps_both(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     uuid = "11111111-2222-4333-8444-555555555555"
     tr.generate_instance(first, wal_max_size=16384, scale=1, snapshots=1, instance_uuid=uuid)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     proc, _ = _archive(first, "--repo", repo)
     assert proc.returncode == 0, proc.stderr
     # the same instance's files with other bytes under one name: a snapshot rewritten (another history)
@@ -94,7 +95,7 @@ def test_backup_after_archive_reads_verified_bytes_once(real_instance, tmp_path)
     """Files the archive verified are not scanned again by the backup: their verdict comes from the ledger."""
     from walcore.repository import Repository
 
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     assert run_cli("archive", real_instance, "--repo", repo).returncode == 0
     proc = run_cli("backup", real_instance, "--repo", repo, "--json")
     assert proc.returncode == 0, proc.stderr
@@ -108,7 +109,7 @@ def test_backup_after_archive_reads_verified_bytes_once(real_instance, tmp_path)
 @require_limestone
 def test_limestone_rotated_files_and_versioned_catalog(tmp_path):
     src = copy_limestone_fixture("11-online-compaction", tmp_path)
-    proc, result = _archive(src, "--repo", tmp_path / "repo")
+    proc, result = _archive(src, "--repo", new_repository(tmp_path / "repo"))
     assert proc.returncode == 0, proc.stderr
     stored = {Path(p).name for p in result["stored"]}
     assert stored, result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import copy_limestone_fixture, require_limestone, require_tarantool, run_cli
+from conftest import copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli
 
 
 def _backups(repo) -> dict:
@@ -13,7 +13,7 @@ def _backups(repo) -> dict:
 
 @require_tarantool
 def test_a_tarantool_backup_starts_at_its_recorded_vclock(real_instance, tmp_path):
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     backup = json.loads(run_cli("backup", real_instance, "--repo", repo, "--json").stdout)
     proc = run_cli("drill", backup["id"], "--repo", repo, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -26,7 +26,7 @@ def test_a_tarantool_backup_starts_at_its_recorded_vclock(real_instance, tmp_pat
 @require_limestone
 def test_a_damaged_object_fails_the_drill_and_marks_the_backup(tmp_path):
     src = copy_limestone_fixture("20-random-small", tmp_path, "src")
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     backup = json.loads(run_cli("backup", src, "--repo", repo, "--json").stdout)
     assert run_cli("drill", "latest", "--repo", repo).returncode == 0
     victim = max(repo.rglob("backups/*/pwal_*.zst"), key=lambda p: p.stat().st_size)

@@ -13,7 +13,7 @@ import pytest
 
 import tarantool_real as tr
 import test_tarantool_live
-from conftest import REPO, require_tarantool, run_cli, tree_snapshot, walvault_command
+from conftest import REPO, new_repository, require_tarantool, run_cli, tree_snapshot, walvault_command
 
 from test_tarantool_live import PASSWORD, USER
 
@@ -26,13 +26,6 @@ def source(tmp_path_factory) -> Path:
     if tr.TARANTOOL is None:
         pytest.skip("real Tarantool not installed")
     return tr.generate_instance(tmp_path_factory.mktemp("inputs-source") / "src", scale=1, snapshots=1)
-
-
-def _new_repository(path: Path) -> None:
-    """A repository for a test about something else (`walvault init` has tests of its own)."""
-    from walcore.repository import Repository
-
-    Repository(str(path), create=True)
 
 
 def _one_line_exit_2(proc, *words: str) -> str:
@@ -104,7 +97,7 @@ def test_every_command_on_a_location_without_a_repository_exits_2_and_creates_no
 def tarantool_backup(source, tmp_path_factory) -> Path:
     """A repository holding one backup of `source`."""
     repo = tmp_path_factory.mktemp("inputs-backup") / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     proc = run_cli("backup", source, "--repo", repo)
     assert proc.returncode == 0, proc.stderr
     return repo
@@ -166,7 +159,7 @@ def test_a_vclock_point_without_a_component_says_it_took_it_as_0(tmp_path):
     proc = tr.run_lua_code(_LOCAL_AFTER_SNAPSHOT, cwd=source)
     assert proc.returncode == 0, proc.stderr
     repo = tmp_path / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     backup = run_cli("backup", source, "--repo", repo, "--json")
     assert backup.returncode == 0, backup.stderr
     position = json.loads(backup.stdout)["position"]["vclock"]
@@ -186,7 +179,7 @@ def test_a_vclock_point_without_a_component_says_it_took_it_as_0(tmp_path):
 
 def test_a_full_target_filesystem_names_the_path_and_leaves_no_staging(tmp_path, real_instance):
     repo = tmp_path / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     backup = run_cli("backup", real_instance, "--repo", repo, "--json")
     assert backup.returncode == 0, backup.stderr
     assert json.loads(backup.stdout)["bytes"] > 256 << 10, "the backup must not fit in the 128 KiB filesystem"
@@ -236,7 +229,7 @@ def test_a_spark_plan_keeps_the_password_out_of_the_command_line():
 
 def test_a_password_in_the_uri_is_warned_about_without_being_printed(tmp_path):
     repo = tmp_path / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     proc = run_cli("backup", tmp_path, "--repo", repo, "--connect", "backup:pw-in-argv@127.0.0.1:1")
     assert proc.returncode == 2
     assert "pw-in-argv" not in proc.stderr + proc.stdout
@@ -247,7 +240,7 @@ def test_a_password_in_the_uri_is_warned_about_without_being_printed(tmp_path):
 @pytest.mark.parametrize("problem", ["missing", "empty", "both", "no-connect"])
 def test_password_file_problems_exit_2(tmp_path, problem):
     repo = tmp_path / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     secret = tmp_path / "password"
     if problem != "missing":
         secret.write_text("" if problem == "empty" else "from-file\n")
@@ -279,7 +272,7 @@ def _cmdlines(pid: int) -> list[str]:
 @pytest.mark.parametrize("source", ["environment", "file"])
 def test_a_live_backup_takes_the_password_from_outside_its_command_line(live, tmp_path, source):
     repo = tmp_path / "repo"
-    _new_repository(repo)
+    new_repository(repo)
     env = {k: v for k, v in os.environ.items() if k != "WALVAULT_PASSWORD"}
     args = ["--connect", f"{USER}@127.0.0.1:{live.port}", "--jobs", "2", "--json"]
     if source == "environment":

@@ -22,6 +22,7 @@ def two_backups(tmp_path_factory):
     root = tmp_path_factory.mktemp("pitr")
     src, repo = root / "src", root / "repo"
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=1)
+    assert run_cli("init", "--repo", repo).returncode == 0
     assert run_cli("backup", src, "--repo", repo).returncode == 0
     tr.write_more(src, rows=800, snapshot=False, seed=1)
     moment = root / "moment"
@@ -71,13 +72,13 @@ def test_restore_to_the_end_equals_the_latest_backup(two_backups, tmp_path):
     assert tr.dump_data_dir(tmp_path / "r") == two_backups["end"]
 
 
-@pytest.mark.parametrize("point, reason", [("@1000", "no backup"), ("past the end", "ends"),
-                                           ("not a point", "--to")])
-def test_unreachable_points_are_refused(two_backups, tmp_path, point, reason):
+@pytest.mark.parametrize("point, reason, code", [("@1000", "no backup", 1), ("past the end", "ends", 1),
+                                                 ("not a point", "--to", 2)])  # 2: a bad command line
+def test_unreachable_points_are_refused(two_backups, tmp_path, point, reason, code):
     if point == "past the end":
         end = two_backups["end"]["vclock"]
         point = ",".join(f"{k}:{v + 1000 if k == 1 else v}" for k, v in sorted(end.items()))
     proc = _restore_to(two_backups, point, tmp_path / "r")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == code, proc.stderr
     assert reason in proc.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / ".r.walvault-restore").exists()
