@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli, tree_snapshot
+from conftest import (copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli,
+                      tree_snapshot)
 
 
 def _archive(*args):

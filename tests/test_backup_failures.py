@@ -69,7 +69,10 @@ class Repo:
     read and rewritten directly (local files or S3 objects), below walvault's own checks."""
 
     def __init__(self, target):
+        from walcore.repository import Repository
+
         self.url, self.options, self.cli = target.url, target.options, target.cli
+        Repository(self.url, self.options, create=True)  # as `walvault init` makes it: no other command does
 
     def storage(self):
         from walcore.repository.storage import Storage
@@ -83,7 +86,7 @@ class Repo:
         from walcore.repository import Repository
 
         self.storage()
-        return Repository(self.url, self.options, create=True)
+        return Repository(self.url, self.options)
 
     def objects(self) -> dict[str, str]:
         """Every object (local: every file, hidden temporary files too) -> the SHA-256 of its bytes."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (LIMESTONE_FIXTURES, RepoTarget, copy_limestone_fixture, limestone_readme_table,
+from conftest import (LIMESTONE_FIXTURES, RepoTarget, copy_limestone_fixture, limestone_readme_table, new_repository,
                       require_limestone, run_cli, tree_snapshot)
 from limestone_bytes import walk
 from walcore.limestone import writer
@@ -256,6 +256,7 @@ def test_readme_table_is_understood():
 def test_fixture_backup_and_restore(name, repo_target, tmp_path):
     """tglogutil OK (and every blob a durable put refers to present): backed up whole, restored to the same
     state; anything else refused with exit 1 and nothing recorded."""
+    repo_target.repository(create=True)
     row = TABLE[name]
     src = copy_limestone_fixture(name, tmp_path)
     before = tree_snapshot(src)
@@ -311,6 +312,7 @@ def test_fixture_backup_and_restore(name, repo_target, tmp_path):
 
 
 def test_full_then_incremental(repo_target, tmp_path):
+    repo_target.repository(create=True)
     src = tmp_path / "src"
     w = Workload(src, uuid="11111111-2222-4333-8444-555555555555", seed=7)
     phase_a(w)
@@ -373,7 +375,7 @@ def test_incremental_of_unchanged_source_stores_only_what_is_rewritten(tmp_path)
     src = tmp_path / "src"
     w = Workload(src, uuid="21111111-2222-4333-8444-555555555555", seed=3)
     phase_a(w)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     incr = _json(run_cli("backup", src, "--repo", repo, "--type", "incremental", "--json"))
     assert incr["stored_bytes"] == 0 and incr["files"] == full["files"]
@@ -383,6 +385,7 @@ def test_incremental_of_unchanged_source_stores_only_what_is_rewritten(tmp_path)
 
 
 def test_point_in_time(repo_target, tmp_path):
+    repo_target.repository(create=True)
     src = tmp_path / "src"
     w = Workload(src, uuid="31111111-2222-4333-8444-555555555555", seed=11)
     phase_a(w)
@@ -425,7 +428,7 @@ def test_point_in_time_refusals(tmp_path):
     """A time (limestone records none per epoch), a point past the backup, and digits str.isdigit takes but int()
     does not ('²', an Arabic-Indic three): each refused with its reason (no traceback), nothing written."""
     src = copy_limestone_fixture("01-clean", tmp_path)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     cases = {"4": "reaches epoch 3", "99999999999999999999999": "reaches epoch 3", "@1795335762": "no time",
              "2026-11-22": "no time", "-1": "no time", "epoch:": "no time", "\u00b2": "epoch number",
@@ -476,7 +479,7 @@ COVERED = {"pwal_0000.01795335762261.0", "pwal_0001.01795335762262.0", "pwal_000
 def test_point_in_time_of_a_compacted_set(tmp_path):
     """The compacted file folds every epoch up to the catalog's MAX_EPOCH_ID (4): points below it are refused."""
     src = copy_limestone_fixture(ONLINE, tmp_path)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     assert full["position"] == {"epoch": 9}
     for point in (4, 8, 9):
@@ -496,7 +499,7 @@ def test_point_in_time_uses_the_catalog_limestone_uses(tmp_path):
     src = copy_limestone_fixture(ONLINE, tmp_path)
     os.replace(src / "compaction_catalog", src / "compaction_catalog.back")
     assert verify(src)[0] == 0
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     proc = run_cli("restore", full["id"], tmp_path / "at-2", "--repo", repo, "--to", "2")
     assert_refused(proc, 1, "not restored", "compacted")
@@ -524,7 +527,7 @@ def test_point_in_time_below_what_the_compacted_file_folds(tmp_path):
     compacted.write_bytes(writer.snippet_header(0) + b"".join(e for _, e in sorted(entries)))
     assert verify(src)[0] == 0
     assert "6c617465" in state(src)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     proc = run_cli("restore", full["id"], tmp_path / "at-4", "--repo", repo, "--to", "4")
     assert_refused(proc, 1, "not restored", "compacted", "5")
@@ -537,6 +540,7 @@ def test_point_in_time_below_what_the_compacted_file_folds(tmp_path):
 
 
 def test_live_directory_is_refused(repo_target, tmp_path):
+    repo_target.repository(create=True)
     src = tmp_path / "src"
     w = Workload(src, uuid="41111111-2222-4333-8444-555555555555", seed=5)
     phase_a(w)
@@ -554,6 +558,7 @@ def test_live_directory_is_refused(repo_target, tmp_path):
 
 
 def test_nondurable_tail_is_refused(repo_target, tmp_path):
+    repo_target.repository(create=True)
     src = tmp_path / "src"
     w = Workload(src, uuid="51111111-2222-4333-8444-555555555555", seed=9)
     w.epoch(1, extra=[("put", 10)])
@@ -576,7 +581,7 @@ def test_unrepairable_is_refused(tmp_path):
     offset = [off for off, t, _ in walk(bytes(data)) if t == 1][1]
     data[offset] = 0
     (src / "pwal_0001").write_bytes(bytes(data))
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     proc = run_cli("backup", src, "--repo", repo)
     assert_refused(proc, 1, "not backed up", "unrepairable", f"pwal_0001: corrupted_durable_snippet at {offset}")
     assert "walvault repair" not in proc.stderr
@@ -631,7 +636,7 @@ def test_incremental_after_restore_to_a_point_and_restart(tmp_path):
     w = Workload(src, uuid="71111111-2222-4333-8444-555555555555", seed=13)
     phase_a(w)
     phase_b(w)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     pitr = tmp_path / "pitr"
     assert run_cli("restore", full["id"], pitr, "--repo", repo, "--to", "2").returncode == 0
@@ -666,7 +671,7 @@ def test_manifest_lists_epochs_verification_and_mutability(name, tmp_path):
         phase_a(Workload(src, uuid="81111111-2222-4333-8444-555555555555", seed=4))
     else:
         src = copy_limestone_fixture(name, tmp_path)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     from walcore.repository import Repository
 

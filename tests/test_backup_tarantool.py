@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import tarantool_real as tr
-from conftest import require_tarantool, run_cli, tree_snapshot
+from conftest import new_repository, require_tarantool, run_cli, tree_snapshot
 
 pytestmark = require_tarantool
 
@@ -47,6 +47,7 @@ def _restore_and_dump(repo_target, backup_id, target, expected_id):
 
 
 def test_full_then_incremental_restore_row_by_row(history, repo_target, tmp_path):
+    repo_target.repository(create=True)
     src = tmp_path / "src"
     shutil.copytree(history["a"], src)
     before = tree_snapshot(src)
@@ -88,7 +89,7 @@ def test_incremental_references_the_parent_and_keeps_the_log_unbroken(history, t
 
     src = tmp_path / "src"
     shutil.copytree(history["a"], src)
-    repo_dir = tmp_path / "repo"
+    repo_dir = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo_dir, "--json"))
     shutil.rmtree(src)
     shutil.copytree(history["b"], src)
@@ -110,7 +111,7 @@ def test_incremental_references_the_parent_and_keeps_the_log_unbroken(history, t
 
 
 def test_incremental_without_full_is_refused(history, tmp_path):
-    proc = run_cli("backup", history["a"], "--repo", tmp_path / "repo", "--type", "incremental")
+    proc = run_cli("backup", history["a"], "--repo", new_repository(tmp_path / "repo"), "--type", "incremental")
     assert proc.returncode == 1
     assert "no full backup" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -118,7 +119,7 @@ def test_incremental_without_full_is_refused(history, tmp_path):
 def test_incremental_of_another_instance_is_refused(history, tmp_path):
     other = tmp_path / "other"
     tr.generate_instance(other, wal_max_size=16384, scale=1, snapshots=1)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     _json(run_cli("backup", history["a"], "--repo", repo, "--json"))
     proc = run_cli("backup", other, "--repo", repo, "--type", "incremental")
     assert proc.returncode == 1 and "no full backup" in proc.stderr
@@ -131,7 +132,7 @@ def test_crashed_source_restores(crashed_instance, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(crashed_instance, src)
     expected = tr.dump_data_dir(src)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     proc = run_cli("restore", full["id"], tmp_path / "restored", "--repo", repo)
     assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_limestone_fixture, require_limestone, run_cli, tree_but_leases, tree_snapshot
+from conftest import (copy_limestone_fixture, new_repository, require_limestone, run_cli, tree_but_leases,
+                      tree_snapshot)
 from test_limestone_compact import CLEAN
 from walcore.limestone.catalog import CATALOG_NAME, parse_catalog
 from walcore.limestone.compact import COMPACTED_NAME, check_compacted
@@ -171,7 +172,7 @@ def test_a_snapshot_and_the_log_after_it_restore_the_source(history, tmp_path):
 @pytest.mark.parametrize("name", CLEAN)
 def test_every_clean_fixture_snapshots_to_its_own_state(name, tmp_path):
     src = copy_limestone_fixture(name, tmp_path, "src")
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     expected = _state(src)
     rotate = run_cli("rotate", src)
     if rotate.returncode != 0:  # 13 refers to a blob it does not hold: nothing of it is archived, so no snapshot
@@ -199,7 +200,7 @@ def test_fixture_11_limestones_own_compaction_is_the_base(tmp_path):
     for name in theirs.detached_pwals:
         (src / name).unlink()
     assert _state(src) == expected
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     (snap,) = _cycle(src, repo, "snapshot")
     restored = tmp_path / "r"
     _restore(repo, snap["id"], restored)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import LIMESTONE_FIXTURES, require_tarantool, run_cli, tree_but_leases, tree_snapshot
+from conftest import (LIMESTONE_FIXTURES, new_repository, require_tarantool, run_cli, tree_but_leases,
+                      tree_snapshot)
 import test_tarantool_live
 
 pytestmark = require_tarantool
@@ -167,7 +168,7 @@ def test_inside_the_window_everything_is_kept(repo, history):
 
 
 def test_an_uncovered_source_keeps_everything_and_is_reported(tmp_path, history):
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     assert run_cli("archive", history["src"], "--repo", repo).returncode == 0  # the archive alone: no snapshot
     before = tree_but_leases(repo)
     result = _plan(repo, history["done"] + 400 * DAY, "--apply")
@@ -419,7 +420,7 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
     fs.put(str(history["repo"]) + "/", f"{bucket}/repo/", recursive=True)
     args = ["--repo-option", f"endpoint_url={s3_endpoint}"]
     s3 = _plan(f"s3://{bucket}/repo", history["mid"] + 30 * DAY, "--apply", *args)
-    local_repo = tmp_path / "repo"
+    local_repo = new_repository(tmp_path / "repo")
     shutil.copytree(history["repo"], local_repo)
     local = _plan(local_repo, history["mid"] + 30 * DAY, "--apply")
     assert s3["deleted"] == local["deleted"] > 0
@@ -465,7 +466,7 @@ def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
 def test_snapshot_of_a_running_instance_takes_a_checkpoint_first(live, tmp_path):
     before = {int(k): v for k, v in live.eval("return box.info.vclock")[0].items()}
     snaps = set((live.work_dir).rglob("*.snap"))
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     result = _json(run_cli("snapshot", live.work_dir, "--repo", repo, "--connect", live.uri, "--json"))
     assert test_tarantool_live.PASSWORD not in json.dumps(result)
     assert set(live.work_dir.rglob("*.snap")) - snaps, "box.snapshot() made a new checkpoint"

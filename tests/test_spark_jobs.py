@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LIMESTONE_FIXTURES, S3_CREDENTIALS, TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, run_cli, \
-    walvault_command
+from conftest import LIMESTONE_FIXTURES, S3_CREDENTIALS, TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, \
+    new_repository, run_cli, walvault_command
 
 from walcore.cli import main as cli_main
 from walcore.command.state import directory_state
@@ -129,6 +129,7 @@ def test_verify_job_cuts_big_files_into_ranges_and_merges_them_exactly(spark, tm
 
 
 def test_verify_job_is_incremental_through_the_ledger(spark, tmp_path, repo_target):
+    repo_target.repository(create=True)
     source = tarantool_copy(tmp_path)
     argv = ["verify", str(source), *repo_target.cli, "--json"]
     plan = {"sources": [str(source)], "repo": repo_target.url, "repo_options": repo_target.options,
@@ -257,6 +258,7 @@ def _manifests(repo: Repository) -> list[dict]:
 
 
 def test_backup_job_stores_what_backup_stores(spark, tmp_path, repo_target):
+    repo_target.repository(create=True)
     source = tarantool_copy(tmp_path)
     local_repo = tmp_path / "local-repo"
     assert run_local(["backup", str(source), "--repo", str(local_repo)])[0] == 0
@@ -328,7 +330,7 @@ def test_task_failing_on_one_file_fails_the_job_without_a_manifest(spark, tmp_pa
 def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path):
     source = tmp_path / "data"
     generate_wal(source, target_bytes=120 << 20, file_bytes=16 << 20)  # a snapshot and xlogs
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     env = {**os.environ, **SPARK_ENV}
     proc = subprocess.Popen([*walvault_command(), "backup", str(source), "--repo", str(repo), "--spark", "local[2]",
                              "--level", "19"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -607,7 +609,7 @@ def test_an_instance_no_repository_name_can_hold_is_scanned_and_not_recorded(tmp
 
 def test_a_read_only_repository_still_verifies_and_says_the_report_was_not_kept(tmp_path):
     source = tarantool_copy(tmp_path)
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     assert run_local(["backup", str(source), "--repo", str(repo)])[0] == 0
     assert run_local(["verify", str(source), "--repo", str(repo)])[0] == 0
     if subprocess.run(["mount", "--bind", str(repo), str(repo)], capture_output=True).returncode:
