@@ -277,6 +277,8 @@ class Round:
         return r
 
     def cli(self) -> None:
+        # untimed: no other command creates a repository
+        subprocess.run([str(WALVAULT), "init", "--repo", str(self.repo_cli)], check=True, capture_output=True)
         r = self._step("walvault archive", walvault("archive", str(self.data), "--repo", str(self.repo_cli)))
         stored = (json_out(r) or {}).get("stored", [])
         self.cli_stored = sorted(Path(p).name for p in stored)

@@ -199,6 +199,12 @@ def tree_bytes(root: Path) -> int:
 # --------------------------------------------------------------------------- one timed subprocess
 
 
+def init(repo: Path) -> Path:
+    """`walvault init --repo REPO` (untimed: no other command creates a repository)."""
+    subprocess.run([str(WALVAULT), "init", "--repo", str(repo)], check=True, capture_output=True)
+    return repo
+
+
 def run(cmd: list[str], what: str) -> dict:
     """cmd as a subprocess after an (untimed) sync: wall time, exit code, peak RSS, stdout parsed as JSON."""
     os.sync()
@@ -304,7 +310,7 @@ class Round:
         return step_result(r, self.nbytes, files=len(self.paths), stored_bytes=written, synced_runs=[synced])
 
     def archive(self) -> dict:
-        self.repo_a = self.scratch / "repo-ledger"
+        self.repo_a = init(self.scratch / "repo-ledger")
         r = run(walvault("archive", str(self.data), "--repo", str(self.repo_a)), "walvault archive")
         self._check("archive", r)
         archived = r["out"]["stored"] if r["out"] else []
@@ -322,7 +328,7 @@ class Round:
         return self._backup("full, ledger on record", self.repo_a)
 
     def full(self) -> dict:
-        self.repo_b = self.scratch / "repo-fresh"
+        self.repo_b = init(self.scratch / "repo-fresh")
         result = self._backup("full, verification included", self.repo_b)
         shutil.rmtree(self.repo_b)
         return result

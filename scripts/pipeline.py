@@ -119,6 +119,11 @@ def main() -> int:
         except RuntimeError as e:
             say(f"cannot start: {e}")
             return 2
+        say(f"walvault init --repo {REPOSITORY.relative_to(CHECKOUT)}")
+        made = walvault("init", "--repo", str(REPOSITORY))
+        if made.returncode != 0:
+            say(f"cannot start: {made.stderr.strip()}")
+            return 2
         dags_test(env, "walvault_archive")
         for name, path in (("tarantool-local", tarantool.data_dir), ("limestone-samples", limestone)):
             kind = "incremental" if full_backup_exists(path) else "full"

@@ -196,8 +196,7 @@ def _work_arguments(cmd) -> None:
 
 # What stderr says first when a command that writes or trusts a directory does not go ahead.
 _NOT_DONE = {"init": "no repository made", "rotate": "not rotated", "repair": "not repaired", "state": "no state",
-             "archive": "not archived",
-             "backup": "not backed up", "restore": "not restored", "backups": "cannot list",
+             "archive": "not archived", "backup": "not backed up", "restore": "not restored", "backups": "cannot list",
              "snapshot": "no snapshot", "expire": "nothing expired", "policy": "no policy", "drill": "no drill"}
 
 
