@@ -144,6 +144,11 @@ class Repo:
 
         return restore(self.api(), backup_id, dest).to_json()
 
+    def is_fence(self, name: str) -> bool:
+        """The fence a backup leaves in place of an interrupted one's manifest (kept a week once its leftovers are
+        removed, so that their writer cannot commit them late)."""
+        return name.endswith("/backup.manifest") and json.loads(self.read(name)).get("fenced") is True
+
     def manifest_name(self, backup: dict) -> str:
         source = backup["source"]["instance"] if isinstance(backup["source"], dict) else backup["source"]
         return f"{backup['family']}/{source}/backups/{backup['id']}/backup.manifest"
@@ -161,7 +166,7 @@ class Repo:
             assert b["status"] in ("ok", "manifest_copy_used"), b
             name = self.manifest_name(b)
             keep |= {name, name + ".copy"} | {f["stored"] for f in self.manifest(b)["files"]}
-        return sorted(n for n in self.names() if n not in keep
+        return sorted(n for n in self.names() if n not in keep and not self.is_fence(n)
                       and not re.fullmatch(r"tarantool/[^/]+/ledger/[0-9a-f]{64}\.json", n)
                       and not re.fullmatch(r"reports/verify/\d{8}-\d{6}-[0-9a-f]{8}/(files\.parquet|summary\.json)", n))
 

@@ -22,7 +22,7 @@ import zstandard
 
 from conftest import RepoTarget, tree_snapshot
 from walcore.repository import ObjectDamaged, Repository, RepositoryError, SourceChanged
-from walcore.repository.lease import LeaseBusy, acquire
+from walcore.repository.lease import LeaseBusy, LeaseUnreadable, acquire
 from walcore.repository.manifest import (ManifestError, decode_checked, encode_checked, load_checked,
                                          save_checked)
 from walcore.repository.storage import Storage, UnsafeName, parse_options, redact_url
@@ -507,12 +507,16 @@ def test_unexpired_lease_of_a_live_process_holds(repo_target):
         repo.lease("tarantool", "inst", "backup")
 
 
-def test_young_unreadable_lease_holds(repo_target):
-    """A lease torn while it was written (or not walvault's) is judged by its age: a young one holds."""
+def test_young_empty_lease_holds_junk_one_is_named(repo_target):
+    """An empty lease (a create seen before its write, by an older walvault) is judged by its age: a young one
+    holds. Anything else that is not a lease stops with its name, whatever its age."""
     repo = repo_target.repository()
-    for body in (b"", b'{"holder": "torn', b"[]", b"null"):
+    repo.storage.write_bytes(LEASE, b"")
+    with pytest.raises(LeaseBusy):
+        repo.lease("tarantool", "inst", "backup")
+    for body in (b'{"holder": "torn', b"[]", b"null"):
         repo.storage.write_bytes(LEASE, body)
-        with pytest.raises(LeaseBusy):
+        with pytest.raises(LeaseUnreadable, match=f"remove {LEASE} once you know no walvault process"):
             repo.lease("tarantool", "inst", "backup")
 
 

@@ -402,7 +402,7 @@ def test_every_deletion_rechecks_its_conditions(repo, history):
     (repo / target.record).write_bytes((repo / target.record).read_bytes() + b" ")
     before = tree_snapshot(repo / family)
     with r.lease(family, instance, "expire") as lease:
-        _apply(r, plan, lease, "20990101-000000-test0000", [0], {"days": 30})
+        _apply(r, plan, (lease,), "20990101-000000-test0000", [0], {"days": 30})
     assert plan.stopped and target.record in plan.stopped
     assert (repo / target.path).exists() and (repo / target.record).exists()
     changed = {k for k in set(before) | set(tree_snapshot(repo / family)) if before.get(k)

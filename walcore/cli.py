@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None, runner=None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     from .repository import RepositoryError
-    from .repository.lease import LeaseBusy
+    from .repository.lease import LeaseBusy, LeaseLost
     from .repository.storage import UnsafeName
     from .runner import WorkFailed
     from .tarantool.live import LiveError as TarantoolLiveError
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None, runner=None) -> int:
         if args.command in ("inspect", "verify"):
             return _verify(args)
         return globals()[f"_{args.command}"](args)
-    except (LeaseBusy, UnsafeName) as e:
+    except (LeaseBusy, LeaseLost, UnsafeName) as e:
         print(f"walvault: {not_done}: {e}", file=sys.stderr)
         return EXIT_FINDINGS
     except (OSError, LiveError, RepositoryError, TarantoolLiveError, WorkFailed) as e:

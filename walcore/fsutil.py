@@ -72,6 +72,19 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def process_start(pid: int) -> str | None:
+    """What tells a process of this host from a later one given the same pid: the boot's id and the process's
+    start time (in clock ticks since boot, /proc/<pid>/stat field 22); None when it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            start = f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+    return f"{boot}/{start}"
+
+
 _swept: set[str] = set()  # prefixes whose orphans this process has removed already
 
 

@@ -6,7 +6,9 @@ epoch files and blobs. The newest xlog and vylog, an active `pwal_NNNN`, `epoch`
 are never archived. The compacted file, the catalog and the manifest are rewritten in place by limestone,
 so each content of theirs is archived under `<name>@<first 12 hex of its SHA-256>`.
 
-Each file is verified by walcore first; a damaged one is refused with its findings and not stored.
+Each file is verified by walcore first; a damaged one is refused with its findings and not stored. Storing runs
+under each source's archive lease (apart from its backup lease; an expiry takes both), proven right before each
+record is created: a record is the commit point (without it the file is not archived), created exclusively.
 The same name with the same bytes again is a no-op; the same name with other bytes is a conflict: the new
 bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is reported.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +31,9 @@ from .backup import Progress
 RECORD_SUFFIX = ".json"
 EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 VERSIONED_KINDS = ("compacted", "catalog", "manifest")
+# How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
+# --wait: archiving is scheduled often, and an expiry takes minutes).
+ARCHIVE_WAIT = 600.0
 
 
 @dataclass
@@ -84,9 +90,15 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     report = verify_paths([Path(s) for s in sources], runner=runner, progress=progress)
     items = _tarantool_items(report, result) + _limestone_items(report, result)
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
-    with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
-        list(pool.map(lambda item: _store(repo, item, result, level, tracker), items))
-    _record_complete(repo, report, result)
+    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", _limestone_instance(d))
+                                                                 for d in report.dirs if d.manifest is not None})
+    with ExitStack() as stack:
+        leases = {source: stack.enter_context(repo.archive_lease(*source, "archive", wait=ARCHIVE_WAIT))
+                  for source in sources}  # in one order: two archives of overlapping sources cannot deadlock
+        with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
+            list(pool.map(lambda item: _store(repo, item, result, level, tracker, leases[item.family, item.instance]),
+                          items))
+        _record_complete(repo, report, result, leases)
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
@@ -197,7 +209,7 @@ def archive_complete(repo: Repository, family: str, instance: str) -> int | None
     return epoch.get("epoch") if isinstance(epoch.get("epoch"), int) else None
 
 
-def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
+def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
     """Record how far each limestone source's log is archived whole: below the lowest epoch of any of its pwal
     files that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
     Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry
@@ -215,11 +227,12 @@ def _record_complete(repo: Repository, report, result: ArchiveResult) -> None:
         instance = _limestone_instance(d)
         before = archive_complete(repo, "limestone", instance)
         if before is None or complete > before:
+            leases["limestone", instance].confirm()
             repo.storage.write_bytes(_complete_name(repo, "limestone", instance),
                                      encode_checked({"epoch": complete, "updated": utc_now()}))
 
 
-def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress) -> None:
+def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
     name = item.name
@@ -249,8 +262,11 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     entry = FileEntry(name=item.name, kind=item.kind, size=stored.size, sha256=stored.sha256, stored=object_name,
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
                       mutable=False, range=_range(item), verification=verdict)
-    repo.storage.write_bytes(record_name, encode_checked({**entry.__dict__, "archived": utc_now(),
-                                                          "source": str(item.path)}))
+    lease.confirm()
+    if problem := _commit_record(repo, record_name, entry, item):
+        result.refused.append({"path": str(item.path), "findings": [{"code": "not_committed", "offset": None,
+                                                                     "message": problem}]})
+        return
     if item.family == "tarantool" and verdict.get("status") == "ok":
         repo.ledger_put("tarantool", item.instance, stored.sha256, verdict)
     if existing is not None:
@@ -259,6 +275,28 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     else:
         result.stored.append(str(item.path))
     tracker.advance(stored.size)
+
+
+def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: _Item) -> str | None:
+    """Create the record of a stored object, exclusively; then make sure the object it names is still the one
+    stored (an expiry that took it for an orphan meanwhile removed it: the record goes too). None when committed,
+    else why not."""
+    data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path)})
+    if not repo.storage.create(record_name, data):
+        found = _load_record(repo, record_name)
+        if found is None:  # a damaged record (archive took it for none): replaced, under the lease just proven
+            repo.storage.write_bytes(record_name, data)
+        elif (found.stored, found.sha256, found.stored_sha256) != (entry.stored, entry.sha256, entry.stored_sha256):
+            return f"{record_name} was written by another process meanwhile: archive the file again"
+    try:
+        size = repo.storage.size(entry.stored)
+    except FileNotFoundError:
+        size = None
+    if size != entry.stored_size:
+        repo.storage.remove(record_name)
+        return f"{entry.stored} was removed or replaced while its record was written (an expiry took it for an " \
+               "orphan): archive the file again"
+    return None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The backup command: one source (a Tarantool data dir or a limestone log directory) into the repository.
 
 Order of work, so that a backup is either whole and proven or absent:
-1. take the source's lease, remove what an interrupted backup of it left (files without a manifest);
+1. take the source's lease, remove what an interrupted backup of it left (files without a main manifest), fencing
+   each such directory first so that its writer, if it only paused, can no longer commit it;
 2. choose the set (the family's rules) and, for an incremental, its parent chain;
 3. store each file not already held by the parent chain — read once, hashing the source bytes and the
    stored bytes, zstd-compressed, on all cores; sealed files the parent chain holds (same name and size:
@@ -9,8 +10,9 @@ Order of work, so that a backup is either whole and proven or absent:
    read again and referenced only when their bytes are the same;
 4. verify: a file whose SHA-256 the ledger knows as verified is not read again; others are scanned; then
    the family's set checks (chain, snapshot, vinyl; the limestone directory verdict) run on the set;
-5. write the manifest (copy, then main): only then does the backup exist.
-Any refusal or error removes what this backup stored.
+5. prove the lease is still ours, then write the manifest (copy, then main by an exclusive create): only then
+   does the backup exist. A lease lost (broken by a backup that judged this one dead) stops it with LeaseLost.
+Any refusal or error removes what this backup stored (but a fence another backup put in place of its manifest).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 
 from ..findings import Refused
 from ..repository import Repository, Stored, utc_now, walvault_version
-from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, save_checked
+from ..repository.lease import Lease, LeaseLost
+from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, commit_checked
 from ..runner import LocalRunner, run_all
 
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
@@ -132,16 +135,16 @@ def backup(source: Path, repo: Repository, *, incremental: bool = False, connect
     """Back up one source. The copy, hash, compress and verify work runs on the runner (this machine's cores by
     default); the plan, the set's checks and the manifest stay here."""
     plan = plan_for(source, connect)
-    with repo.lease(plan.family, plan.instance, "backup", wait=wait):
-        return store_set(repo, plan, "incremental" if incremental else "full", level=level, runner=runner,
+    with repo.lease(plan.family, plan.instance, "backup", wait=wait) as lease:
+        return store_set(repo, plan, "incremental" if incremental else "full", lease, level=level, runner=runner,
                          progress=progress)
 
 
-def store_set(repo: Repository, plan, kind: str, *, level: int = 3, runner=None, progress: bool = False,
-              checks: dict | None = None) -> BackupResult:
+def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3, runner=None,
+              progress: bool = False, checks: dict | None = None) -> BackupResult:
     """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
-    caller holds it). `checks` are added to the manifest's (what a snapshot covers)."""
-    removed = _remove_leftovers(repo, plan.family, plan.instance)
+    caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers)."""
+    removed = _remove_leftovers(repo, plan.family, plan.instance, lease)
     parent = None
     chain: list[BackupManifest] = []
     if kind == "incremental":
@@ -157,13 +160,27 @@ def store_set(repo: Repository, plan, kind: str, *, level: int = 3, runner=None,
         prefix = repo.backup_dir(plan.family, plan.instance, backup_id)
         try:
             result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, runner or LocalRunner(),
-                          progress, kind, checks or {})
-        except BaseException:
-            repo.storage.remove_tree(prefix)
+                          progress, kind, checks or {}, lease)
+        except BaseException as e:
+            # Its own objects go; a fence in its manifest's place is the breaker's, and stays.
+            repo.storage.remove_tree(prefix, keep=f"{prefix}/{MANIFEST_NAME}")
+            if isinstance(e, Exception) and not isinstance(e, LeaseLost):
+                _lost_first(lease, e)
             raise
     result.removed_leftovers = removed
     result.notes = plan.notes + result.notes
     return result
+
+
+def _lost_first(lease: Lease, error: Exception) -> None:
+    """A backup that fails after its lease was lost failed because of that (its breaker removed what it was
+    writing): LeaseLost is the error to report."""
+    try:
+        lease.confirm()
+    except LeaseLost as lost:
+        raise lost from error
+    except Exception:  # the lease cannot be read now: the error met first is the one to report
+        pass
 
 
 def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | None:
@@ -177,23 +194,22 @@ def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | No
 STALE_TEMPORARY = 3600.0
 
 
-def _remove_leftovers(repo: Repository, family: str, instance: str) -> list[str]:
-    """Backups without a manifest (killed), and the temporary files of killed writes under the source and at the
-    repository's root."""
+def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease) -> list[str]:
+    """Backups without a main manifest (killed, or paused past their lease: fenced first), and the temporary files
+    of killed writes under the source and at the repository's root."""
     for prefix in (repo.source_dir(family, instance), None):
         repo.storage.remove_stale_temporaries(prefix, STALE_TEMPORARY)
     removed = []
     for backup_id in repo.backup_ids(family, instance):
         record = repo.load_backup(family, instance, backup_id)
-        if not record.complete:
-            repo.storage.remove_tree(repo.backup_dir(family, instance, backup_id))
+        if not record.complete and repo.clear_leftovers(record, lease):
             removed.append(backup_id)
     return removed
 
 
 def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
-         prefix: str, started: str, level: int, runner, progress: bool, kind: str, extra_checks: dict
-         ) -> BackupResult:
+         prefix: str, started: str, level: int, runner, progress: bool, kind: str, extra_checks: dict,
+         lease: Lease) -> BackupResult:
     held = {}  # name -> the newest entry of the parent chain holding it
     for manifest in chain:
         for entry in manifest.files:
@@ -243,7 +259,10 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
         family=plan.family, source=plan.source_info(), walvault=walvault_version(), started=started,
         finished=utc_now(), position=position, compression={"type": "zstd", "level": level},
         files=[c.entry for c in candidates], checks=checks)
-    save_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
+    lease.confirm()
+    if not commit_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json()):
+        raise LeaseLost(f"lease {lease.name} was lost: backup {backup_id} was fenced by another backup of the "
+                        "source, which judged this one dead and removed what it stored; it is not committed")
     return BackupResult(manifest)
 
 

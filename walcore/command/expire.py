@@ -35,7 +35,7 @@ from ..findings import Refused
 from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
-from ..repository.lease import LeaseBusy
+from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
 from ..tarantool.meta import vclock_from_json, vclock_leq
 from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
@@ -154,10 +154,11 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
     for family, instance in sources:
         plan = SourcePlan(family, instance)
         try:
-            with repo.lease(family, instance, "expire", wait=wait) as lease:
+            with repo.lease(family, instance, "expire", wait=wait) as lease, \
+                    repo.archive_lease(family, instance, "expire", wait=wait) as archive_lease:
                 plan = plan_source(repo, family, instance, as_of - days * DAY)
-                _apply(repo, plan, lease, run, seq, {"days": days, "as_of": iso(as_of)})
-        except LeaseBusy as e:  # another source's expiry goes on; this one is reported
+                _apply(repo, plan, (lease, archive_lease), run, seq, {"days": days, "as_of": iso(as_of)})
+        except (LeaseBusy, LeaseLost) as e:  # another source's expiry goes on; this one is reported
             plan.stopped = f"not expired: {e}"
         except Refused as e:
             plan.stopped = f"not expired: {e}"
@@ -451,21 +452,23 @@ class _Changed(RuntimeError):
     """A deletion's conditions no longer hold: the source's expiry stops."""
 
 
-def _apply(repo: Repository, plan: SourcePlan, lease, run: str, seq: list[int], policy: dict) -> None:
+def _apply(repo: Repository, plan: SourcePlan, leases: tuple, run: str, seq: list[int], policy: dict) -> None:
+    """Carry out the plan under the source's lease and its archive's (`leases`), each proven before each
+    deletion."""
     if plan.delete and (damaged := _damaged_anchor_object(repo, plan)):
         plan.stopped = f"nothing deleted: the anchor {plan.anchor['name']} is not intact ({damaged})"
         return
     for item in plan.delete:
         try:
-            _recheck(repo, plan, lease, item)
-        except _Changed as e:
+            _recheck(repo, plan, leases, item)
+        except (_Changed, LeaseLost) as e:
             plan.stopped = f"stopped before {item.path}: {e}"
             return
         seq[0] += 1
         repo.audit(run, seq[0], {"run": run, "seq": seq[0], "time": iso(time.time()), "policy": policy,
                                  "family": plan.family, "instance": plan.instance, **item.to_json(),
                                  "by": f"walvault {walvault_version()}", "host": os.uname().nodename})
-        _delete(repo, plan, item)
+        _delete(repo, plan, item, leases[0])
         plan.deleted += 1
 
 
@@ -487,15 +490,9 @@ def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
     return None
 
 
-def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
-    import json
-
-    try:
-        holder = json.loads(repo.storage.read_bytes(lease.name)).get("holder")
-    except (FileNotFoundError, ValueError):
-        holder = None
-    if holder != lease.holder:
-        raise _Changed("this expiry's lease was broken by another process")
+def _recheck(repo: Repository, plan: SourcePlan, leases: tuple, item: Item) -> None:
+    for lease in leases:
+        lease.confirm()  # LeaseLost: stops this source's expiry
     if busy := repo.restores_in_progress(plan.family, plan.instance):
         raise _Changed(f"a restore of this source started: {busy[0]}")
     if item.covered_by is not None:
@@ -515,8 +512,11 @@ def _recheck(repo: Repository, plan: SourcePlan, lease, item: Item) -> None:
         raise _Changed(f"{item.path} changed since the plan (gone)") from None
 
 
-def _delete(repo: Repository, plan: SourcePlan, item: Item) -> None:
+def _delete(repo: Repository, plan: SourcePlan, item: Item, lease) -> None:
     storage = repo.storage
+    if item.kind == "leftovers":  # fenced first: a writer that only paused can no longer commit them
+        repo.clear_leftovers(repo.load_backup(plan.family, plan.instance, item.backup_id), lease)
+        return
     if item.record is not None:
         # The tombstone first: the source may still hold the file, and archive must not store it again.
         record = decode_checked(item.fingerprint, item.record)

@@ -52,8 +52,8 @@ def snapshot(source: Path, repo: Repository, *, connect: str | None = None, leve
                           "cannot_check")
         return _limestone(source, repo, level=level, runner=runner, progress=progress, wait=wait)
     plan = plan_for(source, connect, snapshot=True)
-    with repo.lease(plan.family, plan.instance, "snapshot", wait=wait):
-        return store_set(repo, plan, "snapshot", level=level, runner=runner, progress=progress)
+    with repo.lease(plan.family, plan.instance, "snapshot", wait=wait) as lease:
+        return store_set(repo, plan, "snapshot", lease, level=level, runner=runner, progress=progress)
 
 
 def _newest_snapshot(records: list) -> BackupManifest | None:
@@ -78,7 +78,7 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
         raise Refused(f"{source}: limestone cannot read its manifest", "cannot_check")
     instance = manifest.instance_uuid or _path_instance(source)
     manifest_bytes = (source / "limestone-manifest.json").read_bytes()
-    with repo.lease("limestone", instance, "snapshot", wait=wait):
+    with repo.lease("limestone", instance, "snapshot", wait=wait) as lease:
         records = load_archived(repo, "limestone", instance)
         if any(r is None for r in records):
             raise Refused(f"an archive record of limestone {instance} cannot be read: `walvault verify --repo` "
@@ -154,7 +154,7 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
                       "folded": folded.folded, "detached": folded.detached, "max_blob_id": folded.max_blob_id,
                       "previous": previous.id if previous else None, "skipped": folded.skipped}
             plan = LimestonePlan(out, origin=source)
-            return store_set(repo, plan, "snapshot", level=level, runner=runner, progress=progress,
+            return store_set(repo, plan, "snapshot", lease, level=level, runner=runner, progress=progress,
                              checks={"snapshot": covers})
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -5,10 +5,12 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     walvault.repo(.copy)                              format version, checksummed
     walvault.policy(.copy)                            the retention policy (checksummed): {"days": N}
     locks/<family>-<instance>.lease                   one backup, snapshot or expiry of a source at a time
+    locks/<family>-<instance>.archive.lease           one archive or expiry of a source's archive at a time
     locks/<family>-<instance>.restore-<hex>.lease     a restore in progress (expiry leaves the source alone)
     audit/<YYYYMMDD-HHMMSS>-<hex8>/<nnnnnn>.json      append-only: every deletion of an expiry, just before it
     <family>/<instance>/backups/<id>/<name>.zst       a backup's (or a snapshot's) own files, zstd-compressed
     <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
+                                                      (or a fence: its leftovers are removed, no late commit)
     <family>/<instance>/backups/<id>/drill.json       the verdict of the backup's last restore drill
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
@@ -92,6 +94,13 @@ class BackupRecord:
     manifest: BackupManifest | None
     problem: str | None = None  # the manifest's main file was damaged (the copy was used), or neither is good
     complete: bool = True  # False: files without a manifest (an interrupted backup's leftovers)
+    fenced: float | None = None  # when its leftovers were fenced: their writer can no longer commit them
+    cleared: bool = False  # fenced, nothing left but the fence, and the fence kept a while yet: nothing to list
+
+
+# How long a fence stays where an interrupted backup's leftovers were: a writer paused past its lease this long
+# and woken right between proving its lease and its commit is what it no longer stops.
+FENCE_KEEP = 7 * 86400.0
 
 
 def is_backup_id(text: str) -> bool:
@@ -151,8 +160,13 @@ class Repository:
         return f"{self.source_dir(family, instance)}/backups/{backup_id}"
 
     def lease(self, family: str, instance: str, command: str, *, wait: float = 0.0,
-              ttl: float = DEFAULT_TTL) -> Lease:
+              ttl: float | None = None) -> Lease:
         return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.lease", command, ttl=ttl, wait=wait)
+
+    def archive_lease(self, family: str, instance: str, command: str, *, wait: float = 0.0) -> Lease:
+        """One archive (or expiry) of a source's archive at a time: apart from the source's lease, so that a long
+        backup does not hold archiving up."""
+        return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.archive.lease", command, wait=wait)
 
     def restore_pin(self, family: str, instance: str) -> Lease | None:
         """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None
@@ -292,14 +306,23 @@ class Repository:
                 if _BACKUP_ID.fullmatch(d)]
 
     def load_backup(self, family: str, instance: str, backup_id: str) -> BackupRecord:
+        """A backup's record. Its main manifest is the commit point: without it (even with a copy: the writer
+        stopped between the two) the files are leftovers; a damaged main one with a good copy is used from the
+        copy. A fence in its place says the leftovers were taken from their writer."""
         prefix = self.backup_dir(family, instance, backup_id)
+        main = f"{prefix}/{MANIFEST_NAME}"
+        leftovers = "an interrupted backup's leftovers"
         try:
-            loaded = load_checked(self.storage, f"{prefix}/{MANIFEST_NAME}")
+            loaded = load_checked(self.storage, main)
         except FileNotFoundError:
-            return BackupRecord(family, instance, backup_id, None, "no manifest: an interrupted backup's leftovers",
-                                complete=False)
+            return BackupRecord(family, instance, backup_id, None, f"no manifest: {leftovers}", complete=False)
         except (ManifestError, UnsafeName) as e:
             return BackupRecord(family, instance, backup_id, None, str(e))
+        if loaded.problem == f"{main} is missing":
+            return BackupRecord(family, instance, backup_id, None, f"no main manifest, only its copy: {leftovers}",
+                                complete=False)
+        if loaded.used == main and loaded.obj.get("fenced") is True:
+            return self._fenced(family, instance, backup_id, loaded.obj)
         try:
             manifest = BackupManifest.from_json(loaded.obj)
         except (ManifestError, UnsafeName) as e:
@@ -311,9 +334,48 @@ class Repository:
         problem = f"{loaded.problem}; {loaded.used} was used" if loaded.problem else None
         return BackupRecord(family, instance, backup_id, manifest, problem)
 
+    def _fenced(self, family: str, instance: str, backup_id: str, fence: dict) -> BackupRecord:
+        prefix = self.backup_dir(family, instance, backup_id)
+        try:
+            when = stamp_seconds(fence.get("time"))
+        except (TypeError, ValueError):
+            when = 0.0  # a fence of no known time is old: removed with its directory
+        residue = [n for n in self.storage.list(prefix) if n != f"{prefix}/{MANIFEST_NAME}"]
+        return BackupRecord(family, instance, backup_id, None,
+                            f"fenced by {fence.get('lease')} at {fence.get('time')}: an interrupted backup's "
+                            "leftovers, which their writer can no longer commit", complete=False, fenced=when,
+                            cleared=not residue and time.time() - when <= FENCE_KEEP)
+
+    def clear_leftovers(self, record: BackupRecord, lease: Lease) -> bool:
+        """Remove an interrupted backup's leftovers once their writer can no longer commit them: a fence is created
+        in place of its main manifest first (an exclusive create: a late writer's commit then fails), and stays
+        FENCE_KEEP before the directory goes. False when a manifest appeared meanwhile (the writer committed: its
+        backup is left alone) or nothing was left to remove."""
+        prefix = self.backup_dir(record.family, record.instance, record.id)
+        main = f"{prefix}/{MANIFEST_NAME}"
+        lease.confirm()
+        fenced = record.fenced
+        if fenced is None:
+            fence = encode_checked({"fenced": True, "by": lease.holder, "lease": lease.name, "time": utc_now()})
+            fenced = time.time()
+            if not self.storage.create(main, fence):
+                record = self.load_backup(record.family, record.instance, record.id)
+                if record.fenced is None:
+                    return False
+                fenced = record.fenced
+        if record.cleared:
+            return False
+        if time.time() - fenced > FENCE_KEEP:
+            self.storage.remove_tree(prefix)
+        else:
+            self.storage.remove_tree(prefix, keep=main)
+        return True
+
     def source_backups(self, family: str, instance: str) -> list[BackupRecord]:
-        """Every backup of one source, as found (in no particular order)."""
-        return [self.load_backup(family, instance, b) for b in self.backup_ids(family, instance)]
+        """Every backup of one source, as found (in no particular order); a fence whose leftovers are gone is
+        none."""
+        records = [self.load_backup(family, instance, b) for b in self.backup_ids(family, instance)]
+        return [r for r in records if not r.cleared]
 
     def backups(self) -> list[BackupRecord]:
         """Every backup of every source, oldest first (by id, then finish time)."""

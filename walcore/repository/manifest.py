@@ -1,8 +1,9 @@
 """The repository's info and the backup manifest (as pgBackRest's info layer).
 
 Each is JSON carrying a SHA-256 of its own canonical form, saved twice: `<name>.copy` first, then
-`<name>` (the commit point). A reader takes the main file when its checksum holds, else the copy, and
-says which. A backup without a readable manifest does not exist.
+`<name>` (the commit point; for a backup manifest an exclusive create). A reader takes the main file when its
+checksum holds, else the copy, and says which. A backup without a readable manifest does not exist, nor one whose
+main manifest is missing (its writer stopped between the copy and the commit).
 """
 
 from __future__ import annotations
@@ -51,6 +52,19 @@ def save_checked(storage: Storage, name: str, obj: dict) -> None:
     data = encode_checked(obj)
     storage.write_bytes(name + COPY_SUFFIX, data)
     storage.write_bytes(name, data)
+
+
+def commit_checked(storage: Storage, name: str, obj: dict) -> bool:
+    """Save a backup manifest as save_checked does, its main file by an exclusive create: False when something
+    holds that name already (a fence: the backup's leftovers were taken from this writer, whose lease was lost)."""
+    data = encode_checked(obj)
+    storage.write_bytes(name + COPY_SUFFIX, data)
+    if storage.create(name, data):
+        return True
+    try:  # a PUT retried after its reply was lost finds its own first attempt
+        return storage.read_bytes(name) == data
+    except FileNotFoundError:
+        return False
 
 
 @dataclass

@@ -326,22 +326,29 @@ class Storage:
         self.write(name, [data])
 
     def create(self, name: str, data: bytes) -> bool:
-        """Create an object only if none has that name (the lease); False when one exists already."""
+        """Create an object only if none has that name (a lease, a manifest's commit, an archive record); False when
+        one exists already. It appears whole: locally written to a temporary file first, then hard-linked to its
+        name (a link never replaces a file); on an object store a PUT conditional on no object being there."""
         full = self.full(name)
         if self.local:
             parent = os.path.dirname(full)
             self._makedirs(parent)
+            tmp = os.path.join(parent, f".{os.path.basename(full)}.{uuid.uuid4().hex[:8]}.walvault-tmp")
             try:
-                fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.link(tmp, full)
             except FileExistsError:
                 return False
             except OSError as e:
                 raise self.error(f"cannot create {name}", e) from None
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
             finally:
-                os.close(fd)
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
             fsync_dir(parent)
             return True
         try:
@@ -349,10 +356,79 @@ class Storage:
         except FileExistsError:
             return False
         except Exception as e:
-            if "PreconditionFailed" in str(e) or "412" in str(e):
+            if _precondition_failed(e):
                 return False
             raise self.error(f"cannot create {name}", e) from None
         return True
+
+    def update(self, name: str, change) -> bool:
+        """Replace or remove a small object only if it still holds what `change` was shown, so that two processes
+        updating it (a lease renewed, broken, released) never both act on one version: `change(current)` (its bytes,
+        None when it is absent) returns the new bytes, None to remove it, or False to leave it as it is. Returns
+        whether it acted. Locally the read and the write are one step under an flock on the object's directory
+        (every update of it takes that flock); on an object store the write or delete is conditional on the ETag
+        read (If-Match), and False when the object changed in between."""
+        full = self.full(name)
+        if self.local:
+            import fcntl
+
+            parent = os.path.dirname(full)
+            self._makedirs(parent)
+            fd = os.open(parent, os.O_RDONLY)  # the directory itself: no lock file of its own to leave behind
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = self.read_bytes(name)
+                except FileNotFoundError:
+                    current = None
+                new = change(current)
+                if new is False:
+                    return False
+                if new is None:
+                    if current is not None:
+                        self.remove(name)
+                    return current is not None
+                if current is None:
+                    return self.create(name, new)
+                self.write_bytes(name, new)
+                return True
+            finally:
+                os.close(fd)
+        current, etag = self._read_tagged(name, full)
+        new = change(current)
+        if new is False or (new is None and current is None):
+            return False
+        if current is None:
+            return self.create(name, new)
+        bucket, key, _ = self.fs.split_path(full)
+        try:
+            if new is None:
+                self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
+            else:
+                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=new, IfMatch=etag)
+        except FileNotFoundError:
+            return False  # removed meanwhile
+        except Exception as e:
+            if _precondition_failed(e):
+                return False
+            raise self.error(f"cannot update {name}", e) from None
+        finally:
+            self.fs.invalidate_cache(full)
+        return True
+
+    def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
+        """An object's bytes and the ETag of exactly those bytes (the read is conditional on the ETag looked up)."""
+        for attempt in range(_READ_ATTEMPTS):
+            try:
+                with self.fs.open(full, "rb") as f:
+                    return f.read(), f.details.get("ETag")
+            except FileNotFoundError:
+                return None, None
+            except Exception as e:
+                if _replaced_while_read(e) and attempt + 1 < _READ_ATTEMPTS:
+                    continue
+                raise self.error(f"cannot read {name}", e) from None
+        raise AssertionError("unreachable")
 
     def remove(self, name: str) -> None:
         try:
@@ -381,10 +457,11 @@ class Storage:
                 continue  # gone meanwhile
         return removed
 
-    def remove_tree(self, prefix: str) -> None:
-        """Remove every object under a prefix (a backup's leftovers)."""
+    def remove_tree(self, prefix: str, keep: str | None = None) -> None:
+        """Remove every object under a prefix (a backup's leftovers), but the one named `keep` (a fence)."""
         for name in self.list(prefix):
-            self.remove(name)
+            if name != keep:
+                self.remove(name)
         if self.local:
             full = self.full(prefix)
             for root, dirs, _files in os.walk(full, topdown=False):
@@ -398,6 +475,11 @@ class Storage:
             except OSError as e:
                 if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
                     raise self.error(f"cannot remove {prefix}", e) from None
+
+
+def _precondition_failed(e: BaseException) -> bool:
+    """An object store refused a conditional write (HTTP 412): the object is not the one the condition named."""
+    return "PreconditionFailed" in str(e) or "412" in str(e)
 
 
 def _replaced_while_read(e: BaseException) -> bool:
