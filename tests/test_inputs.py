@@ -75,6 +75,8 @@ def test_init_makes_a_repository_once_and_refuses_a_directory_of_other_things(tm
     before = tree_snapshot(other)
     _one_line_exit_2(run_cli("init", "--repo", other), str(other), "not empty")
     assert tree_snapshot(other) == before
+    _one_line_exit_2(run_cli("init", "--repo", other / "cat.jpg"), "is not a directory")
+    assert tree_snapshot(other) == before
 
 
 def test_init_over_local_and_s3_storage(repo_target):
