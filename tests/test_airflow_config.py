@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, S3_CREDENTIALS, require_tarantool, run_cli
+from conftest import REPO, S3_CREDENTIALS, new_repository, require_tarantool, run_cli
 from walvault_provider.config import ConfigError, config_path, load
 
 SHIPPED = REPO / "dags" / "walvault.yaml"
@@ -234,7 +234,7 @@ def test_a_scheduled_backup_is_full_once_the_newest_full_is_old(tmp_path):
     from walvault_provider.operators import scheduled_backup_type
 
     source = REPO / "samples" / "tarantool" / "many-xlogs"
-    repo_path = tmp_path / "repo"
+    repo_path = new_repository(tmp_path / "repo")
     assert run_cli("backup", source, "--repo", repo_path, "--json").returncode == 0
     repo = Repository(str(repo_path))
     (full,) = [r.manifest for r in repo.backups()]

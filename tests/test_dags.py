@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import airflow_sources, require_limestone, require_tarantool, run_cli
+from conftest import airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
 from walvault_provider.local import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
@@ -138,6 +138,7 @@ sources:
 
 def test_the_restore_drill_proves_the_newest_backups(airflow_env):
     env, repo = airflow_env["env"], airflow_env["repo"]
+    new_repository(repo)  # a no-op when an earlier DAG run made it
     for source in (airflow_env["tt"], airflow_env["ls"]):
         assert run_cli("backup", source, "--repo", repo).returncode == 0
     log = _dags_test(env, "walvault_restore_drill")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 import tarantool_real as tr
 import test_tarantool_live
-from conftest import REPO, new_repository, require_tarantool, run_cli, tree_snapshot, walvault_command
+from conftest import REPO, RepoTarget, new_repository, require_tarantool, run_cli, tree_snapshot, walvault_command
 
 from test_tarantool_live import PASSWORD, USER
 
@@ -74,6 +75,26 @@ def test_init_makes_a_repository_once_and_refuses_a_directory_of_other_things(tm
     before = tree_snapshot(other)
     _one_line_exit_2(run_cli("init", "--repo", other), str(other), "not empty")
     assert tree_snapshot(other) == before
+    _one_line_exit_2(run_cli("init", "--repo", other / "cat.jpg"), "is not a directory")
+    assert tree_snapshot(other) == before
+
+
+def test_init_over_local_and_s3_storage(repo_target):
+    """The same over both kinds of storage: made once, then left alone; a prefix holding other objects refused."""
+    from walcore.repository.storage import Storage
+
+    first = run_cli("init", *repo_target.cli, "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["created"] is True
+    storage = Storage(repo_target.url, repo_target.options)
+    assert storage.exists("walvault.repo") and storage.exists("walvault.repo.copy")
+    second = run_cli("init", *repo_target.cli, "--json")
+    assert second.returncode == 0 and json.loads(second.stdout)["created"] is False
+    other = RepoTarget(repo_target.kind, repo_target.url + "-other", repo_target.options)
+    Storage(other.url, other.options).write_bytes("notes.txt", b"not a repository")
+    _one_line_exit_2(run_cli("init", *other.cli), "not empty")
+    assert not Storage(other.url, other.options).exists("walvault.repo")
+    _one_line_exit_2(run_cli("backups", *other.cli), "is not a walvault repository")
 
 
 @pytest.mark.parametrize("command", [
@@ -268,6 +289,18 @@ def _cmdlines(pid: int) -> list[str]:
     return found
 
 
+def _backup_watching_command_lines(argv: list, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run walvault; meanwhile collect the command line of it and of every process under it."""
+    seen: list[str] = []
+    proc = subprocess.Popen([*walvault_command(), *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO)
+    while proc.poll() is None:
+        seen += _cmdlines(proc.pid)
+        time.sleep(0.005)
+    out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), seen
+
+
 @require_tarantool
 @pytest.mark.parametrize("source", ["environment", "file"])
 def test_a_live_backup_takes_the_password_from_outside_its_command_line(live, tmp_path, source):
@@ -281,14 +314,8 @@ def test_a_live_backup_takes_the_password_from_outside_its_command_line(live, tm
         secret = tmp_path / "password"
         secret.write_text(PASSWORD + "\n")
         args += ["--password-file", secret]
-    seen: list[str] = []
-    proc = subprocess.Popen([*walvault_command(), "backup", str(live.work_dir), "--repo", str(repo),
-                             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
-    while proc.poll() is None:
-        seen += _cmdlines(proc.pid)
-        time.sleep(0.005)
-    out, err = proc.communicate()
+    proc, seen = _backup_watching_command_lines(["backup", live.work_dir, "--repo", repo, *args], env)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err
     assert len(seen) > 1 and any("backup" in c for c in seen)
     assert not [c for c in seen if PASSWORD in c]
@@ -300,3 +327,20 @@ def test_a_live_backup_takes_the_password_from_outside_its_command_line(live, tm
     wrong = subprocess.run([*walvault_command(), "backup", str(live.work_dir), "--repo", str(repo), "--connect",
                             f"{USER}@127.0.0.1:{live.port}"], capture_output=True, text=True, env=env)
     assert wrong.returncode == 2 and "not-the-password" not in wrong.stderr, wrong.stderr
+
+
+@require_tarantool
+def test_a_live_backup_as_a_spark_job_keeps_the_password_out_of_every_command_line(live, tmp_path):
+    """spark-submit, its JVM, the Python driver and its workers: none is given the password on its command line."""
+    repo = tmp_path / "repo"
+    new_repository(repo)
+    env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD, "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    proc, seen = _backup_watching_command_lines(["backup", live.work_dir, "--repo", repo, "--connect",
+                                                 f"{USER}@127.0.0.1:{live.port}", "--spark", "local[1]", "--json"],
+                                                env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert any("spark" in c.lower() and "java" in c for c in seen), "the Spark job's JVM was not seen"
+    assert not [c for c in seen if PASSWORD in c]
+    assert PASSWORD not in proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["source"]["live"] is True

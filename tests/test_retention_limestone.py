@@ -94,7 +94,7 @@ def _cycle(src: Path, repo: Path, *commands) -> list[dict]:
 def history(tmp_path_factory):
     """epochs 1-5, S1; 6-10, F1 (full backup); 11-15, S2; [mid]; 16-20 archived; 21-23 still active."""
     root = tmp_path_factory.mktemp("limestone-retention")
-    src, repo = root / "src", root / "repo"
+    src, repo = root / "src", new_repository(root / "repo")
     w = Writer(src, seed=13)
     w.epochs(range(1, 6))
     (s1,) = _cycle(src, repo, "snapshot")
@@ -253,7 +253,7 @@ def test_expiry_deletes_what_the_anchor_folded_and_every_window_point_restores(r
 
 @require_limestone
 def test_an_uncovered_limestone_source_keeps_everything(history, tmp_path):
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     shutil.copytree(history["src"], src)
     assert run_cli("archive", src, "--repo", repo).returncode == 0
     before = tree_snapshot(repo)
@@ -284,7 +284,7 @@ def test_after_expiry_an_older_base_never_restores_a_wrong_state(repo, history, 
 def test_a_channel_left_active_bounds_what_the_archive_restores(tmp_path):
     """A rotation that skips a small channel: the archived epoch files say epoch 6 is durable, but channel 1's
     entries of epochs 4-6 are not archived, so a point past 3 is refused rather than restored without them."""
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     w = Writer(src, seed=5, channels=2)
     w.epochs(range(1, 4))
     (snap,) = _cycle(src, repo, "snapshot")
@@ -323,7 +323,7 @@ def test_a_snapshot_is_refused_while_a_manifest_cannot_be_read(history, tmp_path
 
 @require_limestone
 def test_an_archive_conflict_is_kept_until_resolved(tmp_path):
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     w = Writer(src, seed=9, channels=1)
     w.epochs(range(1, 4))
     (snap,) = _cycle(src, repo, "snapshot")
@@ -344,7 +344,7 @@ def test_an_archive_conflict_is_kept_until_resolved(tmp_path):
 
 @require_limestone
 def test_a_refused_damaged_file_holds_back_what_the_archive_restores(tmp_path):
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     w = Writer(src, seed=21, channels=1)
     w.epochs(range(1, 4))
     (snap,) = _cycle(src, repo, "snapshot")
@@ -366,7 +366,7 @@ def test_files_limestones_own_compaction_folded_and_an_operator_deleted(tmp_path
     and so is a snapshot built over an archive that never held them."""
     from walcore.limestone.compact import compact
 
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     w = Writer(src, seed=23, channels=1)
     w.epochs(range(1, 4))
     assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0

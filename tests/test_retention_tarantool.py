@@ -43,7 +43,7 @@ def history(tmp_path_factory):
     """F1 (full), more writes with a checkpoint, I1 on F1, S1 (snapshot), [mid], more writes, F2, more writes, I2
     on F2; every sealed file archived along the way. `mid` is a time between S1 and F2."""
     root = tmp_path_factory.mktemp("retention")
-    src, repo = root / "src", root / "repo"
+    src, repo = root / "src", new_repository(root / "repo")
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
     ids = {}
     assert run_cli("archive", src, "--repo", repo).returncode == 0
@@ -420,7 +420,7 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
     fs.put(str(history["repo"]) + "/", f"{bucket}/repo/", recursive=True)
     args = ["--repo-option", f"endpoint_url={s3_endpoint}"]
     s3 = _plan(f"s3://{bucket}/repo", history["mid"] + 30 * DAY, "--apply", *args)
-    local_repo = new_repository(tmp_path / "repo")
+    local_repo = tmp_path / "repo"
     shutil.copytree(history["repo"], local_repo)
     local = _plan(local_repo, history["mid"] + 30 * DAY, "--apply")
     assert s3["deleted"] == local["deleted"] > 0
@@ -430,7 +430,7 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
 
 
 def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
-    src, repo = tmp_path / "src", tmp_path / "repo"
+    src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
     assert run_cli("archive", src, "--repo", repo).returncode == 0
     snap = _json(run_cli("snapshot", src, "--repo", repo, "--json"))
@@ -497,7 +497,7 @@ def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(tm
     """A copy of the data dir that wrote on (a restore started again): its newest xlog takes the name of one
     retention deleted, with other bytes. It is kept as a conflict, and nothing of the archive expires while two
     histories share the instance (a vclock no longer says which one a file belongs to)."""
-    src, fork, repo = tmp_path / "src", tmp_path / "fork", tmp_path / "repo"
+    src, fork, repo = tmp_path / "src", tmp_path / "fork", new_repository(tmp_path / "repo")
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
     shutil.copytree(src, fork)
     tr.write_more(src, rows=800, snapshot=True, seed=1)

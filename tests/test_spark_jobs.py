@@ -166,7 +166,7 @@ def test_verify_job_is_incremental_through_the_ledger(spark, tmp_path, repo_targ
 
 def test_ledger_of_another_walvault_version_is_not_trusted(spark, tmp_path, monkeypatch):
     source = tarantool_copy(tmp_path)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     plan = {"sources": [str(source)], "repo": repo_url, "options": {"json": True}}
     run_job(spark, "verify", plan, tmp_path)
     import walcore.repository as repository
@@ -196,7 +196,7 @@ def test_damaged_file_among_many_is_reported_and_the_backup_refuses(spark, tmp_p
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x40
     victim.write_bytes(bytes(data))
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
 
     code, out, err = run_job(spark, "verify", {"sources": [str(source)], "repo": repo_url,
                                                "options": {"json": True}}, tmp_path)
@@ -221,7 +221,7 @@ def _instance(source: Path) -> str:
 
 def test_verify_job_rehashes_the_repository_and_finds_a_damaged_object(spark, tmp_path):
     source = tarantool_copy(tmp_path)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
     plan = {"repo": repo_url, "options": {"json": True, "full": True}}
     clean = run_job(spark, "verify", plan, tmp_path)
@@ -260,7 +260,7 @@ def _manifests(repo: Repository) -> list[dict]:
 def test_backup_job_stores_what_backup_stores(spark, tmp_path, repo_target):
     repo_target.repository(create=True)
     source = tarantool_copy(tmp_path)
-    local_repo = tmp_path / "local-repo"
+    local_repo = new_repository(tmp_path / "local-repo")
     assert run_local(["backup", str(source), "--repo", str(local_repo)])[0] == 0
     plan = {"sources": [str(source)], "repo": repo_target.url, "repo_options": repo_target.options,
             "options": {"json": True}}
@@ -296,7 +296,7 @@ def assert_restored(target: Path, source: Path, count: int) -> None:
 
 def test_backup_job_of_limestone_equals_backup(spark, tmp_path):
     source = copy_limestone_fixture("11-online-compaction", tmp_path)
-    local_repo, spark_repo = tmp_path / "a", tmp_path / "b"
+    local_repo, spark_repo = new_repository(tmp_path / "a"), new_repository(tmp_path / "b")
     assert run_local(["backup", str(source), "--repo", str(local_repo)])[0] == 0
     code, _out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": str(spark_repo)}, tmp_path)
     assert code == 0, err
@@ -318,7 +318,7 @@ def test_task_failing_on_one_file_fails_the_job_without_a_manifest(spark, tmp_pa
         return found
 
     monkeypatch.setattr(backup_tarantool.TarantoolPlan, "candidates", listed_then_replaced)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     code, out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": repo_url}, tmp_path)
     assert (code, out) == (2, "")
     assert "not backed up" in err and str(victim) in err, err
@@ -468,7 +468,8 @@ def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(
     out = tmp_path / "out"
     out.mkdir()
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"sources": [str(tarantool_copy(tmp_path))], "repo": str(tmp_path / "repo"),
+    repo = str(new_repository(tmp_path / "repo"))
+    plan.write_text(json.dumps({"sources": [str(tarantool_copy(tmp_path))], "repo": repo,
                                 "options": {"type": "incremental"}, "output": str(out)}))
     proc = subprocess.run([spark_submit(), "--master", "local[1]", job_file("backup"), f"@{plan}"],
                           env={**os.environ, **SPARK_ENV}, capture_output=True, text=True, timeout=300)
@@ -497,7 +498,7 @@ def test_cli_spark_flag_prints_what_the_command_prints(tmp_path):
     plain, spark = _both("state", str(limestone))
     assert (spark.returncode, spark.stdout) == (plain.returncode, plain.stdout) and plain.stdout.count("\n") == 6
     # backup: the JSON, modulo id and times
-    plain, spark = _both("backup", str(source), "--repo", str(tmp_path / "repo"), "--json")
+    plain, spark = _both("backup", str(source), "--repo", str(new_repository(tmp_path / "repo")), "--json")
     assert plain.returncode == spark.returncode == 0, spark.stderr
     a, b = json.loads(plain.stdout), json.loads(spark.stdout)
     for key in ("id", "started", "finished", "parent", "stored_bytes"):
@@ -520,7 +521,7 @@ def standalone_cluster(tmp_path):
 def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
     source = tarantool_copy(tmp_path)
     limestone = copy_limestone_fixture("11-online-compaction", tmp_path)
-    repo = str(tmp_path / "repo")
+    repo = str(new_repository(tmp_path / "repo"))
     # verify, with the ledger and the report in the repository
     plain, spark = _both("verify", str(source), str(limestone), "--repo", repo, "--json", master=standalone_cluster)
     assert (spark.returncode, spark.stdout) == (plain.returncode, plain.stdout) and plain.returncode == 0
@@ -548,7 +549,7 @@ def test_standalone_cluster_runs_all_three_jobs(standalone_cluster, tmp_path):
 
 def test_a_renamed_copy_of_a_verified_file_is_scanned_not_taken_from_the_ledger(tmp_path):
     source = tarantool_copy(tmp_path)
-    repo = str(tmp_path / "repo")
+    repo = str(new_repository(tmp_path / "repo"))
     assert run_local(["verify", str(source), "--repo", repo])[0] == 0
     xlog = sorted((source / "wal").glob("*.xlog"))[1]
     renamed = tmp_path / "renamed"
@@ -582,7 +583,7 @@ def test_a_file_replaced_between_its_hash_and_its_scan_is_not_recorded(tmp_path,
         return key
 
     monkeypatch.setattr(verify_mod, "_hash_file", hashed_then_replaced)
-    repo = str(tmp_path / "repo")
+    repo = str(new_repository(tmp_path / "repo"))
     assert run_local(["verify", str(source), "--repo", repo, "--jobs", "1"])[0] == 0  # it scanned the good bytes
     monkeypatch.setattr(verify_mod, "_hash_file", real)
     xlog.write_bytes(bytes(bad))
@@ -600,7 +601,7 @@ def test_an_instance_no_repository_name_can_hold_is_scanned_and_not_recorded(tmp
     instance = re.search(rb"Instance: (\S+)", data).group(1)
     forged = b"../" + instance[3:]
     (odd / xlog.name).write_bytes(data.replace(b"Instance: " + instance, b"Instance: " + forged, 1))
-    repo = str(tmp_path / "repo")
+    repo = str(new_repository(tmp_path / "repo"))
     plain = run_local(["verify", str(odd), "--json"])
     assert run_local(["verify", str(odd), "--repo", repo, "--json"])[:2] == plain[:2]
     assert run_local(["verify", str(odd), "--repo", repo, "--json"])[:2] == plain[:2]  # nothing recorded to reuse
@@ -628,7 +629,7 @@ def test_a_file_name_that_is_not_utf8_goes_into_the_report_escaped(tmp_path):
     source = tarantool_copy(tmp_path)
     odd = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xff"))
     shutil.copytree(source, odd)
-    repo = str(tmp_path / "repo")
+    repo = str(new_repository(tmp_path / "repo"))
     code, out, err = run_local(["verify", str(odd), "--repo", repo])
     assert code == 0 and "Traceback" not in err
     rows = _parquet_rows(Repository(repo), report_of(err))
@@ -723,7 +724,7 @@ def _forge_damaged_object(repo: Repository, tmp_path: Path) -> str:
 
 def test_verify_of_the_repository_scans_what_objects_hold_and_uses_the_ledger(spark, tmp_path):
     source = tarantool_copy(tmp_path)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
     plan = {"repo": repo_url, "options": {"json": True}}
     # the backup put its sealed files' verdicts in the ledger: the newest xlog and vylog (mutable) are scanned,
@@ -752,7 +753,7 @@ def test_a_misnamed_stored_file_is_scanned_though_the_ledger_knows_its_bytes(tmp
     from walcore.repository.manifest import MANIFEST_NAME, save_checked
 
     source = tarantool_copy(tmp_path)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
     assert run_local(["verify", "--repo", repo_url])[0] == 0  # every file's bytes now on record
     repo = Repository(repo_url)
@@ -771,7 +772,7 @@ def test_a_misnamed_stored_file_is_scanned_though_the_ledger_knows_its_bytes(tmp
 
 def test_an_object_that_cannot_be_copied_for_its_scan_is_named(tmp_path):
     source = tarantool_copy(tmp_path)
-    repo_url = str(tmp_path / "repo")
+    repo_url = str(new_repository(tmp_path / "repo"))
     assert run_local(["backup", str(source), "--repo", repo_url])[0] == 0
     # 12 KiB of file size: the snapshot's copy (18 KB) cannot be written
     scratch = tmp_path / "scratch"

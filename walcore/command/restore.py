@@ -149,7 +149,7 @@ def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dic
 def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = None,
             progress: bool = False) -> RestoreResult:
     target = Path(target)
-    if target.is_symlink():  # dangling, the restore would go where it leads (or fail at the end); else unclear
+    if target.is_symlink():  # a dangling one would fail only at the final rename, after all the work
         raise Refused(f"{target} is a symbolic link: give the directory to restore into itself", "cannot_check")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise Refused(f"{target} exists and is not an empty directory: nothing was written", "refused")

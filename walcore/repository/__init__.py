@@ -131,10 +131,10 @@ class Repository:
         it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
         a directory of other things into a repository."""
         storage = Storage(url, options)
-        if read_info(storage) is not None:
-            return cls(url, options), False
         if storage.local and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
             raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
+        if read_info(storage) is not None:
+            return cls(url, options), False
         try:
             held = storage.fs.ls(storage.root, detail=False)
         except FileNotFoundError:
