@@ -20,7 +20,7 @@ import pytest
 import tarantool_real as tr
 from conftest import REPO, copy_tree, require_tarantool, run_cli, walvault_command
 
-from walcore.repository.lease import LeaseLost, acquire
+from walcore.repository.lease import acquire
 from walcore.repository.storage import Storage
 
 pytestmark = require_tarantool
@@ -214,6 +214,8 @@ def _hook_renewal_read(storage: Storage, breaker) -> threading.Event:
 def test_a_renewal_never_overwrites_a_breakers_lease(repo_target):
     """A breaker replaces the lease between a renewal's read and its write: the renewal must not write over it; the
     renew thread stops, confirm raises LeaseLost, release leaves the breaker's lease."""
+    from walcore.repository.lease import LeaseLost
+
     storage = _storage(repo_target)
     name = "locks/tarantool-renewal.lease"
     breaker_body = json.dumps({"holder": "b" * 32, "generation": 2, "command": "backup", "host": "other-host.example",
