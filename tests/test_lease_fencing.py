@@ -20,7 +20,7 @@ import pytest
 import tarantool_real as tr
 from conftest import REPO, copy_tree, require_tarantool, run_cli, walvault_command
 
-from walcore.repository.lease import LeaseLost, acquire
+from walcore.repository.lease import acquire
 from walcore.repository.storage import Storage
 
 pytestmark = require_tarantool
@@ -214,6 +214,8 @@ def _hook_renewal_read(storage: Storage, breaker) -> threading.Event:
 def test_a_renewal_never_overwrites_a_breakers_lease(repo_target):
     """A breaker replaces the lease between a renewal's read and its write: the renewal must not write over it; the
     renew thread stops, confirm raises LeaseLost, release leaves the breaker's lease."""
+    from walcore.repository.lease import LeaseLost
+
     storage = _storage(repo_target)
     name = "locks/tarantool-renewal.lease"
     breaker_body = json.dumps({"holder": "b" * 32, "generation": 2, "command": "backup", "host": "other-host.example",
@@ -279,3 +281,37 @@ def test_an_archive_whose_lease_was_lost_writes_no_record(src, repo_target):
     again = run_cli("archive", src, *repo_target.cli)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(_records(_storage(repo_target), src)) > len(records)
+
+
+def test_leftovers_are_fenced_before_they_go_and_the_fence_stays_a_week(repo_target):
+    """A backup directory holding objects and a manifest's copy but no main manifest (its writer stopped between the
+    two) is leftovers, not a backup. Clearing them fences the directory first: a late writer's commit then fails,
+    `backups` no longer lists it, and the fence goes with the directory once it is a week old."""
+    from walcore.repository import FENCE_KEEP
+    from walcore.repository.manifest import commit_checked, encode_checked
+
+    repo = repo_target.repository(create=True)
+    storage = repo.storage
+    prefix = repo.backup_dir("tarantool", "inst", "20260101-000000F")
+    storage.write_bytes(f"{prefix}/wal/1.xlog.zst", b"stored bytes")
+    late = {"id": "20260101-000000F", "late": "writer"}
+    storage.write_bytes(f"{prefix}/backup.manifest.copy", encode_checked(late))
+    record = repo.load_backup("tarantool", "inst", "20260101-000000F")
+    assert record.manifest is None and not record.complete, "a copy without its main manifest is no backup"
+    with repo.lease("tarantool", "inst", "backup") as lease:
+        assert repo.clear_leftovers(record, lease)
+        assert storage.list(prefix) == [f"{prefix}/backup.manifest"], "only the fence is left"
+        assert not commit_checked(storage, f"{prefix}/backup.manifest", late), "a late writer committed"
+        assert not repo.load_backup("tarantool", "inst", "20260101-000000F").cleared, "its new copy is leftovers"
+        storage.remove_tree(prefix, keep=f"{prefix}/backup.manifest")  # what the late writer removes, failing
+        fenced = repo.load_backup("tarantool", "inst", "20260101-000000F")
+        assert fenced.fenced and fenced.cleared and fenced.problem.startswith(f"fenced by {lease.name} at ")
+        assert repo.backups() == [], "a fence is no backup"
+        assert not repo.clear_leftovers(fenced, lease), "nothing left to clear"
+        old = json.loads(storage.read_bytes(f"{prefix}/backup.manifest"))
+        then = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - FENCE_KEEP - 3600))
+        storage.write_bytes(f"{prefix}/backup.manifest", encode_checked({**old, "time": then}))
+        aged = repo.load_backup("tarantool", "inst", "20260101-000000F")
+        assert not aged.cleared
+        assert repo.clear_leftovers(aged, lease)
+    assert storage.list(prefix) == [], "a week-old fence goes with its directory"
