@@ -2,11 +2,12 @@
 
 Order of work, so that a backup is either whole and proven or absent:
 1. take the source's lease, remove what an interrupted backup of it left (files without a manifest);
-2. choose the set (the family's rules) and, for an incremental, its parent chain;
+2. choose the set (the family's rules) and, for an incremental, its parent chain (of the same source identity);
 3. store each file not already held by the parent chain — read once, hashing the source bytes and the
    stored bytes, zstd-compressed, on all cores; sealed files the parent chain holds (same name and size:
    sealed files never change) are referenced, mutable ones (the newest xlog, an active pwal, `epoch`) are
-   read again and referenced only when their bytes are the same;
+   read again and referenced only when their bytes are the same; a source whose log does not extend the parent
+   chain's (another history: a copy or a clone) is refused;
 4. verify: a file whose SHA-256 the ledger knows as verified is not read again; others are scanned; then
    the family's set checks (chain, snapshot, vinyl; the limestone directory verdict) run on the set;
 5. write the manifest (copy, then main): only then does the backup exist.

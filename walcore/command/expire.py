@@ -8,8 +8,10 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   anchor's vclock reaches its last row in every component; limestone: the anchor folded it, by name, or its
   epoch is at or below the anchor's) and its range ends before the window (the rows' own timestamps, the
   rotation time in a limestone name; the archive time where the log has none). Other archived files (vinyl,
-  blobs, limestone's catalog and manifest versions) are kept, and so are both sides of an archive conflict.
-- Backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
+  blobs, limestone's catalog and manifest versions) are kept; nothing of the archive expires while it holds a
+  conflict or while two source identities (a copy beside the original) back the instance up.
+- Backups are judged per source identity (family, instance, host, source path), each with its own anchor:
+  backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
   the newest restorable backup and the newest restorable full or incremental one are kept with their parent
   chains; the rest go, children before parents, each
   manifest before its objects (a backup without its manifest does not exist), and an object only when no kept

@@ -101,6 +101,13 @@ class _Lineage:
             if any(v.sha256 == e.sha256 and v.size == e.size for v in found) or not self._usable(name, e):
                 continue
             found.append(e)
+        self._following: dict[tuple, list[FileEntry]] = {}  # by the PrevVClock they name
+        for versions in self.versions.values():
+            for v in versions:
+                if (prev := _prev(v)) is not None:
+                    self._following.setdefault(_key(prev), []).append(v)
+        self._order = sorted(self.authoritative.values(), key=lambda e: Path(e.name).name)
+        self._position = {id(e): i for i, e in enumerate(self._order)}
 
     def _agrees(self, m: BackupManifest) -> bool:
         for e in _xlogs(m.files):
@@ -140,10 +147,9 @@ class _Lineage:
         if len(steps) > 1:
             return [], self._two(None, steps)
         path = [steps[0]]
-        order = sorted(self.authoritative.values(), key=lambda e: Path(e.name).name)
         while True:
             current = path[-1]
-            following = self._authoritative_next(current, order)
+            following = self._authoritative_next(current)
             if following is not None:
                 path.append(following)
                 continue
@@ -151,10 +157,12 @@ class _Lineage:
             longer = [v for v in self.versions.get(name, []) if v.size > current.size and self._extends(current, v)]
             steps = self._minimal(longer)
             end = _ends(current)
-            for other, versions in self.versions.items():
-                if other != name:
-                    steps += self._minimal([v for v in versions if _prev(v) == _begins(current)
-                                            and _begins(v) == end])
+            successors: dict[str, list[FileEntry]] = {}
+            for v in self._following.get(_key(_begins(current)), []):
+                if Path(v.name).name != name and _begins(v) == end:
+                    successors.setdefault(Path(v.name).name, []).append(v)
+            for versions in successors.values():
+                steps += self._minimal(versions)
             if not steps:
                 break
             if len(steps) > 1:
@@ -162,12 +170,13 @@ class _Lineage:
             path.append(steps[0])
         return _latest_versions(path), None
 
-    def _authoritative_next(self, current: FileEntry, order: list[FileEntry]) -> FileEntry | None:
+    def _authoritative_next(self, current: FileEntry) -> FileEntry | None:
+        """The xlog the chain recorded after `current` when it continues it: followed whatever else does."""
         if self.authoritative.get(Path(current.name).name) is not current:
             return None
-        at = order.index(current)
-        if at + 1 < len(order):
-            nxt = order[at + 1]
+        at = self._position[id(current)]
+        if at + 1 < len(self._order):
+            nxt = self._order[at + 1]
             if _prev(nxt) == _begins(current) and _begins(nxt) == _ends(current):
                 return nxt
         return None
@@ -196,6 +205,10 @@ def _nonzero(vclock: dict[int, int]) -> dict[int, int]:
 
 def _begins(e: FileEntry) -> dict[int, int]:
     return _nonzero(vclock_from_json(e.verification["vclock"]))
+
+
+def _key(vclock: dict[int, int]) -> tuple:
+    return tuple(sorted(vclock.items()))
 
 
 def _prev(e: FileEntry) -> dict[int, int] | None:
@@ -240,7 +253,7 @@ def _fork_evidence(backups: list[BackupManifest], archived: list[FileEntry]) -> 
     for e in _xlogs([e for m in backups for e in m.files] + archived):
         prev = _prev(e)
         if prev is not None:
-            starts.setdefault(tuple(sorted(prev.items())), set()).add(tuple(sorted(_begins(e).items())))
+            starts.setdefault(_key(prev), set()).add(_key(_begins(e)))
     if two := next((s for s in starts.values() if len(s) > 1), None):
         return "two xlogs continue one (" + " and ".join(_text(dict(v)) for v in sorted(two)[:2]) + ")"
     return None
