@@ -53,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from walcore.command.restore_pitr import archived_entries
+from walcore.command.archive import load_archived
 from walcore.repository import Repository
 from walcore.tarantool.writer import generate_wal
 from walvault_provider.local import environment, migrate
@@ -330,7 +330,8 @@ class Round:
             if repo_path.is_dir():
                 repo = Repository(str(repo_path))
                 for family, instance in repo.sources():
-                    archived += [(e.name, e.size, e.sha256) for e in archived_entries(repo, family, instance)]
+                    archived += [(e.name, e.size, e.sha256) for e in load_archived(repo, family, instance)
+                                 if e is not None]
                 if len(backups) == 1:
                     manifest = [(e.name, e.size, e.sha256) for e in repo.find(backups[0]["id"]).manifest.files]
             sides[side] = {"archived": sorted(archived), "backups": backups, "manifest": sorted(manifest)}

@@ -632,8 +632,10 @@ def test_backup_holds_limestone_lock_while_it_copies(tmp_path, monkeypatch):
 
 def test_incremental_after_restore_to_a_point_and_restart(tmp_path):
     """The usual point-in-time recovery: restore --to E, start limestone on it (it cancels the snippets past E
-    in place, 2 -> 6, in the detached files too: same name, same size), go on, back up incrementally (same
-    instance). A sealed file whose bytes changed must not be taken from the parent by its name and size."""
+    in place, 2 -> 6, in the detached files too: same name, same size), go on, back up (same instance). That is
+    another history: an incremental on the old chain is refused (elsewhere: no full backup of that source; in
+    the original's place: a sealed file the parent holds has other bytes under its name and size), and a full
+    backup of it restores it."""
     src = tmp_path / "src"
     w = Workload(src, uuid="71111111-2222-4333-8444-555555555555", seed=13)
     phase_a(w)
@@ -654,11 +656,17 @@ def test_incremental_after_restore_to_a_point_and_restart(tmp_path):
     w2.close()
     expected = state(pitr)
     assert expected != state(src)
-    incr = _json(run_cli("backup", pitr, "--repo", repo, "--type", "incremental", "--json"))
-    assert incr["parent"] == full["id"]
+    elsewhere = run_cli("backup", pitr, "--repo", repo, "--type", "incremental")
+    assert elsewhere.returncode == 1 and "no full backup" in elsewhere.stderr, elsewhere.stderr
+    src.rename(tmp_path / "src-before")
+    pitr.rename(src)
+    in_place = run_cli("backup", src, "--repo", repo, "--type", "incremental")
+    assert in_place.returncode == 1 and f"diverged from its parent backup {full['id']}" in in_place.stderr
+    assert any(n in in_place.stderr for n in marked), in_place.stderr
+    new_full = _json(run_cli("backup", src, "--repo", repo, "--json"))
     dest = tmp_path / "restored"
-    assert run_cli("restore", incr["id"], dest, "--repo", repo).returncode == 0
-    assert files_of(dest) == limestone_files(pitr)
+    assert run_cli("restore", new_full["id"], dest, "--repo", repo).returncode == 0
+    assert files_of(dest) == limestone_files(src)
     assert state(dest) == expected
 
 

@@ -598,6 +598,10 @@ def _expire(args) -> int:
             print(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
                                                    if anchor else "UNCOVERED: no verified snapshot at or before the "
                                                    "window's start; nothing of it is deleted"))
+            if len(s.identities) > 1:  # a copy of the source beside it: each has its own anchor
+                for i in s.identities:
+                    a = i["anchor"]
+                    print(f"  source {i['host']}:{i['path']}: " + (f"anchor {a['name']}" if a else "UNCOVERED"))
             for n, item in enumerate(s.delete):
                 print(f"  {'deleted' if n < s.deleted else 'delete'}  {item.path}: {item.reason}")
             print(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in _count(k["reason"] for k in s.keep)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class _Item:
     name: str
     kind: str
     verdict: object
+    root: Path  # the source directory the name is relative to
 
 
 def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntry | None]:
@@ -74,10 +76,39 @@ def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntr
 
 
 def _load_record(repo: Repository, name: str) -> FileEntry | None:
+    loaded = _load_raw(repo, name)
+    return loaded and loaded[0]
+
+
+def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
     try:
-        return FileEntry.from_json(decode_checked(repo.storage.read_bytes(name), name))
+        record = decode_checked(repo.storage.read_bytes(name), name)
+        return FileEntry.from_json(record), record
     except (FileNotFoundError, ManifestError, UnsafeName):
         return None
+
+
+def archived_with_sources(repo: Repository, family: str, instance: str) -> list[tuple[FileEntry, tuple | None]]:
+    """Every readable archive record of a source with where its file was archived from: (host, resolved source
+    directory); host is None in a record of an older walvault, and the whole is None when the record names a
+    relative path (an older walvault wrote the path as given)."""
+    prefix = f"{repo.source_dir(family, instance)}/archive"
+    out = []
+    for name in repo.storage.list(prefix):
+        loaded = _load_raw(repo, name) if name.endswith(".zst" + RECORD_SUFFIX) else None
+        if loaded is not None:
+            entry, record = loaded
+            out.append((entry, _record_origin(entry, record)))
+    return out
+
+
+def _record_origin(entry: FileEntry, record: dict) -> tuple | None:
+    if isinstance(record.get("source_dir"), str):
+        return record.get("host"), record["source_dir"]
+    source = record.get("source")
+    if not isinstance(source, str) or not os.path.isabs(source) or not source.endswith("/" + entry.name):
+        return None
+    return record.get("host"), source[:-len(entry.name) - 1]
 
 
 def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=None,
@@ -145,7 +176,7 @@ def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
                                    "message": "no file beside it names its instance"}]})
             continue
         items.append(_Item(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
-                           kind_of(path)[0], f))
+                           kind_of(path)[0], f, root))
     return items
 
 
@@ -186,7 +217,7 @@ def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
                 result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
                 continue
             items.append(_Item(Path(f.path), "limestone", instance, Path(os.path.relpath(f.path, root)).as_posix(),
-                               f.kind, f))
+                               f.kind, f, root))
     return items
 
 
@@ -200,20 +231,32 @@ def _complete_name(repo: Repository, family: str, instance: str) -> str:
     return f"{repo.source_dir(family, instance)}/archive-complete.json"
 
 
-def archive_complete(repo: Repository, family: str, instance: str) -> int | None:
-    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded)."""
+def archive_complete(repo: Repository, family: str, instance: str, source: dict | None = None) -> int | None:
+    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded); with
+    `source` (a manifest's host and path), up to which that directory's are: two directories of one instance (a
+    copy) are archived apart."""
     try:
-        epoch = decode_checked(repo.storage.read_bytes(_complete_name(repo, family, instance)), "archive-complete")
+        record = decode_checked(repo.storage.read_bytes(_complete_name(repo, family, instance)), "archive-complete")
     except (FileNotFoundError, ManifestError):
         return None
-    return epoch.get("epoch") if isinstance(epoch.get("epoch"), int) else None
+    epoch = record.get("epoch") if isinstance(record.get("epoch"), int) else None
+    per = record.get("sources")
+    if source is None or not isinstance(per, dict):  # recorded by an older walvault: for the instance
+        return epoch
+    found = per.get(_source_key(source.get("host"), source.get("path")))
+    return found if isinstance(found, int) else 0
+
+
+def _source_key(host, path) -> str:
+    return f"{host}:{path}"
 
 
 def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
     """Record how far each limestone source's log is archived whole: below the lowest epoch of any of its pwal
     files that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
     Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry
-    always has an epoch past the durable one."""
+    always has an epoch past the durable one. It is kept per source directory too (a copy of the directory shares
+    the instance)."""
     archived = set(result.stored) | set(result.already) | set(result.expired)
     for d in report.dirs:
         if d.status == "cannot_check" or d.manifest is None:
@@ -225,11 +268,20 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
             continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
         complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
         instance = _limestone_instance(d)
-        before = archive_complete(repo, "limestone", instance)
-        if before is None or complete > before:
-            leases["limestone", instance].confirm()
-            repo.storage.write_bytes(_complete_name(repo, "limestone", instance),
-                                     encode_checked({"epoch": complete, "updated": utc_now()}))
+        name = _complete_name(repo, "limestone", instance)
+        try:
+            before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
+        except (FileNotFoundError, ManifestError):
+            before = {}
+        epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
+        per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
+        key = _source_key(socket.gethostname(), str(root.resolve()))
+        if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
+            continue
+        per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete
+        leases["limestone", instance].confirm()
+        repo.storage.write_bytes(name, encode_checked({"epoch": complete if epoch is None else max(epoch, complete),
+                                                       "sources": per, "updated": utc_now()}))
 
 
 def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
@@ -281,7 +333,8 @@ def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: _
     """Create the record of a stored object, exclusively; then make sure the object it names is still the one
     stored (an expiry that took it for an orphan meanwhile removed it: the record goes too). None when committed,
     else why not."""
-    data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path)})
+    data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path),
+                           "host": socket.gethostname(), "source_dir": str(item.root.resolve())})
     if not repo.storage.create(record_name, data):
         found = _load_record(repo, record_name)
         if found is None:  # a damaged record (archive took it for none): replaced, under the lease just proven

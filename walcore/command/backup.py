@@ -3,11 +3,12 @@
 Order of work, so that a backup is either whole and proven or absent:
 1. take the source's lease, remove what an interrupted backup of it left (files without a main manifest), fencing
    each such directory first so that its writer, if it only paused, can no longer commit it;
-2. choose the set (the family's rules) and, for an incremental, its parent chain;
+2. choose the set (the family's rules) and, for an incremental, its parent chain (of the same source identity);
 3. store each file not already held by the parent chain — read once, hashing the source bytes and the
    stored bytes, zstd-compressed, on all cores; sealed files the parent chain holds (same name and size:
    sealed files never change) are referenced, mutable ones (the newest xlog, an active pwal, `epoch`) are
-   read again and referenced only when their bytes are the same;
+   read again and referenced only when their bytes are the same; a source whose log does not extend the parent
+   chain's (another history: a copy or a clone) is refused;
 4. verify: a file whose SHA-256 the ledger knows as verified is not read again; others are scanned; then
    the family's set checks (chain, snapshot, vinyl; the limestone directory verdict) run on the set;
 5. prove the lease is still ours, then write the manifest (copy, then main by an exclusive create): only then
@@ -26,7 +27,7 @@ from pathlib import Path
 from ..findings import Refused
 from ..repository import Repository, Stored, utc_now, walvault_version
 from ..repository.lease import Lease, LeaseLost
-from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, commit_checked
+from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, commit_checked, source_identity
 from ..runner import LocalRunner, run_all
 
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
@@ -148,10 +149,12 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
     parent = None
     chain: list[BackupManifest] = []
     if kind == "incremental":
-        parent = _latest(repo, plan.family, plan.instance)
+        parent = _latest(repo, plan)
         if parent is None:
-            raise Refused(f"no full backup of {plan.family} instance {plan.instance} to build an incremental on: "
-                          "take a full backup first", "refused")
+            source = plan.source_info()
+            raise Refused(f"no full backup of {plan.family} instance {plan.instance} from this source "
+                          f"({source['host']}:{source['path']}) to build an incremental on: take a full backup "
+                          "first (a backup of another copy of the instance is never the parent)", "refused")
         chain = repo.chain(parent)
     started = utc_now()
     with plan:
@@ -183,10 +186,15 @@ def _lost_first(lease: Lease, error: Exception) -> None:
         pass
 
 
-def _latest(repo: Repository, family: str, instance: str) -> BackupManifest | None:
-    """The newest full or incremental backup (a snapshot is no parent: it holds no log)."""
-    done = [r.manifest for r in repo.source_backups(family, instance) if r.manifest is not None and r.manifest.type != "snapshot"]
-    return max(done, key=lambda m: (m.id, m.finished)) if done else None
+def _latest(repo: Repository, plan) -> BackupManifest | None:
+    """The newest full or incremental backup of the plan's source identity (a snapshot is no parent: it holds no
+    log). A copy of a data dir shares the instance but not the source: its backups are never the parent."""
+    identity = source_identity(plan.family, plan.source_info())
+    done = [r.manifest for r in repo.source_backups(plan.family, plan.instance)
+            if r.manifest is not None and r.manifest.type != "snapshot" and r.manifest.identity == identity]
+    if not done:
+        return None
+    return max(done, key=lambda m: (m.id, m.finished))
 
 
 # A temporary file this old is no write in progress: writes of the archive and the ledger (not under the lease)
@@ -245,6 +253,8 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
             c.entry = _reference(old[0], old[1])
         else:
             c.entry = _own(c, item[0], stored)
+    if chain:
+        _check_extends(plan, held, candidates)
     checks = plan.verify(repo, candidates, runner, progress)
     position = checks.pop("position")
     for key, value in extra_checks.items():
@@ -264,6 +274,78 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
         raise LeaseLost(f"lease {lease.name} was lost: backup {backup_id} was fenced by another backup of the "
                         "source, which judged this one dead and removed what it stored; it is not committed")
     return BackupResult(manifest)
+
+
+# The files whose bytes say which history a source is on: the log. An incremental's source must extend them.
+LINEAGE_KINDS = {"tarantool": ("xlog",), "limestone": ("pwal", "pwal_rotated", "epoch_rotated")}
+
+
+def _check_extends(plan, held: dict[str, tuple[BackupManifest, FileEntry]], candidates: list[Candidate]) -> None:
+    """Refuse an incremental whose source does not extend its parent chain: every log file the chain recorded
+    that the source still has under its name must hold the same bytes (a sealed one) or begin with the recorded
+    bytes (the newest xlog, an active pwal: appended to since; a limestone channel rotated since carries them
+    under its rotated name). A copy or a clone of the source that wrote on shares names and positions but not
+    bytes."""
+    by_name = {c.name: c for c in candidates}
+    for name, (manifest, entry) in sorted(held.items()):
+        if entry.kind not in LINEAGE_KINDS[plan.family]:
+            continue
+        c = by_name.get(name)
+        path = c.path if c is not None else plan.root / name
+        if entry.mutable:
+            if path.is_file() and _begins_with(path, entry):
+                continue
+            if entry.kind == "pwal":  # rotated since: the new rotated file of the channel carries the bytes
+                rotated = [r for r in candidates if r.kind == "pwal_rotated" and r.name.startswith(name + ".")
+                           and r.name not in held]
+                if any(_begins_with(r.path, entry) for r in rotated):
+                    continue
+                if not path.is_file() and not rotated:
+                    continue  # gone without a trace (compacted and removed): nothing to compare
+            elif not path.is_file():
+                continue
+        elif c is not None:
+            if c.entry.sha256 == entry.sha256 and c.entry.size == entry.size:
+                continue
+        elif not path.is_file() or _same_file(path, entry):
+            continue
+        raise Refused(f"the source diverged from its parent backup {manifest.id}: {name} holds other bytes "
+                      "(another history of this instance: a copy or a clone); a full backup starts a chain of "
+                      "its own", "refused")
+
+
+def _same_file(path: Path, entry: FileEntry) -> bool:
+    """Whether a sealed source file holds the recorded bytes: its size and modification time say so, else its
+    SHA-256."""
+    from ..fsutil import file_sha256
+
+    st = path.stat()
+    if (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns):
+        return True
+    return st.st_size == entry.size and file_sha256(path) == entry.sha256
+
+
+def _begins_with(path: Path, entry: FileEntry) -> bool:
+    """Whether a file begins with the recorded bytes of a file that was appended to. Tarantool reopens the empty
+    xlog a clean shutdown left and writes over its EOF marker: such a recording (its verification says eof) is
+    matched without it."""
+    import hashlib
+
+    from ..tarantool.block import EOF_MAGIC
+
+    tail = EOF_MAGIC if entry.kind == "xlog" and entry.verification.get("eof") else b""
+    want = entry.size - len(tail)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = want
+        while left > 0:
+            chunk = f.read(min(1 << 20, left))
+            if not chunk:
+                return False  # shorter than what the parent recorded
+            digest.update(chunk)
+            left -= len(chunk)
+    digest.update(tail)
+    return digest.hexdigest() == entry.sha256
 
 
 def store_object(repo: Repository, level: int, item: tuple[str, str]) -> Stored:

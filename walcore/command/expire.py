@@ -8,8 +8,10 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   anchor's vclock reaches its last row in every component; limestone: the anchor folded it, by name, or its
   epoch is at or below the anchor's) and its range ends before the window (the rows' own timestamps, the
   rotation time in a limestone name; the archive time where the log has none). Other archived files (vinyl,
-  blobs, limestone's catalog and manifest versions) are kept, and so are both sides of an archive conflict.
-- Backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
+  blobs, limestone's catalog and manifest versions) are kept; nothing of the archive expires while it holds a
+  conflict or while two source identities (a copy beside the original) back the instance up.
+- Backups are judged per source identity (family, instance, host, source path), each with its own anchor:
+  backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
   the newest restorable backup and the newest restorable full or incremental one are kept with their parent
   chains; the rest go, children before parents, each
   manifest before its objects (a backup without its manifest does not exist), and an object only when no kept
@@ -100,9 +102,10 @@ class SourcePlan:
     deleted: int = 0
     referenced: set[str] = field(default_factory=set)  # objects kept manifests name: never deleted
     anchor_files: list[FileEntry] = field(default_factory=list)  # re-hashed before anything is deleted
+    identities: list[dict] = field(default_factory=list)  # {"host", "path", "anchor"}: each source's own anchor
 
     def to_json(self) -> dict:
-        return {"source": self.instance, "family": self.family, "anchor": self.anchor,
+        return {"source": self.instance, "family": self.family, "anchor": self.anchor, "identities": self.identities,
                 "delete": [i.to_json() for i in self.delete], "keep": self.keep, "blocked": self.blocked,
                 "stopped": self.stopped, "deleted": self.deleted}
 
@@ -184,37 +187,60 @@ def _backup_records(repo: Repository, family: str, instance: str) -> list:
 
 
 def plan_source(repo: Repository, family: str, instance: str, window_start: float) -> SourcePlan:
+    """The plan of one instance. Its backups are judged per source identity (family, instance, host, source path):
+    a copy of a data dir beside the original shares the instance, and one's backup must never become the other's
+    anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
+    identity backs it up."""
     plan = SourcePlan(family, instance)
     records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
     restorable = {m.id: _restorable(repo, m, stored) for m in manifests}
-    anchor = _anchor(family, [m for m in manifests if restorable[m.id]], window_start)
-    if anchor is not None:
-        plan.anchor = _describe_anchor(family, anchor)
-        plan.anchor_files = list(anchor.files)
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
-    kept = _keep_backups(family, manifests, restorable, anchor, window_start, repo)
+    identities: dict[tuple, list[BackupManifest]] = {}
+    for m in manifests:
+        identities.setdefault(m.identity, []).append(m)
+    anchors: dict[tuple, BackupManifest | None] = {}
+    kept: dict[str, str] = {}
+    for identity, own in sorted(identities.items(), key=lambda i: max(_position_key(family, m) for m in i[1])):
+        anchor = _anchor(family, [m for m in own if restorable[m.id]], window_start)
+        anchors[identity] = anchor
+        plan.identities.append({"host": identity[2], "path": identity[3],
+                                "anchor": _describe_anchor(family, anchor) if anchor is not None else None})
+        for backup_id, why in _keep_backups(family, own, restorable, anchor, window_start, repo).items():
+            kept.setdefault(backup_id, why)
+    # The identity of the newest backup speaks for the instance where one anchor is shown.
+    shown = next((a for a in reversed(list(anchors.values())) if a is not None), None)
+    if shown is not None:
+        plan.anchor = _describe_anchor(family, shown)
+    plan.anchor_files = [e for a in anchors.values() if a is not None for e in a.files]
     referenced = {e.stored for m in manifests if m.id in kept for e in m.files}
     for m in sorted(manifests, key=lambda m: _position_key(family, m), reverse=True):
         prefix = repo.backup_dir(family, instance, m.id)
+        anchor = anchors[m.identity]
         if m.id in kept:
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})", "reason": kept[m.id]})
         elif anchor is None:
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})",
-                              "reason": "no verified snapshot at or before the window's start covers this source"})
+                              "reason": "no verified snapshot of its source at or before the window's start covers "
+                                        "this source"})
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
-                                    "before it, and no kept backup's parent", {"position": m.position},
-                                    plan.anchor, (0, len(plan.delete)), backup_id=m.id,
+                                    "of its source before it, and no kept backup's parent", {"position": m.position},
+                                    _describe_anchor(family, anchor), (0, len(plan.delete)), backup_id=m.id,
                                     fingerprint=_manifest_bytes(repo, prefix)))
     for r in records:
-        if not r.complete and anchor is not None:  # an uncovered source is left as it is, garbage included
+        if not r.complete and shown is not None:  # an uncovered source is left as it is, garbage included
             plan.delete.append(Item(repo.backup_dir(family, instance, r.id), "leftovers",
                                     "files without a manifest: an interrupted backup's or expiry's leftovers",
                                     order=(-1,), backup_id=r.id))
-    _plan_archive(repo, plan, anchor, window_start)
+    shared = None
+    if len(identities) > 1:
+        shared = ("two sources share the instance (" + ", ".join(f"{i[2]}:{i[3]}" for i in sorted(identities,
+                  key=str)[:2]) + "): a vclock or an epoch no longer says whose history an archived file is; "
+                  "nothing of its archive expires while both have backups")
+    _plan_archive(repo, plan, shown if len(identities) <= 1 else None, window_start, shared, orphans=shown is not None)
     plan.delete.sort(key=lambda i: i.order)
     plan.referenced = referenced
     if plan.blocked:
@@ -335,7 +361,10 @@ def _manifest_bytes(repo: Repository, prefix: str) -> bytes:
 # -- the archive
 
 
-def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | None, window_start: float) -> None:
+def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | None, window_start: float,
+                  shared: str | None, *, orphans: bool) -> None:
+    """The archive's part of the plan: what `anchor` covers goes (none: nothing does); `shared` says why nothing of
+    it expires (two sources share the instance); `orphans`: the instance is covered, so garbage goes."""
     from .snapshot import rotation_time
 
     family, instance = plan.family, plan.instance
@@ -347,7 +376,7 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
         else set()
     present = set(names)
     for name in names:
-        if snap is None or not name.endswith(".zst") or name + RECORD_SUFFIX in records:
+        if not orphans or not name.endswith(".zst") or name + RECORD_SUFFIX in records:
             continue
         if name + EXPIRED_SUFFIX in present:  # its tombstone says an expiry was deleting it
             plan.delete.append(Item(name, "orphan", "an expired object without its record: left by an interrupted "
@@ -372,6 +401,9 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
             plan.keep.append({"path": path, "kind": entry.kind, "reason": "the archive holds a conflict (a name "
                               f"archived with different bytes: {sorted(conflicted)[0]}): two histories of this "
                               "source; nothing of its archive expires until it is resolved"})
+            continue
+        if shared:
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": shared})
             continue
         if entry.kind not in LOG_KINDS:
             plan.keep.append({"path": path, "kind": entry.kind,

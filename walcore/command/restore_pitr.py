@@ -14,13 +14,6 @@ from .backup import Progress
 from .restore import _layout_name, materialize
 
 
-def archived_entries(repo: Repository, family: str, instance: str) -> list[FileEntry]:
-    """The records of every archived file of a source (their bytes are checked when read)."""
-    from .archive import load_archived
-
-    return [entry for entry in load_archived(repo, family, instance) if entry is not None]
-
-
 def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
     from ..tarantool.pitr import PointError, cut_chain, parse_point
 
@@ -28,8 +21,7 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
         point = parse_point(to)
     except ValueError as e:
         raise Refused(f"--to {to!r}: {e}", "refused") from None
-    backups = [r.manifest for r in repo.backups() if r.manifest is not None and r.family == "tarantool"
-               and r.instance == newest.instance and r.manifest.finished <= newest.finished]
+    lineage = _Lineage(repo, newest)
 
     def snap_vclock(m: BackupManifest) -> dict[int, int]:
         return vclock_from_json(m.checks.get("snapshot", {}).get("vclock"))
@@ -42,22 +34,13 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
             taken = stamp_seconds(m.started) + 1
         return taken <= point.time
 
-    bases = [m for m in backups if before(m)]
+    bases = [m for m in lineage.bases if before(m)]
     if not bases:
-        raise Refused(f"no backup of {newest.instance} has a snapshot at or before {point.describe()}: no base "
-                      "to restore from", "refused")
+        raise Refused(f"no backup of {newest.instance} in the history of {newest.id} has a snapshot at or before "
+                      f"{point.describe()}: no base to restore from", "refused")
     base = max(bases, key=lambda m: (m.finished, m.id))
     start = snap_vclock(base)
-    # The log after the base: xlogs of every backup of the instance and of the archive; of several versions of
-    # one name (a newest xlog stored while it grew) the longest.
-    xlogs: dict[str, FileEntry] = {}
-    for entry in [e for m in backups for e in m.files] + archived_entries(repo, "tarantool", newest.instance):
-        if entry.kind == "xlog" and entry.verification.get("vclock") is not None:
-            name = Path(entry.name).name
-            if name not in xlogs or entry.size > xlogs[name].size:
-                xlogs[name] = entry
-    ordered = [xlogs[n] for n in sorted(xlogs)]
-    chain = _chain_from(ordered, start)
+    chain, fork = lineage.log_from(start)
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
     wal_dir = wal_dir_of(base)
     entries = [(_layout_name(base, e), e) for e in base_files]
@@ -75,11 +58,228 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     try:
         result = cut_chain([log_dir / name for name, _ in log_entries], out, point, start_vclock=start)
     except PointError as e:
-        raise Refused(f"cannot restore to {point.describe()}: {e}", "refused") from None
+        raise Refused(f"cannot restore to {point.describe()}: {e}" + (f"; {fork}" if fork else ""),
+                      "refused") from None
     shutil.rmtree(log_dir)
     info = {"point": point.describe(), "base": base.id, "xlogs": result.files, "cut": result.cut_file,
             "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
     return reused, info, entries
+
+
+class _Lineage:
+    """The one history that leads to a backup, as the repository holds it.
+
+    Authoritative are the xlogs the backup's parent chain recorded (of a name recorded several times, the newest
+    backup's entry). Another backup of the instance is a base or a source of xlogs only when it is of the same
+    source identity, agrees with those xlogs byte for byte, and nothing says the instance has two histories (an
+    archive conflict, backups of two sources, two xlogs continuing one). The log past what the chain recorded is
+    followed link by link through the archive: the next xlog names the current one as its PrevVClock and starts
+    where the chosen version of it ends; a version of an authoritative name must begin with the recorded bytes.
+    Where two candidates continue one step, the history is not placed past it."""
+
+    def __init__(self, repo: Repository, newest: BackupManifest):
+        from .archive import load_archived
+
+        self.repo, self.newest = repo, newest
+        self.chain = repo.chain(newest)
+        self.authoritative: dict[str, FileEntry] = {}
+        for m in self.chain:
+            for e in _xlogs(m.files):
+                self.authoritative[Path(e.name).name] = e
+        everyone = [r.manifest for r in repo.source_backups("tarantool", newest.instance) if r.manifest is not None]
+        archived = [e for e in load_archived(repo, "tarantool", newest.instance) if e is not None]
+        self.evidence = _fork_evidence(everyone, archived)
+        self._prefixes: dict[tuple[str, str], bool] = {}
+        ids = {m.id for m in self.chain}
+        agreeing = [m for m in everyone if m.id not in ids and m.finished <= newest.finished
+                    and m.identity == newest.identity and not self.evidence and self._agrees(m)]
+        self.bases = self.chain + agreeing
+        self.versions: dict[str, list[FileEntry]] = {}
+        for e in [*self.authoritative.values(), *(e for m in agreeing for e in _xlogs(m.files)), *_xlogs(archived)]:
+            name = Path(e.name).name
+            found = self.versions.setdefault(name, [])
+            if any(v.sha256 == e.sha256 and v.size == e.size for v in found) or not self._usable(name, e):
+                continue
+            found.append(e)
+        self._following: dict[tuple, list[FileEntry]] = {}  # by the PrevVClock they name
+        for versions in self.versions.values():
+            for v in versions:
+                if (prev := _prev(v)) is not None:
+                    self._following.setdefault(_key(prev), []).append(v)
+        self._order = sorted(self.authoritative.values(), key=lambda e: Path(e.name).name)
+        self._position = {id(e): i for i, e in enumerate(self._order)}
+
+    def _agrees(self, m: BackupManifest) -> bool:
+        for e in _xlogs(m.files):
+            a = self.authoritative.get(Path(e.name).name)
+            if a is None or (a.sha256, a.size) == (e.sha256, e.size):
+                continue
+            shorter, longer = sorted((a, e), key=lambda x: x.size)
+            if not (shorter.mutable and self._extends(shorter, longer)):
+                return False
+        return True
+
+    def _usable(self, name: str, e: FileEntry) -> bool:
+        a = self.authoritative.get(name)
+        return a is None or e is a or (a.mutable and e.size > a.size and self._extends(a, e))
+
+    def _extends(self, shorter: FileEntry, longer: FileEntry) -> bool:
+        """Whether the longer version of an xlog begins with the shorter one's bytes (the shorter one's EOF marker
+        aside: Tarantool writes over it when it reopens the empty xlog a clean shutdown left)."""
+        key = (shorter.stored, longer.stored)
+        if key not in self._prefixes:
+            self._prefixes[key] = _object_begins_with(self.repo, longer, shorter)
+        return self._prefixes[key]
+
+    def log_from(self, start: dict[int, int]) -> tuple[list[FileEntry], str | None]:
+        """The xlogs replay needs from a snapshot at `start`, as far as one history is known; and, when two
+        continue from where it stops, what says so."""
+        if not self.authoritative and self.evidence:
+            return [], (f"the log after the snapshot of {self.newest.id} cannot be placed in one history of "
+                        f"{self.newest.instance}: {self.evidence}")
+        own = [e for e in self.authoritative.values() if vclock_leq(_begins(e), start)]
+        pool = own if own and self.evidence else [v for vs in self.versions.values() for v in vs
+                                                   if vclock_leq(_begins(v), start)]
+        if not pool:
+            return [], None
+        first = max(pool, key=lambda e: (sum(_begins(e).values()), Path(e.name).name))
+        steps = self._minimal(self.versions[Path(first.name).name])
+        if len(steps) > 1:
+            return [], self._two(None, steps)
+        path = [steps[0]]
+        while True:
+            current = path[-1]
+            following = self._authoritative_next(current)
+            if following is not None:
+                path.append(following)
+                continue
+            name = Path(current.name).name
+            longer = [v for v in self.versions.get(name, []) if v.size > current.size and self._extends(current, v)]
+            steps = self._minimal(longer)
+            end = _ends(current)
+            successors: dict[str, list[FileEntry]] = {}
+            for v in self._following.get(_key(_begins(current)), []):
+                if Path(v.name).name != name and _begins(v) == end:
+                    successors.setdefault(Path(v.name).name, []).append(v)
+            for versions in successors.values():
+                steps += self._minimal(versions)
+            if not steps:
+                break
+            if len(steps) > 1:
+                return _latest_versions(path), self._two(current, steps)
+            path.append(steps[0])
+        return _latest_versions(path), None
+
+    def _authoritative_next(self, current: FileEntry) -> FileEntry | None:
+        """The xlog the chain recorded after `current` when it continues it: followed whatever else does."""
+        if self.authoritative.get(Path(current.name).name) is not current:
+            return None
+        at = self._position[id(current)]
+        if at + 1 < len(self._order):
+            nxt = self._order[at + 1]
+            if _prev(nxt) == _begins(current) and _begins(nxt) == _ends(current):
+                return nxt
+        return None
+
+    def _minimal(self, versions: list[FileEntry]) -> list[FileEntry]:
+        """The versions no other one of them begins: each is where a history goes on."""
+        ordered = sorted(versions, key=lambda v: v.size)
+        return [v for i, v in enumerate(ordered) if not any(self._extends(w, v) for w in ordered[:i]
+                                                            if w.size < v.size)]
+
+    def _two(self, current: FileEntry | None, steps: list[FileEntry]) -> str:
+        after = f"after {Path(current.name).name} (at vclock {_text(_ends(current))})" if current else "at its start"
+        both = " and ".join(f"{Path(v.name).name} ({v.stored}, starting at vclock {_text(_begins(v))})"
+                            for v in steps[:2])
+        return (f"two histories of instance {self.newest.instance} continue {after}: {both}; a point past it cannot "
+                f"be placed in the history of {self.newest.id}")
+
+
+def _xlogs(entries) -> list[FileEntry]:
+    return [e for e in entries if e.kind == "xlog" and e.verification.get("vclock") is not None]
+
+
+def _nonzero(vclock: dict[int, int]) -> dict[int, int]:
+    return {k: v for k, v in vclock.items() if v}
+
+
+def _begins(e: FileEntry) -> dict[int, int]:
+    return _nonzero(vclock_from_json(e.verification["vclock"]))
+
+
+def _key(vclock: dict[int, int]) -> tuple:
+    return tuple(sorted(vclock.items()))
+
+
+def _prev(e: FileEntry) -> dict[int, int] | None:
+    prev = e.verification.get("prev_vclock")
+    return None if prev is None else _nonzero(vclock_from_json(prev))
+
+
+def _ends(e: FileEntry) -> dict[int, int]:
+    """The vclock after the xlog's last row: where the next xlog of its history starts."""
+    end = vclock_from_json(e.verification["vclock"])
+    for component, lsns in (e.verification.get("lsns") or {}).items():
+        end[int(component)] = lsns[1]
+    return _nonzero(end)
+
+
+def _text(vclock: dict[int, int]) -> str:
+    from ..tarantool.meta import format_vclock
+
+    return format_vclock(vclock)
+
+
+def _latest_versions(path: list[FileEntry]) -> list[FileEntry]:
+    """One file per name: of the versions a history grew through, the last."""
+    out: list[FileEntry] = []
+    for e in path:
+        if out and Path(out[-1].name).name == Path(e.name).name:
+            out[-1] = e
+        else:
+            out.append(e)
+    return out
+
+
+def _fork_evidence(backups: list[BackupManifest], archived: list[FileEntry]) -> str | None:
+    """What says the instance has two histories in the repository, or None."""
+    conflicts = sorted(e.stored for e in archived if ".conflict-" in e.stored)
+    if conflicts:
+        return f"the archive holds two versions of one name ({conflicts[0]})"
+    identities = sorted({(m.source.get("host") or "", m.source.get("path") or "") for m in backups})
+    if len(identities) > 1:
+        return "backups of two sources share the instance (" + ", ".join(f"{h}:{p}" for h, p in identities[:2]) + ")"
+    starts: dict[tuple, set] = {}
+    for e in _xlogs([e for m in backups for e in m.files] + archived):
+        prev = _prev(e)
+        if prev is not None:
+            starts.setdefault(_key(prev), set()).add(_key(_begins(e)))
+    if two := next((s for s in starts.values() if len(s) > 1), None):
+        return "two xlogs continue one (" + " and ".join(_text(dict(v)) for v in sorted(two)[:2]) + ")"
+    return None
+
+
+def _object_begins_with(repo: Repository, longer: FileEntry, shorter: FileEntry) -> bool:
+    """Whether the stored bytes of `longer` begin with the bytes `shorter` recorded (without its EOF marker when it
+    has one), read streamed from the repository."""
+    import hashlib
+
+    from ..tarantool.block import EOF_MAGIC
+
+    tail = EOF_MAGIC if shorter.verification.get("eof") else b""
+    left = shorter.size - len(tail)
+    if longer.size < left:
+        return False
+    digest = hashlib.sha256()
+    for chunk in repo.read_object(longer.stored, size=longer.size, sha256=longer.sha256,
+                                  stored_sha256=longer.stored_sha256):
+        take = chunk[:left]
+        digest.update(take)
+        left -= len(take)
+        if not left:
+            break
+    digest.update(tail)
+    return digest.hexdigest() == shorter.sha256
 
 
 def wal_dir_of(m: BackupManifest) -> Path:
@@ -90,21 +290,6 @@ def wal_dir_of(m: BackupManifest) -> Path:
         return Path(xlog).parent
     snap = m.checks.get("snapshot", {})
     return Path(snap["wal_dir"]) if snap.get("wal_dir") else Path(snap["name"]).parent
-
-
-def _chain_from(xlogs: list[FileEntry], start: dict[int, int]) -> list[FileEntry]:
-    """The unbroken run of xlogs replay needs from a snapshot at `start`: from the last one beginning at or
-    before it, each next one starting where the previous one's successor says it does."""
-    firsts = [i for i, e in enumerate(xlogs) if vclock_leq(vclock_from_json(e.verification["vclock"]), start)]
-    if not firsts:
-        return []
-    chain = [xlogs[firsts[-1]]]
-    for e in xlogs[firsts[-1] + 1:]:
-        prev = vclock_from_json(e.verification.get("prev_vclock"))
-        if prev != vclock_from_json(chain[-1].verification["vclock"]):
-            break  # a gap: the log ends here, and a point past it is refused by the cut
-        chain.append(e)
-    return chain
 
 
 def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
@@ -169,8 +354,9 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     from .archive import EXPIRED_SUFFIX, archive_complete
 
     backups = [r.manifest for r in repo.source_backups("limestone", newest.instance)
-               if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot")]
-    archived = archived_entries(repo, "limestone", newest.instance)
+               if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot"
+                                              and r.manifest.identity == newest.identity)]
+    archived = _own_archive(repo, newest)
     # Files retention deleted: a base that lacks one (neither holds nor folded it) cannot reach past it.
     prefix = f"{repo.source_dir('limestone', newest.instance)}/archive"
     expired = {Path(n).name.removesuffix(".zst" + EXPIRED_SUFFIX) for n in repo.storage.list(prefix)
@@ -193,9 +379,13 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
     durable = max([base.position.get("epoch", 0)] + [e.range["epochs"][1] for e in archived
                                                      if e.kind == "epoch_rotated" and e.range.get("epochs")])
-    complete = archive_complete(repo, "limestone", newest.instance)
+    complete = archive_complete(repo, "limestone", newest.instance, newest.source)
     if complete is not None:
         durable = min(durable, max(complete, base.position.get("epoch", 0)))
+    if (overlap := _channel_overlap(archived)) is not None and epoch >= overlap[0]:
+        raise Refused(f"two histories of instance {newest.instance} rotated channel {overlap[1]} in "
+                      f"{newest.source.get('path')}: {overlap[2]} and {overlap[3]} both hold epochs from {overlap[0]} "
+                      f"on; a point from there cannot be placed in one history", "refused")
     if epoch > durable:
         raise Refused(f"the log of {newest.instance} in the repository reaches epoch {durable} (backup {base.id}, "
                       f"the archived epoch files, and every channel archived up to epoch {complete}), before the "
@@ -203,6 +393,39 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     have = holds(base)
     log = [e for e in archived if e.kind in ("pwal_rotated", "blob") and Path(e.name).name not in have]
     return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)
+
+
+def _own_archive(repo: Repository, newest: BackupManifest) -> list[FileEntry]:
+    """The archived files of the backup's own source directory (a copy of it shares the instance, and its
+    rotated files are another history's). A record that does not say where it came from (an older walvault's,
+    with a relative path) counts only while no record names another directory."""
+    from .archive import archived_with_sources
+
+    own, unknown, other = [], [], False
+    for entry, origin in archived_with_sources(repo, "limestone", newest.instance):
+        if origin is None:
+            unknown.append(entry)
+        elif origin[1] == newest.source.get("path") and origin[0] in (None, newest.source.get("host")):
+            own.append(entry)
+        else:
+            other = True
+    return own if other else own + unknown
+
+
+def _channel_overlap(archived: list[FileEntry]) -> tuple[int, str, str, str] | None:
+    """The first epoch two rotated pwal files of one channel both hold (a channel's snippets only go forward, so
+    within one history a file ends where the next one begins at the latest), with the channel and the two files."""
+    found = None
+    channels: dict[str, list[FileEntry]] = {}
+    for e in archived:
+        if e.kind == "pwal_rotated" and e.range.get("epochs"):
+            channels.setdefault(Path(e.name).name.split(".")[0], []).append(e)
+    for channel, files in channels.items():
+        files.sort(key=lambda e: tuple(e.range["epochs"]))
+        for a, b in zip(files, files[1:]):
+            if b.range["epochs"][0] < a.range["epochs"][1] and (found is None or b.range["epochs"][0] < found[0]):
+                found = (b.range["epochs"][0], channel, Path(a.name).name, Path(b.name).name)
+    return found
 
 
 def _archived_detached(repo: Repository, archived: list[FileEntry]) -> set[str]:

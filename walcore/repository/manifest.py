@@ -152,6 +152,13 @@ class FileEntry:
         return entry
 
 
+def source_identity(family: str, source: dict) -> tuple:
+    """Which source a backup is of: the family, the instance, the host and the resolved source path. Two
+    directories of one instance (a copy beside the original) are two sources; a clone at the same host and path is
+    one, told apart by its bytes (an incremental of it is refused as diverged)."""
+    return family, source.get("instance"), source.get("host"), source.get("path")
+
+
 @dataclass
 class BackupManifest:
     id: str
@@ -171,6 +178,10 @@ class BackupManifest:
     @property
     def instance(self) -> str:
         return self.source["instance"]
+
+    @property
+    def identity(self) -> tuple:
+        return source_identity(self.family, self.source)
 
     def to_json(self) -> dict:
         return asdict(self)
