@@ -209,7 +209,7 @@ def _newest_record(repo: Repository, sources: list[tuple[str, str]]) -> tuple[fl
         except (TypeError, ValueError):
             return  # an unreadable time says nothing about the clock
         if math.isfinite(seconds):
-            found.append((seconds, f"{what} {iso(seconds) if seconds < 1e11 else seconds}"))
+            found.append((seconds, what))
 
     for family, instance in sources:
         for r in repo.source_backups(family, instance):
@@ -233,7 +233,10 @@ def _newest_record(repo: Repository, sources: list[tuple[str, str]]) -> tuple[fl
             add(json.loads(repo.storage.read_bytes(name)).get("taken"), f"the lease {name} was taken at")
         except (FileNotFoundError, ValueError, AttributeError):
             pass  # released meanwhile, or not a lease walvault reads
-    return max(found, key=lambda f: f[0], default=None)  # at a tie, the first found: a backup's finish
+    if not found:
+        return None
+    seconds, what = max(found, key=lambda f: f[0])  # at a tie, the first found: a backup's finish
+    return seconds, f"{what} {iso(seconds) if seconds < 1e11 else seconds}"  # past year 5000: junk, shown as is
 
 
 # -- the plan
