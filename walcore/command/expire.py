@@ -137,7 +137,7 @@ def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
         return None, None
     if loaded.problem is None:
         return loaded.obj, None
-    return loaded.obj, (f"{loaded.problem}: the policy was read from {loaded.used}; set it again to restore both "
+    return loaded.obj, (f"{loaded.problem}; the policy was read from {loaded.used}: set it again to restore both "
                         f"files: walvault policy --repo {repo.display} --days {loaded.obj.get('days')}")
 
 
