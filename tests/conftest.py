@@ -13,6 +13,7 @@ Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -69,6 +70,32 @@ def run_cli(*args, timeout: float = 300.0, cwd: Path | None = None) -> subproces
     """Run `walvault ARGS...` and return the finished process (text stdout/stderr, never raises on rc)."""
     return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd or REPO)
+
+
+def run_cli_at(when: float, *args, timeout: float = 300.0) -> subprocess.CompletedProcess:
+    """run_cli with the process's clock moved to `when` (Unix seconds) by Debian's faketime: how a test runs a
+    command at another time than now (an expiry must not judge as of a time its clock has not reached)."""
+    import time
+
+    offset = when - time.clock_gettime(time.CLOCK_REALTIME)  # the host's clock, also while a test moves time.time
+    return subprocess.run(["faketime", "-f", f"{offset:+.3f}s", *walvault_command(), *map(str, args)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "TZ": "UTC"})
+
+
+@contextlib.contextmanager
+def clock_at(when: float):
+    """This process's clock (time.time) moved to `when`, running on from there: what faketime does to a
+    subprocess, for a command called in-process (an expiry judging as of a simulated time)."""
+    import time
+
+    real = time.time
+    offset = when - real()
+    time.time = lambda: real() + offset
+    try:
+        yield
+    finally:
+        time.time = real
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (copy_limestone_fixture, new_repository, require_limestone, run_cli, tree_but_leases,
-                      tree_snapshot)
+from conftest import (copy_limestone_fixture, new_repository, require_limestone, run_cli, run_cli_at,
+                      tree_but_leases, tree_snapshot)
 from test_limestone_compact import CLEAN
 from walcore.limestone.catalog import CATALOG_NAME, parse_catalog
 from walcore.limestone.compact import COMPACTED_NAME, check_compacted
@@ -227,8 +227,9 @@ def test_nothing_new_to_fold_is_said(history, tmp_path):
 @require_limestone
 def test_expiry_deletes_what_the_anchor_folded_and_every_window_point_restores(repo, history, tmp_path):
     src = history["src"]
-    result = _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY),
-                           "--apply", "--json"))
+    as_of = history["mid"] + 30 * DAY  # an apply runs on a clock at its --as-of, never behind it
+    result = _json(run_cli_at(as_of, "expire", "--repo", repo, "--days", "30", "--as-of", _iso(as_of), "--apply",
+                              "--json"))
     (source,) = result["sources"]
     assert source["anchor"]["name"] == history["S2"]["id"] and source["anchor"]["position"] == {"epoch": 15}
     detached = set(history["S2"]["covers"]["detached"])
@@ -269,8 +270,8 @@ def test_after_expiry_an_older_base_never_restores_a_wrong_state(repo, history, 
     """F1 is kept, but the files after it that the anchor folded are gone: past F1 the anchor is the base, and a
     point only F1 could have reached is refused, never restored wrong."""
     src = history["src"]
-    _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["mid"] + 30 * DAY), "--apply",
-                  "--json"))
+    as_of = history["mid"] + 30 * DAY
+    _json(run_cli_at(as_of, "expire", "--repo", repo, "--days", "30", "--as-of", _iso(as_of), "--apply", "--json"))
     for point in (15, 17, 20):
         result = _restore(repo, history["F1"]["id"], tmp_path / f"p{point}", point)
         assert result["point"]["base"] == history["S2"]["id"]

@@ -7,6 +7,7 @@ asserted by hashing the repository tree; what must still work is proven by resto
 
 from __future__ import annotations
 
+import calendar
 import json
 import shutil
 import time
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import (LIMESTONE_FIXTURES, new_repository, require_tarantool, run_cli, tree_but_leases,
+from conftest import (LIMESTONE_FIXTURES, clock_at, new_repository, require_tarantool, run_cli, run_cli_at,
+                      tree_but_leases,
                       tree_snapshot)
 import test_tarantool_live
 
@@ -78,9 +80,22 @@ def repo(history, tmp_path) -> Path:
 
 
 def _expire(repo, *args):
-    proc = run_cli("expire", "--repo", repo, "--json", *args)
+    """walvault expire; an apply judging as of a time still to come runs with its clock moved there (faketime):
+    an apply refuses an --as-of later than its clock says."""
+    when = _as_of_seconds(args) if "--apply" in args else None
+    if when is not None and when > time.clock_gettime(time.CLOCK_REALTIME):
+        proc = run_cli_at(when, "expire", "--repo", repo, "--json", *args)
+    else:
+        proc = run_cli("expire", "--repo", repo, "--json", *args)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+def _as_of_seconds(args) -> float | None:
+    try:
+        return calendar.timegm(time.strptime(args[args.index("--as-of") + 1], "%Y-%m-%dT%H:%M:%SZ"))
+    except (ValueError, IndexError):
+        return None
 
 
 def _plan(repo, as_of: float, *args) -> dict:
@@ -264,7 +279,7 @@ def test_an_expiry_racing_a_backup_lease_deletes_nothing(repo, history):
     r = Repository(str(repo))
     (family, instance), = r.sources()
     before = tree_snapshot(repo / family)
-    with r.lease(family, instance, "backup"):
+    with r.lease(family, instance, "backup", ttl=40 * DAY):  # not expired to the expiry's clock, 31 days ahead
         proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
     assert proc.returncode == 1
     source = _source(json.loads(proc.stdout))
@@ -283,7 +298,7 @@ def test_a_busy_source_is_reported_and_the_others_expire(repo, history, tmp_path
     assert run_cli("archive", ls_src, "--repo", repo).returncode == 0
     r = Repository(str(repo))
     (ls_instance,) = [i for f, i in r.sources() if f == "limestone"]
-    with r.lease("limestone", ls_instance, "backup"):
+    with r.lease("limestone", ls_instance, "backup", ttl=40 * DAY):  # not expired to the expiry's clock ahead
         proc = _expire(repo, "--days", "30", "--as-of", _iso(history["done"] + 31 * DAY), "--apply")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
@@ -307,7 +322,8 @@ def test_a_repository_failing_mid_expiry_is_reported(repo, history):
 
     Storage.write_bytes = failing
     try:
-        result = expire(Repository(str(repo)), 30, as_of=history["done"] + 31 * DAY, apply=True)
+        with clock_at(history["done"] + 31 * DAY):
+            result = expire(Repository(str(repo)), 30, as_of=history["done"] + 31 * DAY, apply=True)
     finally:
         Storage.write_bytes = real
     (source,) = result.sources
@@ -321,11 +337,12 @@ def test_a_restore_in_progress_blocks_the_source(repo, history):
     r = Repository(str(repo))
     (family, instance), = r.sources()
     before = tree_snapshot(repo / family)
-    pin = r.restore_pin(family, instance)
-    try:
-        result = _plan(repo, history["done"] + 31 * DAY, "--apply")
-    finally:
-        pin.release()
+    with clock_at(history["done"] + 31 * DAY):  # the mark is made on the clock of the expiry, 31 days ahead
+        pin = r.restore_pin(family, instance)
+        try:
+            result = _plan(repo, history["done"] + 31 * DAY, "--apply")
+        finally:
+            pin.release()
     source = _source(result)
     assert source["blocked"] and "restore" in source["blocked"] and result["deleted"] == 0
     assert tree_snapshot(repo / family) == before
@@ -364,7 +381,7 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
 
     Storage.remove = dying_remove
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt), clock_at(history["done"] + 31 * DAY):
             expire(r, 30, as_of=history["done"] + 31 * DAY, apply=True)
     finally:
         Storage.remove = real_remove

@@ -583,12 +583,16 @@ def _expire(args) -> int:
 
     repo = _repository(args)
     try:
-        days = resolve_policy(repo, args.days)
+        days, warning = resolve_policy(repo, args.days)
     except NoPolicy as e:
         print(f"walvault: nothing expired: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK
+    if warning:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
     as_of = _as_of(args.as_of) if args.as_of else None
     result = expire(repo, days, as_of=as_of, apply=args.apply, wait=args.wait)
+    for warning in result.warnings:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -624,10 +628,15 @@ def _count(reasons) -> list[tuple[str, int]]:
 
 
 def _policy(args) -> int:
-    from .command.expire import check_days
+    from .command.expire import check_days, stored_policy
 
     repo = _repository(args)  # a typo in --repo must not leave a repository holding only a policy
-    policy = repo.set_policy(check_days(args.days)) if args.days is not None else repo.policy()
+    if args.days is not None:  # both files are written: this is also how a damaged one is mended
+        policy = repo.set_policy(check_days(args.days))
+    else:
+        policy, warning = stored_policy(repo)
+        if warning:
+            print(f"walvault: warning: {warning}", file=sys.stderr)
     if args.json:
         _print_json({"policy": policy})
     elif policy is None:
@@ -709,6 +718,8 @@ def _verify_repo(args) -> int:
             print(f"archive {a['family']} {a['instance']}: {a['files']} files, {a['status']}")
             for f in a["findings"]:
                 print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
+        for f in report.repository["findings"]:
+            print(f"repository: {f['code']}: {f['message']}")
         for leftover in report.leftovers:
             print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
         scanned, known = report.checked_by.get("scan", 0), report.checked_by.get("ledger", 0)

@@ -26,6 +26,8 @@ manifest is gone is an interrupted one's leftovers, an archived object without i
 
 from __future__ import annotations
 
+import calendar
+import json
 import math
 import os
 import time
@@ -46,6 +48,7 @@ from .backup import STALE_TEMPORARY
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
 LOG_KINDS = ("xlog", "snap", "pwal_rotated", "epoch_rotated")
+CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
 
 
 class NoPolicy(RuntimeError):
@@ -117,6 +120,7 @@ class ExpireResult:
     applied: bool
     sources: list[SourcePlan]
     audit: str | None = None  # the audit log's directory of this run
+    warnings: list[str] = field(default_factory=list)  # what a plan found that an apply would refuse
 
     @property
     def deleted(self) -> int:
@@ -124,19 +128,33 @@ class ExpireResult:
 
     def to_json(self) -> dict:
         return {"policy": {"days": self.days}, "as_of": iso(self.as_of), "applied": self.applied,
-                "sources": [s.to_json() for s in self.sources], "deleted": self.deleted, "audit": self.audit}
+                "sources": [s.to_json() for s in self.sources], "deleted": self.deleted, "audit": self.audit,
+                "warnings": self.warnings}
 
 
-def resolve_policy(repo: Repository, days) -> float:
-    """--days, else the policy stored in the repository; NoPolicy when there is neither."""
+def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
+    """The policy stored in the repository (None: none) and, when its main file is damaged and the copy was
+    read, a warning naming the damaged file and how to restore both; ManifestError when neither file is good."""
+    loaded = repo.load_policy()
+    if loaded is None:
+        return None, None
+    if loaded.problem is None:
+        return loaded.obj, None
+    return loaded.obj, (f"{loaded.problem}; the policy was read from {loaded.used}: set it again to restore both "
+                        f"files: walvault policy --repo {repo.display} --days {loaded.obj.get('days')}")
+
+
+def resolve_policy(repo: Repository, days) -> tuple[float, str | None]:
+    """--days, else the policy stored in the repository (with stored_policy's warning); NoPolicy when there is
+    neither."""
     if days is not None:
-        return check_days(days)
-    policy = repo.policy()
+        return check_days(days), None
+    policy, warning = stored_policy(repo)
     if policy is None:
         raise NoPolicy(f"no retention policy: give --days N, or store one in {repo.display} with "
                        "`walvault policy --repo URL --days N`; nothing was deleted")
     try:
-        return check_days(policy.get("days"))
+        return check_days(policy.get("days")), warning
     except ValueError as e:
         raise NoPolicy(f"the policy stored in {repo.display} is not usable ({e}); nothing was deleted") from None
 
@@ -144,9 +162,20 @@ def resolve_policy(repo: Repository, days) -> float:
 def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: bool = False,
            wait: float = 0.0) -> ExpireResult:
     days = check_days(days)
-    as_of = time.time() if as_of is None else as_of
+    now = time.time()
+    as_of = now if as_of is None else as_of
     result = ExpireResult(days, as_of, apply, [])
     sources = repo.sources()
+    if apply and as_of > now:  # judged from a future, a point written since now would look outside the window
+        raise Refused(f"--as-of {iso(as_of)} is later than now ({iso(now)}): an apply judges as of now or "
+                      "earlier (a plan without --apply may look ahead)", "cannot_check")
+    newest = _newest_record(repo, sources)
+    if newest is not None and newest[0] > now + CLOCK_TOLERANCE:
+        behind = (f"the clock of this host ({iso(now)}) is behind the repository: {newest[1]}; fix the clock (NTP) "
+                  "before expiring")
+        if apply:
+            raise Refused(behind, "cannot_check")
+        result.warnings.append(f"{behind} (an --apply would be refused)")
     if not apply:  # the plan alone writes nothing: no lease, no audit
         result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
         return result
@@ -171,6 +200,47 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
         result.sources.append(plan)
     result.audit = f"audit/{run}" if seq[0] else None
     return result
+
+
+def _newest_record(repo: Repository, sources: list[tuple[str, str]]) -> tuple[float, str] | None:
+    """The latest time the repository records (a backup's finish or start, an archive record's archive time,
+    an expiry's audit run, a lease's taking) and what records it; None when nothing has a time."""
+    found: list[tuple[float, str]] = []
+
+    def add(stamp, what: str) -> None:
+        try:
+            seconds = stamp_seconds(stamp) if isinstance(stamp, str) else float(stamp)
+        except (TypeError, ValueError):
+            return  # an unreadable time says nothing about the clock
+        if math.isfinite(seconds):
+            found.append((seconds, what))
+
+    for family, instance in sources:
+        for r in repo.source_backups(family, instance):
+            if r.manifest is not None:
+                add(r.manifest.finished, f"backup {r.id} ({family} {instance}) finished at")
+                add(r.manifest.started, f"backup {r.id} ({family} {instance}) started at")
+        for name in repo.storage.list(f"{repo.source_dir(family, instance)}/archive"):
+            if name.endswith(".zst" + RECORD_SUFFIX):
+                try:
+                    add(decode_checked(repo.storage.read_bytes(name), name).get("archived"),
+                        f"{name} records it archived at")
+                except (FileNotFoundError, ManifestError):
+                    pass  # the plan keeps an unreadable record and says so
+    for run in repo.storage.list_dirs("audit"):
+        try:
+            add(calendar.timegm(time.strptime(run[:15], "%Y%m%d-%H%M%S")), f"the expiry audit/{run} ran at")
+        except ValueError:
+            pass
+    for name in repo.storage.list("locks"):
+        try:
+            add(json.loads(repo.storage.read_bytes(name)).get("taken"), f"the lease {name} was taken at")
+        except (FileNotFoundError, ValueError, AttributeError):
+            pass  # released meanwhile, or not a lease walvault reads
+    if not found:
+        return None
+    seconds, what = max(found, key=lambda f: f[0])  # at a tie, the first found: a backup's finish
+    return seconds, f"{what} {iso(seconds) if seconds < 1e11 else seconds}"  # past year 5000: junk, shown as is
 
 
 # -- the plan

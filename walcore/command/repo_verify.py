@@ -11,7 +11,8 @@ from pathlib import PurePosixPath
 
 from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
-from ..repository.manifest import FileEntry
+from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
+                                   inspect_pair)
 from ..runner import LocalRunner, run_all
 from .archive import RECORD_SUFFIX, _load_record
 from .backup import Progress
@@ -27,12 +28,13 @@ class RepoReport:
     bytes: int = 0
     checked_by: dict = field(default_factory=dict)  # "scan" | "ledger" | "hash" -> objects checked so
     checked: dict = field(default_factory=dict)  # stored object -> (size, problem, checked_by, findings); not in JSON
+    repository: dict = field(default_factory=lambda: {"findings": []})  # walvault.repo and walvault.policy pairs
 
     @property
     def intact(self) -> bool:
         """Nothing to report: a backup read from its manifest's copy is restorable, but its redundancy is gone."""
         return all(b["status"] == "ok" and not b["findings"] for b in self.backups) \
-            and all(a["status"] == "ok" for a in self.archive)
+            and all(a["status"] == "ok" for a in self.archive) and not self.repository["findings"]
 
     def to_json(self) -> dict:
         return {"intact": self.intact, **{k: v for k, v in self.__dict__.items() if k != "checked"}}
@@ -43,6 +45,8 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
     """Re-hash every stored object and, for Tarantool files, scan what it holds block by block and row by row,
     unless the ledger knows those bytes as verified clean by this walvault version (`full`: scan them all)."""
     report = RepoReport()
+    report.repository["findings"] = (redundancy_findings(repo, INFO_NAME, "info")
+                                     + redundancy_findings(repo, POLICY_NAME, "policy"))
     records = repo.backups()
     if backup_id is not None:
         # The backup asked for, also when it cannot be used (reported as damaged, not as a repository error).
@@ -76,13 +80,16 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
             report.leftovers.append(f"{record.family}/{record.instance}/{record.id}")
             continue
         findings = out["findings"]
-        if record.problem:
-            findings.append({"code": "manifest_damaged" if record.manifest else "manifest_unreadable",
-                             "message": record.problem})
-        if record.manifest is not None:
+        if record.manifest is None:
+            findings.append({"code": "manifest_unreadable", "message": record.problem})
+        else:
             try:
                 chain = repo.chain(record.manifest)
                 ids = {m.id for m in chain}
+                # Verifying one backup checks the redundancy of every manifest it is read with: its parents' too.
+                for m in chain if backup_id is not None else [record.manifest]:
+                    findings += redundancy_findings(
+                        repo, f"{repo.backup_dir(m.family, m.instance, m.id)}/{MANIFEST_NAME}", "manifest")
                 for parent, child in zip(chain, chain[1:]):
                     if parent.instance != child.instance:
                         findings.append({"code": "chain_broken", "message": f"{child.id} of {child.instance} has "
@@ -90,6 +97,8 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
             except RepositoryError as e:
                 ids = set()
                 findings.append({"code": "chain_broken", "message": str(e)})
+                findings += redundancy_findings(
+                    repo, f"{repo.backup_dir(record.family, record.instance, record.id)}/{MANIFEST_NAME}", "manifest")
             for entry in record.manifest.files:
                 if entry.reference is not None and entry.reference not in ids:
                     findings.append({"code": "reference_broken", "file": entry.name,
@@ -103,14 +112,38 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
                 if entry.verification.get("status") not in ("ok", "open"):
                     findings.append({"code": "file_not_verified", "file": entry.name,
                                      "message": f"recorded as {entry.verification.get('status')}"})
-        # A backup whose manifest is damaged but whose copy is good stays usable (status ok), yet the finding
-        # makes the repository not intact: its redundancy is gone until it is backed up again.
-        if record.manifest is None or any(f["code"] != "manifest_damaged" for f in findings):
+        # A backup whose manifest or its copy is damaged, the other good, stays usable (status ok), yet the finding
+        # makes the repository not intact: its redundancy is gone until it is mended.
+        if record.manifest is None or any(not f.get("redundancy") for f in findings):
             out["status"] = "damaged"
         report.backups.append(out)
     for (family, instance), (names, found) in archived.items():
         report.archive.append(_verify_archive(family, instance, names, found, checked, scans))
     return report
+
+
+def redundancy_findings(repo: Repository, name: str, what: str) -> list[dict]:
+    """The findings on a checked pair (`what`: "manifest", "info" or "policy"), each naming its file and how to
+    restore the redundancy: codes `<what>_damaged` / `<what>_missing` (the main file), `<what>_copy_damaged` /
+    `<what>_copy_missing`, `<what>_copies_differ`."""
+    state = inspect_pair(repo.storage, name)
+    return [{"code": f"{what}{'_copy' if p.side == 'copy' and p.state != 'differs' else ''}_"
+                     f"{'copies_differ' if p.state == 'differs' else p.state}",
+             "path": p.path, "message": f"{p.message}; {_mend_hint(repo, state, what, p.state)}", "redundancy": True}
+            for p in state.problems]
+
+
+def _mend_hint(repo: Repository, state: PairState, what: str, problem: str) -> str:
+    if what == "policy":  # setting it writes both files
+        days = state.good.get("days") if state.good is not None else "N"
+        return f"to restore both files, set the policy again: walvault policy --repo {repo.display} --days {days}"
+    main, copy = state.name, state.name + COPY_SUFFIX
+    if problem == "differs":
+        return f"once you know {main} is right, copy its bytes over {copy}"
+    if state.good is None:
+        return "neither file is good: restore both from a copy of the repository"
+    good, bad = (main, copy) if state.main is not None else (copy, main)
+    return f"to restore the redundancy, copy the bytes of {good} (which is good) over {bad}"
 
 
 SCANNED_KINDS = ("snap", "xlog", "vylog", "run", "index")

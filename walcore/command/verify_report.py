@@ -89,7 +89,15 @@ def write_repository_report(repo: Repository, report, backup: str | None, starte
              "findings": ([{"code": "object_damaged", "offset": None, "message": problem}] if problem else [])
              + (found or [])}
             for name, (size, problem, checked_by, found) in sorted(report.checked.items())]
+    # A damaged or missing redundant file (a manifest, walvault.repo, walvault.policy or a copy) is a row too.
+    redundancy = [f for b in report.backups for f in b["findings"] if f.get("redundancy")] \
+        + report.repository["findings"]
+    rows += [{"path": f["path"], "family": f["path"].split("/")[0] if "/" in f["path"] else None,
+              "kind": f["code"].split("_")[0], "status": "damaged", "checked_by": "checksum",
+              "instance": f["path"].split("/")[1] if "/" in f["path"] else None,
+              "findings": [{"code": f["code"], "offset": None, "message": f["message"]}]} for f in redundancy]
     summary = {"what": "repository", "backup": backup, "runner": runner,
                "verdict": "INTACT" if report.intact else "DAMAGED", "objects": report.objects, "bytes": report.bytes,
-               "backups": report.backups, "archive": report.archive, "leftovers": report.leftovers}
+               "backups": report.backups, "archive": report.archive, "leftovers": report.leftovers,
+               "repository": report.repository}
     return _write(repo, started, rows, summary)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
-from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, ManifestError, decode_checked, encode_checked,
-                       ensure_info, load_checked, read_info, save_checked)
+from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError, decode_checked,
+                       encode_checked, ensure_info, load_checked, read_info, save_checked)
 from .storage import RepositoryError, Storage, UnsafeName, check_name
 
 FAMILIES = ("tarantool", "limestone")
@@ -193,10 +193,20 @@ class Repository:
     # -- the retention policy and the audit log
 
     def policy(self) -> dict | None:
+        loaded = self.load_policy()
+        return loaded.obj if loaded is not None else None
+
+    def load_policy(self) -> Loaded | None:
+        """The stored policy and the file it was read from: the copy, with the reason, when the main file is
+        damaged (a caller acting on it says so). None when none is stored; ManifestError naming both files and
+        how to set it again when neither is good (a damaged policy is never used)."""
         try:
-            return load_checked(self.storage, POLICY_NAME).obj
+            return load_checked(self.storage, POLICY_NAME)
         except FileNotFoundError:
             return None
+        except ManifestError as e:
+            raise ManifestError(f"the retention policy cannot be read: {e}; set it again: walvault policy --repo "
+                                f"{self.display} --days N") from None
 
     def set_policy(self, days: float) -> dict:
         policy = {"days": days, "set": utc_now(), "by": f"walvault {walvault_version()}"}

@@ -95,6 +95,57 @@ def load_checked(storage: Storage, name: str) -> Loaded:
     raise ManifestError("; ".join(problems))
 
 
+@dataclass
+class PairProblem:
+    """What is wrong with one side of a checked pair, or with the two together."""
+
+    path: str  # the file concerned: the main file or its copy (the copy when the two differ)
+    side: str  # "main" | "copy"
+    state: str  # "missing" | "damaged" | "differs" (both good, other contents)
+    message: str
+
+
+@dataclass
+class PairState:
+    """Both files of a checked pair, each read and checked: its body when good (None: missing or damaged)."""
+
+    name: str
+    main: dict | None
+    copy: dict | None
+    problems: list[PairProblem]
+
+    @property
+    def good(self) -> dict | None:
+        """The body a reader uses: the main file's when it is good, else the copy's."""
+        return self.main if self.main is not None else self.copy
+
+
+def inspect_pair(storage: Storage, name: str) -> PairState:
+    """Read both files of a checked pair (`name` and `name.copy`) and say what is wrong with their redundancy:
+    either one missing, not JSON or failing its checksum, or both good with different contents. No problem
+    when both are good and equal, or when both are missing (nothing was saved under this name)."""
+    bodies: dict[str, dict | None] = {}
+    problems = []
+    for side, path in (("main", name), ("copy", name + COPY_SUFFIX)):
+        bodies[side] = None
+        try:
+            data = storage.read_bytes(path)
+        except FileNotFoundError:
+            problems.append(PairProblem(path, side, "missing", f"{path} is missing"))
+            continue
+        try:
+            bodies[side] = decode_checked(data, path)
+        except ManifestError as e:
+            problems.append(PairProblem(path, side, "damaged", str(e)))
+    if len(problems) == 2 and all(p.state == "missing" for p in problems):
+        problems = []
+    elif bodies["main"] is not None and bodies["copy"] is not None and bodies["main"] != bodies["copy"]:
+        problems.append(PairProblem(name + COPY_SUFFIX, "copy", "differs",
+                                    f"{name} and {name}{COPY_SUFFIX} both pass their checksums but hold different "
+                                    f"contents ({name} is the one read)"))
+    return PairState(name, bodies["main"], bodies["copy"], problems)
+
+
 # -- the repository info
 
 
