@@ -65,10 +65,11 @@ def walvault_archive():
             raise RuntimeError(f"{len(archived['problems'])} problems: " + "; ".join(archived["problems"]))
         print("walvault archive: no problem")
 
-    @teardown(on_failure_fail_dagrun=True)
+    @teardown
     def clean_up(run_id=None, ti=None) -> dict:
         """Whatever happened: the run's verify job stopped if it still runs, then its work directory removed (a
-        plan a failed job never read included); a job it had to stop fails the run."""
+        plan a failed job never read included); a job it had to stop fails this task (the run's state is its work
+        tasks')."""
         from walvault_provider.spark import clean_up as clean_up_run
 
         return clean_up_run(run_id, ti)

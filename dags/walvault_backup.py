@@ -86,12 +86,13 @@ def walvault_backup():
         submitted >> recorded
         WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}", backup_id=recorded["id"])
 
-    @teardown(on_failure_fail_dagrun=True)
+    @teardown
     def clean_up(run_id=None, ti=None) -> dict:
         """Whatever happened: the run's jobs still running stopped (a run marked failed or stopped while its Spark
         job ran), the backups its jobs committed recorded (XCom `committed` and the log, read before anything is
         removed), then its work directories removed (a plan a failed job never read included). A job it had to
-        stop fails the run: a stopped run never shows success."""
+        stop fails this task. The run's state is its work tasks' (a teardown that decided it would make a failed
+        run green): a job stopped under its task fails that task, so a stopped run never shows success."""
         from walvault_provider.spark import clean_up as clean_up_run
 
         return clean_up_run(run_id, ti)

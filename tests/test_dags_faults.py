@@ -162,12 +162,12 @@ def test_the_spark_backup_task_fails_when_walvault_refuses(faults_env, tmp_path)
                    json.dumps({"source": "broken", "type": "full", "verify": True}))
     log = proc.stdout + proc.stderr
     assert "DagRun failed" in log, log[-4000:]
-    spark_part = log[log.index("task_id=backup_source.spark_backup"):]
-    assert "walvault exited 1: walvault: not backed up:" in spark_part and "is repairable" in spark_part, \
-        log[-4000:]
-    failed = [line for line in log.splitlines() if "Marking task as FAILED" in line or "state=failed" in line]
-    assert any("spark_backup" in line for line in failed), "\n".join(failed) or log[-4000:]
-    assert not any("task_id=backup_source.record" in line and "SUCCESS" in line for line in log.splitlines())
+    task = log[log.index("[DAG TEST] starting task_id=backup_source.spark_backup"):
+               log.index("[DAG TEST] end task task_id=backup_source.spark_backup")]
+    assert "new_state=failed" in task, "the Spark task is the one shown failed\n" + task[-4000:]
+    assert "AirflowFailException: walvault exited 1: walvault: not backed up:" in task, task[-4000:]
+    assert "is repairable" in task.split("its last lines:")[-1], "the log's last lines: walvault's own"
+    assert "starting task_id=backup_source.record" not in log, "nothing recorded a backup that was not made"
 
 
 # -- the teardown: a run stopped under its job

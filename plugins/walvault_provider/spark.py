@@ -79,7 +79,7 @@ def committed(run_id: str) -> list[dict]:
 
 
 class StoppedJobs(RuntimeError):
-    """A run's teardown found jobs of the run still running and stopped them: the run did not succeed."""
+    """A run's teardown found jobs of the run still running and stopped them: the run was stopped under them."""
 
 
 def clean_up(run_id: str, ti=None) -> dict:
