@@ -2,7 +2,11 @@
 and its verification in the repository. From the UI: the trigger form picks the source, the type, whether to
 verify after, and the Spark master. On schedule: every source, incremental unless its newest full backup is
 `backup.full_every_days` old (or there is none), each in a group of its own (one source's failure does not stop
-the others'). Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease."""
+the others'). A scheduled run that starts more than `schedules.late_after_minutes` after its time (the catch-up
+Airflow creates at once on unpause, or after the scheduler was down) backs up nothing: nobody asked for it now.
+Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease. The Spark task
+fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's jobs still
+running before it removes their directory, and records the backups they committed."""
 
 from __future__ import annotations
 
