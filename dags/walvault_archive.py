@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import dag, task, teardown
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultArchiveOperator
+from walvault_provider.operators import WalvaultArchiveOperator, WalvaultSparkSubmitOperator
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -38,10 +37,10 @@ def walvault_archive():
                                                        "options": {"json": True, "full": True}})
 
     plan = verify_plan(archived.output)
-    verify = SparkSubmitOperator(task_id="verify_new_files", application=application("verify"),
+    verify = WalvaultSparkSubmitOperator(task_id="verify_new_files", application=application("verify"),
                                  application_args=[plan], conn_id=CONFIG.spark_connection, name="walvault-verify")
 
-    @task
+    @task(trigger_rule="none_skipped")  # after a failed verify job too: it names every damaged file
     def report(plan: str) -> dict:
         import json
 
@@ -67,11 +66,13 @@ def walvault_archive():
         print("walvault archive: no problem")
 
     @teardown
-    def clean_up(run_id=None) -> list[str]:
-        """The run's work directory, whatever happened (a plan a failed job never read included)."""
-        from walvault_provider.spark import remove_work
+    def clean_up(run_id=None, ti=None) -> dict:
+        """Whatever happened: the run's verify job stopped if it still runs, then its work directory removed (a
+        plan a failed job never read included); a job it had to stop fails this task (the run's state is its work
+        tasks')."""
+        from walvault_provider.spark import clean_up as clean_up_run
 
-        return remove_work(run_id)
+        return clean_up_run(run_id, ti)
 
     verified = report(plan)
     plan >> verify >> verified >> outcome(archived.output) >> clean_up()

@@ -2,7 +2,11 @@
 and its verification in the repository. From the UI: the trigger form picks the source, the type, whether to
 verify after, and the Spark master. On schedule: every source, incremental unless its newest full backup is
 `backup.full_every_days` old (or there is none), each in a group of its own (one source's failure does not stop
-the others'). Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease."""
+the others'). A scheduled run that starts more than `schedules.late_after_minutes` after its time (the catch-up
+Airflow creates at once on unpause, or after the scheduler was down) backs up nothing: nobody asked for it now.
+Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease. The Spark task
+fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's jobs still
+running before it removes their directory, and records the backups they committed."""
 
 from __future__ import annotations
 
@@ -34,16 +38,23 @@ def walvault_backup():
     def plan(params=None, dag_run=None, run_id=None) -> list[list[str]]:
         """One Spark plan per source to back up; the repository's options and a running Tarantool's password only
         in the plan file (mode 0600, removed by the job once its result is written)."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
+        from walvault_provider.operators import late_minutes
         from walvault_provider.spark import check_connection, work_dir, write_plan
 
         config = load()
+        late = late_minutes(dag_run, config.late_after_minutes)
+        if late is not None:  # nobody asked for it now: unpausing must not start a backup of every source
+            raise AirflowSkipException(f"a catch-up run started {late:.0f} minutes late: no backup; the next on-time "
+                                       "run backs up every source")
         check_connection(params["spark"])
         hook = WalvaultRepoHook(config.repository_connection)
         target = hook.target()
         manual = dag_run.run_type == "manual"
         sources = [config.source(params["source"])] if manual else list(config.sources)
-        repo = None if manual else hook.repository(create=True)
+        repo = hook.repository(create=config.repository_create)  # missing and not to be created: said here
         args = []
         for source in sources:
             kind = params["type"] if manual else scheduled_backup_type(repo, source.path, config.full_every_days)
@@ -57,15 +68,12 @@ def walvault_backup():
 
     @task
     def record(plan_args: list[str]) -> dict:
-        """The backup job's verdict: its summary, or its cause when it failed."""
+        """The backup the job made (the Spark task failed, naming the cause, if it made none)."""
         import json
 
         from walvault_provider.spark import job_result
 
-        code, out, err = job_result(plan_args[0])
-        if code != 0:
-            print("\n".join(err.strip().splitlines()[-10:]))
-            raise RuntimeError(f"the backup job exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
+        _code, out, _err = job_result(plan_args[0])
         result = json.loads(out)
         print(f"walvault backup {result['id']} ({result['type']}) of {result['family']} "
               f"{result['source']['instance']}\n  {result['files']} files, {result['bytes']:,} bytes, "
@@ -83,11 +91,15 @@ def walvault_backup():
         WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}", backup_id=recorded["id"])
 
     @teardown
-    def clean_up(run_id=None) -> list[str]:
-        """The run's work directories, whatever happened (a plan a failed job never read included)."""
-        from walvault_provider.spark import remove_work
+    def clean_up(run_id=None, ti=None) -> dict:
+        """Whatever happened: the run's jobs still running stopped (a run marked failed or stopped while its Spark
+        job ran), the backups its jobs committed recorded (XCom `committed` and the log, read before anything is
+        removed), then its work directories removed (a plan a failed job never read included). A job it had to
+        stop fails this task. The run's state is its work tasks' (a teardown that decided it would make a failed
+        run green): a job stopped under its task fails that task, so a stopped run never shows success."""
+        from walvault_provider.spark import clean_up as clean_up_run
 
-        return remove_work(run_id)
+        return clean_up_run(run_id, ti)
 
     backup_source.expand(plan_args=plan()) >> clean_up()
 

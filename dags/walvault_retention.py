@@ -1,6 +1,13 @@
-"""walvault_retention: the configured recovery window (30 days shipped): it confirms each source's coverage, then
-expires what the anchor snapshot covers (walvault expire). `dry_run` shows the plan and deletes nothing; it is
-true for a manual run unless unticked, false on schedule."""
+"""walvault_retention: the configured recovery window (30 days shipped), in the mission's order, per configured
+source: `confirm_<source>` finds the anchor (the verified snapshot retention relies on) and re-hashes its stored
+bytes, then `expire_<source>` expires only that confirmed source (walvault expire). An uncovered source's confirm
+is skipped and so is its expiry; an anchor that does not re-hash fails its confirm, and nothing of the source is
+expired. Each log says it as the CLI does (why uncovered, what goes and why, what is kept and why).
+
+What deletes: a manual run with `dry_run` unticked, or a scheduled run on time. A manual run with `dry_run` ticked
+(the form's default) only plans, and so does a scheduled run that starts more than `schedules.late_after_minutes`
+after its time: the catch-up run Airflow creates at once when the DAG is unpaused (the form's "unpause on trigger"
+included) or after the scheduler was down. Its log says so; the next on-time run applies the policy."""
 
 from __future__ import annotations
 
@@ -9,18 +16,19 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultExpireOperator
+from walvault_provider.operators import WalvaultConfirmOperator, WalvaultExpireOperator
 
 CONFIG = load()
 
 
 @dag(dag_id="walvault_retention", schedule=CONFIG.schedules["retention"], start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__,
-     params={"dry_run": Param(True, type="boolean", description="show the plan only; delete nothing")})
+     params={"dry_run": Param(True, type="boolean", description="show the plan only; delete nothing (a manual "
+                              "run; a scheduled run applies the policy when it starts on time)")})
 def walvault_retention():
-    # A scheduled run applies the policy; a manual one applies it only when dry_run is unticked.
-    WalvaultExpireOperator(task_id="expire",
-                           dry_run="{{ params.dry_run if dag_run.run_type == 'manual' else False }}")
+    for confirm in WalvaultConfirmOperator.per_source(CONFIG, "confirm"):
+        WalvaultExpireOperator(task_id=f"expire_{confirm.source}", confirmed=confirm.output,
+                               dry_run="{{ params.dry_run }}")
 
 
 walvault_retention()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 def run(spark, job: str, plan: dict) -> int:
     """Run a plan's command on a Spark session; with an `output` dir, leave there what it prints (`stdout`,
-    `stderr`) and `result.json` ({"exit"}), written last. Returns the command's exit code."""
+    `stderr`), for a backup it committed `committed.json` ({"id", "family", "instance", "path"}), and
+    `result.json` ({"exit"}), written last. Returns the command's exit code."""
     from walcore.cli import PASSWORD_ENV, main
 
     from .plan import connect_password, to_argv
@@ -30,6 +31,12 @@ def run(spark, job: str, plan: dict) -> int:
         code = main(argv, runner=SparkRunner(spark))
     from walcore.fsutil import write_atomic
 
+    if job == "backup" and code == 0 and (plan.get("options") or {}).get("json"):
+        # the backup its manifest committed, for whoever cleans up after a run stopped before it read the result
+        printed = json.loads(Path(output, "stdout").read_text())
+        write_atomic(Path(output) / "committed.json", [json.dumps(
+            {"id": printed["id"], "family": printed["family"], "instance": printed["source"]["instance"],
+             "path": printed["source"]["path"]}).encode()])
     write_atomic(Path(output) / "result.json", [json.dumps({"exit": code}).encode()])
     return code
 

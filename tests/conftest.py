@@ -160,8 +160,8 @@ def copy_limestone_fixture(name: str, tmp_path: Path, as_name: str | None = None
 def airflow_sources(root: Path, schedules: str = "") -> tuple[Path, Path, Path]:
     """The sources and configuration of the DAG and UI tests: a data dir written by real Tarantool (`tt`), a
     writable copy of a real limestone fixture (`ls`, rotated at any size), a 30-day window, the Spark connections
-    spark_default and spark_cluster, and `schedules` (a YAML mapping; empty: the defaults). Returns (tt, ls,
-    config file)."""
+    spark_default and spark_cluster, the repository created by the DAGs where there is none (as the embedded
+    defaults say), and `schedules` (a YAML mapping; empty: the defaults). Returns (tt, ls, config file)."""
     tt = root / "sources" / "tt"
     tarantool_real.generate_instance(tt, wal_max_size=16384, scale=1, snapshots=2)
     ls = copy_limestone_fixture("20-random-small", root / "sources", "ls")
@@ -171,6 +171,7 @@ sources:
   - {{name: tt, family: tarantool, path: {tt}}}
   - {{name: ls, family: limestone, path: {ls}, rotate_min_bytes: 1}}
 retention: {{days: 30}}
+repository: {{create: true}}
 spark: {{connections: [spark_default, spark_cluster]}}
 {f"schedules: {schedules}" if schedules else ""}
 """)

@@ -135,7 +135,7 @@ def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
     _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo")}})
     hook = WalvaultRepoHook()
     ok, message = hook.test_connection()
-    assert not ok and "not a walvault repository" in message
+    assert not ok and "holds no walvault repository: create it with `walvault init --repo" in message
     repo = hook.repository(create=True)
     assert (tmp_path / "repo" / "walvault.repo").is_file() and repo.sources() == []
     assert hook.test_connection() == (True, f"walvault repository {tmp_path / 'repo'} (format 1)")

@@ -70,7 +70,10 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env):
     assert all(b["status"] == "ok" for b in backups)
     tree = sorted((p.relative_to(repo).as_posix(), p.stat().st_size) for p in repo.rglob("*") if p.is_file())
     log = _dags_test(env, "walvault_retention")
-    assert "plan only (dry run): nothing deleted" in log and "keep every point of the last 30 days" in log
+    # snapshots taken now anchor nothing of a 30-day window: each source's confirm says so, and its expiry is skipped
+    assert "walvault expire: confirm the coverage of tt" in log and "confirm the coverage of ls" in log
+    assert log.count("UNCOVERED: no verified snapshot at or before the window's start") == 2
+    assert "starting task_id=expire_" not in log
     assert sorted((p.relative_to(repo).as_posix(), p.stat().st_size) for p in repo.rglob("*") if p.is_file()) == tree
 
 
@@ -98,7 +101,7 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
 
 
 def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_path):
-    """An incremental with no full backup under it: the run fails, the record task's last lines say why, and the
+    """An incremental with no full backup under it: the run fails, the Spark task's last lines say why, and the
     plan (with the repository's options) is gone. A Spark master that is not a configured connection fails the
     plan task, naming it, instead of being submitted to yarn."""
     env = {**airflow_env["env"], "WALVAULT_WORK_DIR": str(tmp_path / "work"),
@@ -108,7 +111,7 @@ def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_pat
                    json.dumps({"source": "ls", "type": "incremental", "verify": True}))
     log = proc.stdout + proc.stderr
     assert "DagRun failed" in log, log[-3000:]
-    assert "take a full backup first" in log
+    assert "AirflowFailException: walvault exited 1:" in log and "take a full backup first" in log, log[-3000:]
     assert not list((tmp_path / "work").rglob("plan.json"))
     proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
                    json.dumps({"source": "ls", "type": "full", "verify": True, "spark": "spark_cluster"}))
@@ -123,6 +126,7 @@ def test_a_missing_source_fails_the_archive_run_after_the_others_are_archived_an
 sources:
   - {{name: tt, family: tarantool, path: {airflow_env["tt"]}}}
   - {{name: gone, family: limestone, path: {tmp_path / "gone"}}}
+repository: {{create: true}}
 """)
     repo = tmp_path / "repo"
     env = {**airflow_env["env"], "WALVAULT_CONFIG": str(config), "WALVAULT_WORK_DIR": str(tmp_path / "work"),

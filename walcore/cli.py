@@ -579,7 +579,8 @@ def _snapshot(args) -> int:
 
 
 def _expire(args) -> int:
-    from .command.expire import NoPolicy, expire, iso, resolve_policy
+    from .command.expire import NoPolicy, expire, resolve_policy
+    from .command.expire_text import render
 
     repo = _repository(args)
     try:
@@ -596,35 +597,8 @@ def _expire(args) -> int:
     if args.json:
         _print_json(result.to_json())
     else:
-        print(f"policy: keep every point of the last {days} days, as of {iso(result.as_of)}")
-        for s in result.sources:
-            anchor = s.anchor
-            print(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
-                                                   if anchor else "UNCOVERED: no verified snapshot at or before the "
-                                                   "window's start; nothing of it is deleted"))
-            if len(s.identities) > 1:  # a copy of the source beside it: each has its own anchor
-                for i in s.identities:
-                    a = i["anchor"]
-                    print(f"  source {i['host']}:{i['path']}: " + (f"anchor {a['name']}" if a else "UNCOVERED"))
-            for n, item in enumerate(s.delete):
-                print(f"  {'deleted' if n < s.deleted else 'delete'}  {item.path}: {item.reason}")
-            print(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in _count(k["reason"] for k in s.keep)))
-            if s.blocked:
-                print(f"  blocked: {s.blocked}")
-            if s.stopped:
-                print(f"  STOPPED: {s.stopped}")
-        if args.apply:
-            print(f"{result.deleted} deleted" + (f"; audit log {result.audit}" if result.audit else ""))
-        else:
-            print(f"plan only: {sum(len(s.delete) for s in result.sources)} to delete, nothing was changed "
-                  "(run with --apply to carry it out)")
+        print("\n".join(render(result)))
     return EXIT_FINDINGS if any(s.stopped for s in result.sources) else EXIT_OK
-
-
-def _count(reasons) -> list[tuple[str, int]]:
-    from collections import Counter
-
-    return sorted(Counter(reasons).items(), key=lambda kv: -kv[1])
 
 
 def _policy(args) -> int:

@@ -7,6 +7,9 @@ connections, which the file names. Every error names the key at fault.
 
     repository:
       connection: walvault_repo        # an Airflow connection: a path, or S3 with its credentials
+      create: false                    # true: the DAGs create the repository where there is none; false (the
+                                       # default): a missing one fails the task, which says to run
+                                       # `walvault init --repo URL` (a mistyped path never becomes a repository)
     sources:
       - name: tt1                      # what the trigger form offers
         family: tarantool              # tarantool | limestone
@@ -26,6 +29,9 @@ connections, which the file names. Every error names the key at fault.
       snapshot: "0 2 * * *"           # after the snapshot it needs (each waits up to an hour for a lease)
       retention: "0 4 * * *"
       restore_drill: "0 5 * * 0"
+      late_after_minutes: 30           # a scheduled run that starts later than this after its time (a catch-up
+                                       # at unpause, after scheduler downtime) only plans: retention deletes
+                                       # nothing, a backup is skipped; the next on-time run does the work
     spark:
       connections: [spark_default]     # Spark connections (local[2] embedded, a master in production); the first
                                        # is the default, the backup form offers them all
@@ -73,6 +79,8 @@ class Config:
     schedules: dict = field(default_factory=lambda: dict(DEFAULT_SCHEDULES))
     spark_connections: tuple[str, ...] = ("spark_default",)
     full_every_days: float = 7
+    repository_create: bool = False  # whether the DAGs may create a missing repository
+    late_after_minutes: float = 30  # a scheduled run starting later than this after its time only plans
 
     @property
     def spark_connection(self) -> str:
@@ -151,10 +159,13 @@ def parse(raw, path: Path) -> Config:
     _no_secrets(raw, "", fail)
     _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark"), "", fail)
     backup = _section(raw, "backup", ("full_every_days",), fail)
-    repository = _section(raw, "repository", ("connection",), fail)
+    repository = _section(raw, "repository", ("connection", "create"), fail)
     retention = _section(raw, "retention", ("days",), fail)
     spark = _section(raw, "spark", ("connections",), fail)
-    schedules_raw = _section(raw, "schedules", tuple(DEFAULT_SCHEDULES), fail)
+    schedules_raw = _section(raw, "schedules", (*DEFAULT_SCHEDULES, "late_after_minutes"), fail)
+    late_after = schedules_raw.get("late_after_minutes", 30)
+    if isinstance(late_after, bool) or not isinstance(late_after, (int, float)) or not 0 < late_after <= 1440:
+        fail("schedules.late_after_minutes", f"{late_after!r} is not a number of minutes (more than 0, at most 1440)")
     sources_raw = raw.get("sources")
     if not isinstance(sources_raw, list) or not sources_raw:
         fail("sources", "a list of at least one source (name, family, path)")
@@ -195,10 +206,15 @@ def parse(raw, path: Path) -> Config:
         fail("retention.days", str(e))
     schedules = dict(DEFAULT_SCHEDULES)
     for name, value in schedules_raw.items():
+        if name == "late_after_minutes":
+            continue
         if value is not None and not _schedule(value):
             fail(f"schedules.{name}", f"{value!r} is not a cron expression (5 fields) or a preset "
                  f"({', '.join(sorted(_PRESETS))})")
         schedules[name] = value
+    repository_create = repository.get("create", False)
+    if not isinstance(repository_create, bool):
+        fail("repository.create", f"{repository_create!r} is neither true nor false")
     repository_connection = repository.get("connection", "walvault_repo")
     if not _conn_id(repository_connection):
         fail("repository.connection", f"{repository_connection!r} is not an Airflow connection id")
@@ -212,7 +228,7 @@ def parse(raw, path: Path) -> Config:
     if isinstance(full_every, bool) or not isinstance(full_every, (int, float)) or not 0 < full_every <= 366:
         fail("backup.full_every_days", f"{full_every!r} is not a number of days (more than 0, at most 366)")
     return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
-                  float(full_every))
+                  float(full_every), repository_create, float(late_after))
 
 
 def _conn_id(value) -> bool:

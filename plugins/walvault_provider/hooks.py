@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from airflow.sdk import BaseHook
 
 
+class RepositoryMissing(RuntimeError):
+    """The connection names a location holding no repository, and the configuration does not create one."""
+
+
 @dataclass
 class RepoTarget:
     url: str
@@ -42,10 +46,19 @@ class WalvaultRepoHook(BaseHook):
         return RepoTarget(str(url), options)
 
     def repository(self, *, create: bool = False):
-        """The walcore Repository the connection names."""
+        """The walcore Repository the connection names; with `create` (the configuration's `repository.create`)
+        made where there is none, else a missing one is refused, named (a mistyped path must not become a new
+        empty repository)."""
         from walcore.repository import Repository
+        from walcore.repository.manifest import read_info
+        from walcore.repository.storage import Storage
 
         target = self.target()
+        storage = Storage(target.url, target.options)
+        if not create and read_info(storage) is None:
+            raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
+                                    f"repository: create it with `walvault init --repo {storage.display}`, or set "
+                                    "`repository.create: true` in the walvault configuration")
         return Repository(target.url, target.options, create=create)
 
     def test_connection(self) -> tuple[bool, str]:

@@ -14,10 +14,36 @@ from airflow.sdk import BaseOperator
 
 
 class WalvaultSparkSubmitOperator(SparkSubmitOperator):
-    """SparkSubmitOperator with its connection templated, so that a run's params choose the Spark master
-    (`conn_id="{{ params.spark }}"`)."""
+    """A walvault Spark job (its `@plan` the one application argument), whose task fails when the walvault command
+    did: exit 1 (a verdict: damage, a refusal) fails it without a retry, exit 2 (could not check) fails it as an
+    error; either way the log ends with the command's own last lines. Its connection is templated, so that a
+    run's params choose the Spark master (`conn_id="{{ params.spark }}"`). Killed (a run marked failed or
+    stopped), it stops spark-submit with every process under it (the JVM, the Python driver and workers)."""
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
+
+    def execute(self, context):
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        from .spark import job_result
+
+        super().execute(context)
+        code, _out, err = job_result(self.application_args[0])
+        if code == 0:
+            return
+        tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
+        self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
+                       "\n".join(f"  {line}" for line in tail))
+        message = f"walvault exited {code}: {tail[-1].strip()}"
+        raise AirflowFailException(message) if code == 1 else AirflowException(message)
+
+    def on_kill(self) -> None:
+        from spark_jobs.submit import stop_tree
+
+        submitted = getattr(self._hook, "_submit_sp", None) if self._hook is not None else None
+        if submitted is not None and submitted.poll() is None:
+            stop_tree(submitted.pid, timeout=5)
+        super().on_kill()
 
 
 def flag(value, name: str) -> bool:
@@ -29,6 +55,41 @@ def flag(value, name: str) -> bool:
     if text not in ("true", "false"):
         raise ValueError(f"{name}: {value!r} is neither true nor false")
     return text == "true"
+
+
+def _run_kind(dag_run) -> str:
+    """"manual", "scheduled", "backfill", ...: the run type's value, whichever enum of Airflow's carries it."""
+    return str(getattr(dag_run.run_type, "value", dag_run.run_type))
+
+
+def late_minutes(dag_run, tolerance_minutes: float) -> float | None:
+    """How many minutes after its time a scheduled run started, when that is more than `tolerance_minutes`: a
+    catch-up (the latest interval, created at once on unpause, or after the scheduler was down); None for a
+    run on time and for any run not scheduled."""
+    from datetime import datetime, timezone
+
+    if _run_kind(dag_run) != "scheduled":
+        return None
+    due = dag_run.data_interval_end or dag_run.run_after
+    started = dag_run.start_date or datetime.now(timezone.utc)
+    late = (started - due).total_seconds() / 60
+    return late if late > tolerance_minutes else None
+
+
+def retention_applies(dag_run, dry_run, tolerance_minutes: float) -> tuple[bool, str]:
+    """Whether a retention run deletes, and why: a manual run with `dry_run` unticked, or a scheduled run on time.
+    Anything else plans only: a manual dry run, a scheduled run that started late (a catch-up at unpause: so that
+    unpausing, or a dry-run trigger with "unpause on trigger" ticked, never deletes), a backfill."""
+    kind = _run_kind(dag_run)
+    if kind == "manual":
+        dry = flag(dry_run, "dry_run")
+        return not dry, "a manual run with dry_run " + ("ticked: plan only" if dry else "unticked: applied")
+    if kind == "scheduled":
+        late = late_minutes(dag_run, tolerance_minutes)
+        if late is None:
+            return True, "a scheduled run on time: applied"
+        return False, f"a catch-up run started {late:.0f} minutes late: plan only; the next on-time run applies"
+    return False, f"a {kind} run: plan only (a scheduled run on time, or a manual one with dry_run unticked, applies)"
 
 
 LEASE_WAIT = 3600.0  # how long a snapshot, an expiry or a backup waits for a lease another command holds
@@ -60,10 +121,12 @@ class _WalvaultOperator(BaseOperator):
 
         return load(self.config_path)
 
-    def repository(self, config, *, create: bool = False):
+    def repository(self, config):
+        """The repository; created where there is none only when the configuration says `repository.create`."""
         from .hooks import WalvaultRepoHook
 
-        return WalvaultRepoHook(self.repo_conn_id or config.repository_connection).repository(create=create)
+        return WalvaultRepoHook(self.repo_conn_id or config.repository_connection).repository(
+            create=config.repository_create)
 
     def summary(self, title: str, lines: list[str]) -> None:
         """What people read: the task log ends with this."""
@@ -90,7 +153,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         from walcore.limestone.layout import LiveError
 
         config = self.load_config()
-        repo = self.repository(config, create=True)
+        repo = self.repository(config)
         lines, problems = [], []
         for source in config.sources:
             if not source.path.is_dir():
@@ -180,7 +243,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
 
         config = self.load_config()
         source = config.source(self.source)
-        repo = self.repository(config, create=True)
+        repo = self.repository(config)
         connect = tarantool_uri(source.connection) if source.connection else None
         try:
             result = snapshot(source.path, repo, connect=connect, wait=LEASE_WAIT)
@@ -196,36 +259,67 @@ class WalvaultSnapshotOperator(_SourceOperator):
         return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance}
 
 
+class WalvaultConfirmOperator(_SourceOperator):
+    """Confirm one configured source's coverage before its expiry: its anchor (the verified snapshot retention
+    relies on) found, and its stored bytes re-hashed against its manifest (walvault expire's own check). Logs
+    the source's plan as `walvault expire` says it (why it is uncovered, what goes and why, what is kept and
+    why). Uncovered: the task is skipped, so its expiry is too; an anchor that does not re-hash fails it.
+    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to."""
+
+    def execute(self, context):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from walcore.command.backup import plan_for
+        from walcore.command.expire import confirm
+        from walcore.command.expire_text import render_source
+
+        config = self.load_config()
+        source = config.source(self.source)
+        repo = self.repository(config)
+        identity = plan_for(source.path)  # reads the source: the instance its backups are filed under
+        plan, damaged = confirm(repo, identity.family, identity.instance, config.retention_days)
+        title = f"walvault expire: confirm the coverage of {source.name} ({source.path})"
+        if plan.anchor is None:
+            self.summary(title, render_source(plan))
+            raise AirflowSkipException(f"{source.name} is not covered: nothing of it is expired")
+        if damaged:
+            self.summary(title, [*render_source(plan), f"NOT CONFIRMED: the anchor {plan.anchor['name']} is not "
+                                 f"intact: {damaged}"])
+            raise RuntimeError(f"{source.name}: the anchor {plan.anchor['name']} is not intact ({damaged}); "
+                               "nothing of the source is expired")
+        self.summary(title, [*render_source(plan), f"confirmed: the anchor {plan.anchor['name']} re-hashed "
+                             f"intact ({len(plan.anchor_files)} objects)"])
+        return {"family": plan.family, "instance": plan.instance, "anchor": plan.anchor["name"]}
+
+
 class WalvaultExpireOperator(_WalvaultOperator):
-    """Retention under the configured recovery window (walvault expire): with `dry_run` the plan only. Returns
-    the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and why."""
+    """Retention under the configured recovery window (walvault expire), of the source `confirmed` names (the
+    result of its WalvaultConfirmOperator) or, without it, of every source in the repository. Deletes only
+    when retention_applies() says so (a manual run with `dry_run` unticked, a scheduled run on time), else
+    plans. Returns the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and
+    why, as the CLI says it."""
 
-    template_fields: Sequence[str] = ("config_path", "dry_run", "days")
+    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")  # an XComArg: after it
 
-    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, **kwargs):
+    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.dry_run = dry_run
         self.days = days
+        self.confirmed = confirmed
 
     def execute(self, context):
         from walcore.command.expire import check_days, expire
+        from walcore.command.expire_text import render
 
         config = self.load_config()
         repo = self.repository(config)
-        dry_run = flag(self.dry_run, "dry_run")
+        apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
         days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
-        result = expire(repo, days, apply=not dry_run, wait=LEASE_WAIT)
-        lines = []
-        for s in result.sources:
-            anchor = s.anchor
-            lines.append(f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']}"
-                                                          if anchor else "UNCOVERED: nothing of it is deleted"))
-            lines += [f"  {'deleted' if n < s.deleted else 'would delete' if dry_run else 'delete'} {i.path}: "
-                      f"{i.reason}" for n, i in enumerate(s.delete)]
-            lines.append(f"  keeps {len(s.keep)}" + (f"; STOPPED: {s.stopped}" if s.stopped else ""))
-        lines.append(f"{'plan only (dry run): nothing deleted' if dry_run else f'{result.deleted} deleted'}"
-                     + (f"; audit log {result.audit}" if result.audit else ""))
-        self.summary(f"walvault expire: keep every point of the last {days} days", lines)
+        only = {(self.confirmed["family"], self.confirmed["instance"])} if self.confirmed else None
+        result = expire(repo, days, apply=apply, wait=LEASE_WAIT, only=only)
+        self.summary(f"walvault expire ({why})",
+                     render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
         if any(s.stopped for s in result.sources):
             raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()

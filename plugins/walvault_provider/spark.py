@@ -15,6 +15,7 @@ from pathlib import Path
 from walcore.fsutil import write_atomic
 
 WORK_ENV = "WALVAULT_WORK_DIR"
+COMMITTED = "committed.json"  # a backup job's: the backup it committed (spark_jobs/job.py)
 
 
 def application(job: str) -> str:
@@ -47,15 +48,62 @@ def work_dir(run_id: str, task: str) -> Path:
     return path
 
 
-def remove_work(run_id: str) -> list[str]:
-    """Remove a run's directories (a plan a job never read included): the names removed."""
+def stop_jobs(run_id: str, timeout: float = 5) -> list[int]:
+    """Stop every process of a run's jobs still running (a run marked failed or stopped leaves them behind):
+    each process whose command line or environment names one of the run's work directories (spark-submit and
+    its JVM are given the plan; a Python driver too), with every process under it (SIGTERM, then SIGKILL after
+    `timeout` seconds). Returns the pids of the processes found."""
+    import psutil
+
+    from spark_jobs.submit import stop_tree
+
+    mark = str(_work_base() / _run_prefix(run_id))
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):  # another user's environ reads as None
+        if p.pid == os.getpid():
+            continue
+        words = [*(p.info["cmdline"] or []), *(p.info["environ"] or {}).values()]
+        if any(mark in word for word in words):
+            found.append(p.pid)
+    stop_tree(*found, timeout=timeout)
+    return found
+
+
+def committed(run_id: str) -> list[dict]:
+    """The backups a run's jobs committed (what each job left in output/committed.json right after its backup's
+    manifest was written), whether or not a task after the job recorded them."""
+    found = []
+    for path in sorted(_work_base().glob(f"{_run_prefix(run_id)}*/output/{COMMITTED}")):
+        found.append(json.loads(path.read_text()))
+    return found
+
+
+class StoppedJobs(RuntimeError):
+    """A run's teardown found jobs of the run still running and stopped them: the run was stopped under them."""
+
+
+def clean_up(run_id: str, ti=None) -> dict:
+    """What a run's teardown does, whatever happened, in this order: its jobs still running stopped (stop_jobs),
+    the backups they committed recorded (the log, and XCom `committed` of `ti`), then the run's directories
+    removed (a plan a job never read included): a directory goes only once nothing runs in it. Returns {"stopped":
+    pids, "committed": backups, "removed": names}; StoppedJobs (after all that) when it had to stop a job."""
     import shutil
 
+    stopped = stop_jobs(run_id)
+    backups = committed(run_id)
+    for b in backups:
+        print(f"walvault backup {b['id']} of {b['family']} {b['instance']} ({b['path']}) was committed by this run")
+    if ti is not None:
+        ti.xcom_push(key="committed", value=backups)
     removed = []
     for path in _work_base().glob(f"{_run_prefix(run_id)}*"):
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path.name)
-    return removed
+    if stopped:
+        raise StoppedJobs(f"{len(stopped)} processes of this run's Spark jobs were still running (the run was "
+                          f"marked failed or stopped while they ran) and were stopped before their work directory "
+                          f"was removed; {len(backups)} backups were committed (listed above)")
+    return {"stopped": stopped, "committed": backups, "removed": removed}
 
 
 def check_connection(conn_id: str) -> None:
@@ -75,7 +123,7 @@ def write_plan(directory: Path, plan: dict) -> str:
     """Write the plan (with its output directory) and return the job's argument, `@<plan file>`."""
     output = _output(directory)
     output.mkdir(exist_ok=True)
-    for stale in ("stdout", "stderr", "result.json"):  # a re-run of the task must not read the last run's
+    for stale in ("stdout", "stderr", "result.json", COMMITTED):  # a re-run of the task must not read the last run's
         (output / stale).unlink(missing_ok=True)
     path = directory / "plan.json"
     write_atomic(path, [json.dumps({**plan, "output": str(output)}).encode()], mode=0o600)  # it may hold secrets

@@ -160,7 +160,8 @@ def resolve_policy(repo: Repository, days) -> tuple[float, str | None]:
 
 
 def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: bool = False,
-           wait: float = 0.0) -> ExpireResult:
+           wait: float = 0.0, only: set[tuple[str, str]] | None = None) -> ExpireResult:
+    """`only`: the (family, instance) sources to plan or expire (None: every source of the repository)."""
     days = check_days(days)
     now = time.time()
     as_of = now if as_of is None else as_of
@@ -176,6 +177,7 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
         if apply:
             raise Refused(behind, "cannot_check")
         result.warnings.append(f"{behind} (an --apply would be refused)")
+    sources = [s for s in sources if only is None or s in only]
     if not apply:  # the plan alone writes nothing: no lease, no audit
         result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
         return result
@@ -590,6 +592,15 @@ def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
         if (size, digest.hexdigest()) != (entry.stored_size, entry.stored_sha256):
             return f"{entry.stored} does not match its recorded size and SHA-256"
     return None
+
+
+def confirm(repo: Repository, family: str, instance: str, days: float,
+            as_of: float | None = None) -> tuple[SourcePlan, str | None]:
+    """What an expiry of the source would rely on, confirmed before it runs: the source's plan, and what of its
+    anchor's stored bytes fails the re-hash (None: the anchor is intact, or there is none: plan.anchor says)."""
+    as_of = time.time() if as_of is None else as_of
+    plan = plan_source(repo, family, instance, as_of - check_days(days) * DAY)
+    return plan, _damaged_anchor_object(repo, plan) if plan.anchor else None
 
 
 def _recheck(repo: Repository, plan: SourcePlan, leases: tuple, item: Item) -> None:

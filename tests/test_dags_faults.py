@@ -1,0 +1,258 @@
+"""The Airflow layer under the faults of issue 22: no deletion from a dry run or an unpause, coverage confirmed per
+source before its expiry, a failed walvault command failing the Spark task that ran it, a run stopped under its
+Spark job leaving no job running and no committed backup unrecorded, no repository made by mistake. Real parts:
+`airflow dags test` on a migrated SQLite database, real limestone sources, real spark-submit jobs, faketime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, tree_snapshot, walvault_command
+from walvault_provider.local import airflow, environment, migrate
+
+pytestmark = [require_limestone, pytest.mark.xdist_group("spark")]
+DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then covers may expire now
+
+
+def _aged(src: Path, repo: Path) -> dict:
+    """rotate, archive and snapshot the source as if 40 days ago (faketime): its snapshot anchors the window."""
+    for args in (["rotate", src], ["archive", src, "--repo", repo]):
+        proc = subprocess.run(["faketime", "-f", DAYS_AGO, *walvault_command(), *map(str, args)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(["faketime", "-f", DAYS_AGO, *walvault_command(), "snapshot", str(src), "--repo",
+                           str(repo), "--json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def faults_env(tmp_path_factory):
+    """Two limestone sources of two instances (`good`, `bad`), each archived and snapshotted 40 days ago, so that
+    the 30-day window's expiry would delete their archived log; one stored object of `bad`'s anchor flipped. The
+    repository exists already (repository.create: false)."""
+    from walcore.repository import Repository
+
+    root = tmp_path_factory.mktemp("dag-faults")
+    good = copy_limestone_fixture("20-random-small", root / "sources", "good")
+    bad = copy_limestone_fixture("01-clean", root / "sources", "bad")
+    repo = root / "repo"
+    Repository(str(repo), create=True)
+    snapshots = {"good": _aged(good, repo), "bad": _aged(bad, repo)}
+    anchor = Repository(str(repo)).load_backup("limestone", snapshots["bad"]["source"]["instance"],
+                                               snapshots["bad"]["id"]).manifest
+    damaged = repo / anchor.files[0].stored
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    config = root / "walvault.yaml"
+    config.write_text(f"""
+sources:
+  - {{name: good, family: limestone, path: {good}}}
+  - {{name: bad, family: limestone, path: {bad}}}
+retention: {{days: 30}}
+""")
+    env = environment(root / "home", config=config, repository=str(repo), work_dir=root / "work")
+    migrate(env)
+    return {"env": env, "repo": repo, "root": root, "config": config, "snapshots": snapshots,
+            "instances": {k: v["source"]["instance"] for k, v in snapshots.items()}, "damaged": damaged}
+
+
+def _source_tree(repo: Path, instance: str) -> dict:
+    return tree_snapshot(repo / "limestone" / instance)
+
+
+# -- retention: the decision, the order, the confirmed sources only
+
+
+def _dag_run(run_type: str, due: datetime, started: datetime):
+    """A DagRun as a task's context carries it (the Task SDK's own model)."""
+    from airflow.sdk.api.datamodels._generated import DagRun
+
+    return DagRun(dag_id="walvault_retention", run_id=f"{run_type}__{due.isoformat()}", logical_date=due,
+                  data_interval_start=due, data_interval_end=due, run_after=due, start_date=started, end_date=None,
+                  run_type=run_type, state="running", consumed_asset_events=[], partition_key=None)
+
+
+def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
+    from walvault_provider.operators import late_minutes, retention_applies
+
+    due = datetime(2026, 1, 1, 4, 0, tzinfo=timezone.utc)
+    on_time, late = due + timedelta(minutes=2), due + timedelta(days=300, minutes=7)
+    assert retention_applies(_dag_run("scheduled", due, on_time), "True", 30) == \
+        (True, "a scheduled run on time: applied")
+    # the catch-up Airflow creates at once on unpause (catchup=False still runs the latest interval)
+    applies, why = retention_applies(_dag_run("scheduled", due, late), "True", 30)
+    assert not applies
+    assert why == f"a catch-up run started {300 * 1440 + 7} minutes late: plan only; the next on-time run applies"
+    assert retention_applies(_dag_run("scheduled", due, due + timedelta(minutes=31)), "False", 30)[0] is False
+    assert retention_applies(_dag_run("scheduled", due, due + timedelta(minutes=29)), "False", 30)[0] is True
+    assert retention_applies(_dag_run("manual", due, late), "True", 30) == \
+        (False, "a manual run with dry_run ticked: plan only")
+    assert retention_applies(_dag_run("manual", due, late), "False", 30)[0] is True
+    assert retention_applies(_dag_run("backfill", due, on_time), "False", 30)[0] is False
+    with pytest.raises(ValueError, match="neither true nor false"):
+        retention_applies(_dag_run("manual", due, on_time), "flase", 30)
+    # the backup DAG's catch-up: skipped, a manual run never late
+    assert round(late_minutes(_dag_run("scheduled", due, late), 30)) == 300 * 1440 + 7
+    assert late_minutes(_dag_run("scheduled", due, on_time), 30) is None
+    assert late_minutes(_dag_run("manual", due, late), 30) is None
+
+
+def test_the_retention_dag_confirms_each_source_before_its_expiry(faults_env, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("WALVAULT_CONFIG", str(faults_env["config"]))
+    bag = DagBag(dag_folder=str(REPO / "dags" / "walvault_retention.py"))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.dags["walvault_retention"]
+    for name in ("good", "bad"):
+        assert dag.get_task(f"expire_{name}").upstream_task_ids == {f"confirm_{name}"}
+        assert dag.get_task(f"confirm_{name}").upstream_task_ids == set()
+
+
+def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faults_env):
+    env, repo, instances = faults_env["env"], faults_env["repo"], faults_env["instances"]
+    before = tree_snapshot(repo)
+    proc = airflow(env, "dags", "test", "walvault_retention")  # the form's default: dry_run ticked
+    log = proc.stdout + proc.stderr
+    assert tree_snapshot(repo) == before, "a dry run deleted something\n" + log[-4000:]
+    assert "a manual run with dry_run ticked: plan only" in log, log[-4000:]
+    assert "plan only: 5 to delete, nothing was changed" in log, "good's plan, as the CLI says it"
+    assert "covered by " in log and "keep " in log, "each deletion's and each kept file's reason"
+    assert f"NOT CONFIRMED: the anchor {faults_env['snapshots']['bad']['id']} is not intact" in log
+    assert "DagRun failed" in log, "a source whose coverage cannot be confirmed fails the run"
+
+    bad_before = _source_tree(repo, instances["bad"])
+    proc = airflow(env, "dags", "test", "walvault_retention", "--conf", json.dumps({"dry_run": False}))
+    log = proc.stdout + proc.stderr
+    assert "a manual run with dry_run unticked: applied" in log and "5 deleted" in log, log[-4000:]
+    good_archive = sorted(p.name for p in (repo / "limestone" / instances["good"] / "archive").iterdir())
+    assert not [n for n in good_archive if n.startswith(("pwal_", "epoch.")) and n.endswith(".zst")], \
+        "good's covered log expired"
+    assert any(n.endswith(".zst") for n in good_archive), "what retention does not delete stays"
+    assert _source_tree(repo, instances["bad"]) == bad_before, "the unconfirmed source is not expired"
+    assert "DagRun failed" in log
+
+
+# -- the Spark task: a walvault verdict fails it
+
+
+def test_the_spark_backup_task_fails_when_walvault_refuses(faults_env, tmp_path):
+    """A source walvault refuses to back up (a pwal file broken where an entry must start: exit 1): the Spark task
+    is the one that fails, its log ending with walvault's own line; the record task never runs."""
+    broken = copy_limestone_fixture("20-random-small", tmp_path, "broken")
+    pwal = broken / "pwal_0001"
+    data = bytearray(pwal.read_bytes())
+    data[0] ^= 0xFF
+    data[1] ^= 0xFF
+    pwal.write_bytes(bytes(data))
+    config = tmp_path / "walvault.yaml"
+    config.write_text(f"sources:\n  - {{name: broken, family: limestone, path: {broken}}}\n")
+    env = {**faults_env["env"], "WALVAULT_CONFIG": str(config), "WALVAULT_WORK_DIR": str(tmp_path / "work")}
+    proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
+                   json.dumps({"source": "broken", "type": "full", "verify": True}))
+    log = proc.stdout + proc.stderr
+    assert "DagRun failed" in log, log[-4000:]
+    task = log[log.index("[DAG TEST] starting task_id=backup_source.spark_backup"):
+               log.index("[DAG TEST] end task task_id=backup_source.spark_backup")]
+    assert "new_state=failed" in task, "the Spark task is the one shown failed\n" + task[-4000:]
+    assert "AirflowFailException: walvault exited 1: walvault: not backed up:" in task, task[-4000:]
+    assert "is repairable" in task.split("its last lines:")[-1], "the log's last lines: walvault's own"
+    assert "starting task_id=backup_source.record" not in log, "nothing recorded a backup that was not made"
+
+
+# -- the teardown: a run stopped under its job
+
+
+def _spark_job(plan_arg: str, log: Path) -> subprocess.Popen:
+    from spark_jobs.submit import spark_submit
+    from walvault_provider.spark import application
+
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    with open(log, "wb") as out:
+        return subprocess.Popen([spark_submit(), "--master", "local[1]", "--name", "walvault-backup",
+                                 application("backup"), plan_arg], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def test_the_teardown_stops_a_running_job_before_its_directory_goes_and_records_a_committed_backup(
+        tmp_path, monkeypatch, capsys):
+    """Two jobs of one run, as spark-submit runs them: one backed up its source (but no task read its result),
+    the other waits for its source's lease, held here. The teardown stops the waiting job's whole tree, records
+    the committed backup, removes the directories, and fails (the run was stopped under a job)."""
+    import psutil
+
+    from walcore.command.backup import plan_for
+    from walcore.repository import Repository
+    from walvault_provider.spark import StoppedJobs, clean_up, work_dir, write_plan
+
+    monkeypatch.setenv("WALVAULT_WORK_DIR", str(tmp_path / "work"))
+    repo = tmp_path / "repo"
+    done_src = copy_limestone_fixture("20-random-small", tmp_path / "sources", "done")
+    waiting_src = copy_limestone_fixture("01-clean", tmp_path / "sources", "waiting")
+    run_id = "manual__2026-01-01T00:00:00+00:00"
+    plans = {name: write_plan(work_dir(run_id, f"backup-{name}"),
+                              {"job": "backup", "sources": [str(src)], "repo": str(repo),
+                               "options": {"type": "full", "json": True, "wait": 3600.0}})
+             for name, src in (("done", done_src), ("waiting", waiting_src))}
+    held = Repository(str(repo), create=True).lease("limestone", plan_for(waiting_src).instance, "test")
+    with held:
+        waiting = _spark_job(plans["waiting"], tmp_path / "waiting.log")
+        try:
+            done = _spark_job(plans["done"], tmp_path / "done.log")
+            assert done.wait(300) == 0, (tmp_path / "done.log").read_text()[-3000:]
+            deadline = time.monotonic() + 120  # until the waiting job's Python driver runs (it waits on the lease)
+            while not any("python" in p.name() for p in psutil.Process(waiting.pid).children(recursive=True)):
+                assert waiting.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "waiting.log").read_text()[-3000:]
+                time.sleep(0.5)
+            tree = [waiting.pid, *(p.pid for p in psutil.Process(waiting.pid).children(recursive=True))]
+            with pytest.raises(StoppedJobs, match="were still running"):
+                clean_up(run_id)
+            assert waiting.wait(5) is not None
+            assert not [pid for pid in tree if psutil.pid_exists(pid)
+                        and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "the job's tree is stopped"
+            assert list((tmp_path / "work").iterdir()) == []
+        finally:
+            if waiting.poll() is None:
+                os.killpg(waiting.pid, 9)
+                waiting.wait()
+    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+    assert [b["source"] for b in listed] == [plan_for(done_src).instance], "the stopped job committed nothing"
+    # recorded (the log; XCom `committed` in a task) from what the job left, read before its directory went
+    assert f"walvault backup {listed[0]['id']} of limestone {listed[0]['source']} ({done_src}) was committed " \
+        "by this run" in capsys.readouterr().out
+
+
+def test_repository_create_is_false_unless_the_configuration_says_so(tmp_path, monkeypatch):
+    from walvault_provider.config import ConfigError, parse
+    from walvault_provider.hooks import RepositoryMissing, WalvaultRepoHook
+
+    source = {"name": "s", "family": "limestone", "path": "s"}
+    assert parse({"sources": [source]}, tmp_path / "c.yaml").repository_create is False
+    assert parse({"sources": [source], "repository": {"create": True}}, tmp_path / "c.yaml").repository_create
+    with pytest.raises(ConfigError, match="repository.create: 'yes' is neither true nor false"):
+        parse({"sources": [source], "repository": {"create": "yes"}}, tmp_path / "c.yaml")
+    assert parse({"sources": [source], "schedules": {"late_after_minutes": 5}}, tmp_path / "c.yaml") \
+        .late_after_minutes == 5
+    with pytest.raises(ConfigError, match="schedules.late_after_minutes"):
+        parse({"sources": [source], "schedules": {"late_after_minutes": 0}}, tmp_path / "c.yaml")
+    typo = tmp_path / "bakups"
+    monkeypatch.setenv("AIRFLOW_CONN_WALVAULT_REPO", json.dumps({"conn_type": "walvault_repo",
+                                                                 "extra": {"url": str(typo)}}))
+    with pytest.raises(RepositoryMissing, match=r"holds no walvault repository: create it with `walvault init "
+                                                r"--repo .*bakups`"):
+        WalvaultRepoHook().repository()
+    assert not typo.exists(), "a mistyped path did not become a repository"
+    WalvaultRepoHook().repository(create=True)
+    assert (typo / "walvault.repo").exists()
