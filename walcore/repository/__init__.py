@@ -98,8 +98,8 @@ class BackupRecord:
     cleared: bool = False  # fenced, nothing left but the fence, and the fence kept a while yet: nothing to list
 
 
-# How long a fence stays where an interrupted backup's leftovers were: a writer paused past its lease this long
-# and woken right between proving its lease and its commit is what it no longer stops.
+# How long a fence stays where an interrupted backup's leftovers were. A writer paused longer than this, right
+# between proving its lease and its commit, is the one case it no longer stops.
 FENCE_KEEP = 7 * 86400.0
 
 
