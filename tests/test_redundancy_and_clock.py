@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import REPO, RepoTarget, copy_tree, require_tarantool, run_cli, tree_but_leases, tree_snapshot, walvault_command
+from conftest import (REPO, RepoTarget, copy_tree, new_repository, require_tarantool, run_cli, tree_but_leases,
+                      tree_snapshot, walvault_command)
 from walcore.repository.manifest import COPY_SUFFIX, encode_checked
 from walcore.runner import LocalRunner
 
@@ -273,7 +274,7 @@ def _behind(*args, days: int = 2) -> subprocess.CompletedProcess:
 
 def test_a_clock_behind_the_repository_refuses_an_apply(small_instance, tmp_path):
     src = copy_tree(small_instance, tmp_path / "src")
-    repo = tmp_path / "repo"
+    repo = new_repository(tmp_path / "repo")
     assert run_cli("archive", src, "--repo", repo).returncode == 0
     assert run_cli("snapshot", src, "--repo", repo).returncode == 0
     backup = json.loads(run_cli("backup", src, "--repo", repo, "--json").stdout)
