@@ -210,6 +210,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         report = verify_repository(repo, self.backup_id)
         lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
         lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
+        lines += [f"repository: {f['code']}: {f['message']}" for f in report.repository["findings"]]
         lines.append(f"{report.objects} objects, {report.bytes:,} bytes read")
         self.summary(f"walvault verify --repo {repo.display} {self.backup_id or '(every backup)'}", lines)
         if not report.intact:
@@ -318,8 +319,8 @@ class WalvaultExpireOperator(_WalvaultOperator):
         days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
         only = {(self.confirmed["family"], self.confirmed["instance"])} if self.confirmed else None
         result = expire(repo, days, apply=apply, wait=LEASE_WAIT, only=only)
-        self.summary(f"walvault expire ({why})",
-                     render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
+        self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
+                     + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
         if any(s.stopped for s in result.sources):
             raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
