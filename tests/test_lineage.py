@@ -212,7 +212,8 @@ def test_limestone_incrementals_of_a_copy_are_refused(ls_fork):
     assert b2["parent"] == ls_fork["B1"]
     restore = _swapped(o, c)
     try:
-        _refused(run_cli("backup", o, *repo.cli, "--type", "incremental"), f"diverged from its parent backup {b2['id']}")
+        _refused(run_cli("backup", o, *repo.cli, "--type", "incremental"),
+                 f"diverged from its parent backup {b2['id']}")
     finally:
         restore()
 
@@ -251,7 +252,7 @@ def test_limestone_copies_have_their_own_retention(ls_fork):
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
     (source,) = plan["sources"]
     anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in source["identities"]}
-    assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): None}, "O's snapshot is never the copy's anchor"
+    assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): None}, "O's snapshot is not the copy's"
     assert any(k["path"].endswith(bc1) for k in source["keep"])
     archive = [k for k in source["keep"] if "/archive/" in k["path"]]
     assert archive and all("two sources share the instance" in k["reason"] for k in archive)

@@ -98,8 +98,8 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
             # it may be the previous snapshot: folding without it would lose what it holds
             raise Refused(f"the manifest of backup {unreadable[0].id} of limestone {instance} cannot be read "
                           f"({unreadable[0].problem}): no snapshot is built until it is restored", "damaged")
-        previous = _newest_snapshot([r for r in records if r.manifest is not None
-                                     and r.manifest.identity == ("limestone", instance, origin["host"], origin["path"])])
+        identity = ("limestone", instance, origin["host"], origin["path"])
+        previous = _newest_snapshot([r for r in records if r.manifest is not None and r.manifest.identity == identity])
         before = previous.checks.get("snapshot", {}) if previous else {}
         scratch = owned_tempdir("walvault-snapshot-")
         try:
