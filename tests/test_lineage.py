@@ -212,7 +212,8 @@ def test_limestone_incrementals_of_a_copy_are_refused(ls_fork):
     assert b2["parent"] == ls_fork["B1"]
     restore = _swapped(o, c)
     try:
-        _refused(run_cli("backup", o, *repo.cli, "--type", "incremental"), f"diverged from its parent backup {b2['id']}")
+        _refused(run_cli("backup", o, *repo.cli, "--type", "incremental"),
+                 f"diverged from its parent backup {b2['id']}")
     finally:
         restore()
 
@@ -251,8 +252,26 @@ def test_limestone_copies_have_their_own_retention(ls_fork):
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
     (source,) = plan["sources"]
     anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in source["identities"]}
-    assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): None}, "O's snapshot is never the copy's anchor"
+    assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): None}, "O's snapshot is not the copy's"
     assert any(k["path"].endswith(bc1) for k in source["keep"])
     archive = [k for k in source["keep"] if "/archive/" in k["path"]]
     assert archive and all("two sources share the instance" in k["reason"] for k in archive)
     assert not [d for d in source["delete"] if "/archive/" in d["path"]]
+
+
+def test_limestone_snapshot_of_a_copy_folds_its_own_history(ls_fork, tmp_path):
+    """The copy's snapshot folds its own rotated files and the ones it shares with the original (archived once,
+    from the original), never the original's later ones; it becomes the copy's anchor, not the original's."""
+    o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
+    for src in (o, c):
+        assert run_cli("rotate", src).returncode == 0
+        _ok(run_cli("archive", src, *repo.cli))
+    snap = _ok(run_cli("snapshot", c, *repo.cli, "--json"))
+    epoch = snap["position"]["epoch"]
+    assert epoch == 12
+    _ok(run_cli("restore", snap["id"], tmp_path / "r", *repo.cli, "--json"))
+    assert _state(tmp_path / "r") == _state_at(c, epoch)
+    plan = _ok(run_cli("expire", *repo.cli, "--days", "1", "--json", "--as-of",
+                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
+    anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in plan["sources"][0]["identities"]}
+    assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): snap["id"]}

@@ -88,18 +88,35 @@ def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
         return None
 
 
-def archived_with_sources(repo: Repository, family: str, instance: str) -> list[tuple[FileEntry, tuple | None]]:
-    """Every readable archive record of a source with where its file was archived from: (host, resolved source
-    directory); host is None in a record of an older walvault, and the whole is None when the record names a
-    relative path (an older walvault wrote the path as given)."""
+def source_archive(repo: Repository, family: str, instance: str, source: dict,
+                   root: Path | None = None) -> list[FileEntry | None]:
+    """The archive records of one source directory (`source`: a manifest's host and path), None for one that
+    cannot be read. A copy of the directory shares the instance, and its files are another history's — but for
+    those it holds too (`root`: the directory, when at hand: the same name, size and SHA-256), archived once from
+    wherever they were first. A record that does not say where it came from (an older walvault's, with a relative
+    path) counts only while no record names another directory."""
     prefix = f"{repo.source_dir(family, instance)}/archive"
-    out = []
+    own, unknown, other = [], [], False
     for name in repo.storage.list(prefix):
-        loaded = _load_raw(repo, name) if name.endswith(".zst" + RECORD_SUFFIX) else None
-        if loaded is not None:
-            entry, record = loaded
-            out.append((entry, _record_origin(entry, record)))
-    return out
+        if not name.endswith(".zst" + RECORD_SUFFIX):
+            continue
+        loaded = _load_raw(repo, name)
+        origin = loaded and _record_origin(*loaded)
+        if loaded is None:
+            own.append(None)
+        elif origin is None:
+            unknown.append(loaded[0])
+        elif origin[1] == source.get("path") and origin[0] in (None, source.get("host")) or _holds(root, loaded[0]):
+            own.append(loaded[0])
+        else:
+            other = True
+    return own if other else own + unknown
+
+
+def _holds(root: Path | None, entry: FileEntry) -> bool:
+    if root is None or not (root / entry.name).is_file() or (root / entry.name).stat().st_size != entry.size:
+        return False
+    return file_sha256(root / entry.name) == entry.sha256
 
 
 def _record_origin(entry: FileEntry, record: dict) -> tuple | None:

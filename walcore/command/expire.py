@@ -295,8 +295,8 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})", "reason": kept[m.id]})
         elif anchor is None:
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})",
-                              "reason": "no verified snapshot of its source at or before the window's start covers "
-                                        "this source"})
+                              "reason": "no verified snapshot of its own source at or before the window's start "
+                                        "covers it"})
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
                                     "of its source before it, and no kept backup's parent", {"position": m.position},

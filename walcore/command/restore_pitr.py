@@ -351,12 +351,12 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     archive still holds the whole log, and the archived files that carry the log from there (rotated pwal files
     neither in the base nor folded into its compacted file, and the blobs). Refused past what the archive holds
     whole: every channel's entries up to the point archived (what `archive` records), and durable."""
-    from .archive import EXPIRED_SUFFIX, archive_complete
+    from .archive import EXPIRED_SUFFIX, archive_complete, source_archive
 
     backups = [r.manifest for r in repo.source_backups("limestone", newest.instance)
                if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot"
                                               and r.manifest.identity == newest.identity)]
-    archived = _own_archive(repo, newest)
+    archived = [e for e in source_archive(repo, "limestone", newest.instance, newest.source) if e is not None]
     # Files retention deleted: a base that lacks one (neither holds nor folded it) cannot reach past it.
     prefix = f"{repo.source_dir('limestone', newest.instance)}/archive"
     expired = {Path(n).name.removesuffix(".zst" + EXPIRED_SUFFIX) for n in repo.storage.list(prefix)
@@ -393,23 +393,6 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     have = holds(base)
     log = [e for e in archived if e.kind in ("pwal_rotated", "blob") and Path(e.name).name not in have]
     return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)
-
-
-def _own_archive(repo: Repository, newest: BackupManifest) -> list[FileEntry]:
-    """The archived files of the backup's own source directory (a copy of it shares the instance, and its
-    rotated files are another history's). A record that does not say where it came from (an older walvault's,
-    with a relative path) counts only while no record names another directory."""
-    from .archive import archived_with_sources
-
-    own, unknown, other = [], [], False
-    for entry, origin in archived_with_sources(repo, "limestone", newest.instance):
-        if origin is None:
-            unknown.append(entry)
-        elif origin[1] == newest.source.get("path") and origin[0] in (None, newest.source.get("host")):
-            own.append(entry)
-        else:
-            other = True
-    return own if other else own + unknown
 
 
 def _channel_overlap(archived: list[FileEntry]) -> tuple[int, str, str, str] | None:

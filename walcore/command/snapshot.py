@@ -17,6 +17,7 @@ It is stored as a backup of type `snapshot` (id `YYYYMMDD-HHMMSSS`): the same ma
 from __future__ import annotations
 
 import re
+import socket
 import shutil
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
     from ..limestone.compact import compact
     from ..limestone.epoch import EPOCH_NAME
     from ..limestone.writer import durable_epoch
-    from .archive import load_archived
+    from .archive import source_archive
     from .backup_limestone import LimestonePlan, _path_instance
     from .restore import materialize
 
@@ -79,7 +80,9 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
     instance = manifest.instance_uuid or _path_instance(source)
     manifest_bytes = (source / "limestone-manifest.json").read_bytes()
     with repo.lease("limestone", instance, "snapshot", wait=wait) as lease:
-        records = load_archived(repo, "limestone", instance)
+        # A copy of the directory shares the instance: only this directory's archived files and snapshots count.
+        origin = {"host": socket.gethostname(), "path": str(source.resolve())}
+        records = source_archive(repo, "limestone", instance, origin, source)
         if any(r is None for r in records):
             raise Refused(f"an archive record of limestone {instance} cannot be read: `walvault verify --repo` "
                           "names it; no snapshot is built over a log that cannot be read whole", "damaged")
@@ -95,7 +98,8 @@ def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: 
             # it may be the previous snapshot: folding without it would lose what it holds
             raise Refused(f"the manifest of backup {unreadable[0].id} of limestone {instance} cannot be read "
                           f"({unreadable[0].problem}): no snapshot is built until it is restored", "damaged")
-        previous = _newest_snapshot(records)
+        identity = ("limestone", instance, origin["host"], origin["path"])
+        previous = _newest_snapshot([r for r in records if r.manifest is not None and r.manifest.identity == identity])
         before = previous.checks.get("snapshot", {}) if previous else {}
         scratch = owned_tempdir("walvault-snapshot-")
         try:
