@@ -2,7 +2,7 @@
 """The fault-injection suite's long runs (issue 22, section 7): random schedules of real `walvault` commands, two
 at a time, with faults, over a local repository and S3, then the invariants (tests/nemesis.py says which).
 
-    .venv/bin/python bench/nemesis.py --schedules 500 --seed 1 --storage both --json bench/out/nemesis.json
+    .venv/bin/python bench/nemesis.py --schedules 500 --seed 1 --storage both --jobs 2 --json bench/out/nemesis.json
     .venv/bin/python bench/nemesis.py --seed S --schedules 1 --storage both   # replay one schedule, with its log
 
 Schedule i runs seed S+i; with `--storage both` a seed's parity picks its storage (even: local, odd: S3), so
@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +43,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1, help="the first schedule's seed (schedule i: seed + i)")
     ap.add_argument("--storage", choices=["local", "s3", "both"], default="both")
     ap.add_argument("--json", type=Path, help="write every outcome (with its log) and the summary here")
+    ap.add_argument("--jobs", type=int, default=1, help="schedules run at once (each has its own proxy; 2 suits "
+                    "two cores: a schedule spends much of its time waiting on one process)")
     ap.add_argument("--log", action="store_true", help="print every schedule's operation log, not only failing ones")
     args = ap.parse_args()
 
@@ -51,10 +54,12 @@ def main() -> int:
           f"tmpfs {'yes' if env.can_mount else 'NO (not root): full-filesystem faults left out'}", flush=True)
     outcomes = []
     started = time.monotonic()
+    seeds = [args.seed + i for i in range(args.schedules)]
+    pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
     try:
-        for i in range(args.schedules):
-            seed = args.seed + i
-            out = nemesis.run_schedule(env, seed, storage_of(seed, args.storage))
+        futures = [pool.submit(nemesis.run_schedule, env, seed, storage_of(seed, args.storage)) for seed in seeds]
+        for future in as_completed(futures):
+            out = future.result()
             outcomes.append(out)
             print(nemesis.format_outcome(out), flush=True)
             if not out.ok or args.log:
@@ -65,8 +70,12 @@ def main() -> int:
                 print("  log:\n" + "\n".join("    " + line for line in out.log), flush=True)
     except KeyboardInterrupt:
         print("interrupted", flush=True)
+        for future in futures:
+            future.cancel()
     finally:
+        pool.shutdown(wait=True)
         env.close()
+    outcomes.sort(key=lambda o: o.seed)
     summary = nemesis.summarize(outcomes)
     summary["wall_seconds"] = round(time.monotonic() - started, 1)
     print("\nsummary:")

@@ -59,7 +59,9 @@ USER, PASSWORD = "nemesis", "nem:pa@ss"  # ':' and '@' in the password: the URI 
 OP_TIMEOUT = 120.0
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "nemesis-key", "AWS_SECRET_ACCESS_KEY": "nemesis-secret-value",
                   "AWS_DEFAULT_REGION": "us-east-1"}
-FAULT_KINDS = ("pause", "kill", "clock", "stall", "reset", "fullfs", "fork", "damage")
+FAULT_KINDS = ("pause", "kill", "clock", "stall", "reset", "fullfs", "fork", "damage", "junk_lease")
+# what a lease's `expires` may hold when something else wrote it: each must give a clear refusal, never a hang
+JUNK_EXPIRES = ('"soon"', "NaN", "Infinity", "1e308", "-Infinity")
 TEMPLATE_AGE_DAYS = 9  # the template's rows are this old (faketime): a window of days has something to expire
 
 # Every write after the template: one row per transaction into `nem`, so LSN = first + i.
@@ -266,26 +268,37 @@ class Env:
             self.env["WALVAULT_PASSWORD"] = PASSWORD
         self.can_mount = os.geteuid() == 0 and self._try_mount()
         self._build_template()
-        self._moto = self._proxy = None
+        self._moto = None
+        self._lock = threading.Lock()
 
     # S3 comes up on first use: a run over local repositories never starts it
-    def s3(self) -> tuple[str, StallableProxy]:
-        if self._moto is None:
-            import logging
+    def s3(self) -> str:
+        with self._lock:
+            if self._moto is None:
+                self._start_moto()
+        return self.s3_direct
 
-            from moto.server import ThreadedMotoServer
+    def s3_client(self):
+        """A boto3 client of moto's server (made under a lock: boto3's default session is not thread-safe)."""
+        import boto3
 
-            logging.getLogger("werkzeug").setLevel(logging.ERROR)
-            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-            self._moto.start()
-            host, port = self._moto.get_host_and_port()
-            self.s3_direct = f"http://{host}:{port}"
-            self._proxy = StallableProxy(port)
-        return self.s3_direct, self._proxy
+        with self._lock:
+            return boto3.client("s3", endpoint_url=self.s3_direct, region_name="us-east-1")
+
+    def _start_moto(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.s3_direct = f"http://{host}:{port}"
+        self.s3_port = port
 
     def close(self) -> None:
-        if self._proxy is not None:
-            self._proxy.close()
+        if self._moto is not None:
             self._moto.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -404,8 +417,11 @@ class Step:
     snapshot: bool = False
     days: int = 0
     as_of: float | None = None
+    junk: str = ""
 
     def label(self) -> str:
+        if self.kind == "junk_lease":
+            return f"junk_lease expires={self.junk} then backup_inc(h1)"
         if self.kind == "pair":
             fault = f" fault={self.fault}@{self.delay:.2f}s" if self.fault else ""
             if self.fault == "stall":
@@ -432,6 +448,7 @@ class Plan:
         kinds |= {"fullfs" for s in self.steps if s.kind == "pair" for o in (s.a, s.b) if o and o.fullfs}
         kinds |= {"fork" for s in self.steps if s.kind == "fork"}
         kinds |= {"damage" for s in self.steps if s.kind == "damage"}
+        kinds |= {"junk_lease" for s in self.steps if s.kind == "junk_lease"}
         if self.repo_on_tmpfs:
             kinds.add("fullfs")
         return kinds
@@ -491,6 +508,8 @@ def plan(seed: int, storage: str) -> Plan:
             steps.append(Step("write", source="h2", rows=rng.randint(10, 40),
                               offset=writes_left[0] if writes_left else 0.0, snapshot=rng.random() < 0.5))
             forked = True
+        elif roll < 0.72:
+            steps.append(Step("junk_lease", junk=rng.choice(JUNK_EXPIRES)))
         else:
             steps.append(random_pair(False))
     while writes_left:
@@ -618,11 +637,12 @@ class Schedule:
                 self.note("local repository on a 900 KiB tmpfs")
             Repository(self.repo_url, {}, create=True)
         else:
-            direct, self.proxy = self.env.s3()
-            import boto3
+            direct = self.env.s3()
+            self.proxy = StallableProxy(self.env.s3_port)  # its own: a stall here reaches no other schedule
+            self.s3 = self.env.s3_client()
 
             bucket = f"nemesis-{self.plan.seed}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
-            boto3.client("s3", endpoint_url=direct, region_name="us-east-1").create_bucket(Bucket=bucket)
+            self.s3.create_bucket(Bucket=bucket)
             self.bucket = bucket
             self.repo_url = f"s3://{bucket}/repo"
             Repository(self.repo_url, {"endpoint_url": direct}, create=True)
@@ -636,7 +656,7 @@ class Schedule:
             self.live.kill()
             self.live.wait()
         if self.plan.storage == "s3":
-            self.proxy.stall(0)
+            self.proxy.close()
         for mnt in reversed(self.mounts):
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -710,13 +730,15 @@ class Schedule:
         self.out.operations += 1
         return proc, args, info
 
-    def finish(self, op: Op, proc: subprocess.Popen, args: list[str], info: dict, killed: bool) -> Finished:
+    def finish(self, op: Op, proc: subprocess.Popen, args: list[str], info: dict, killed: bool,
+               timeout: float = OP_TIMEOUT) -> Finished:
         try:
-            stdout, stderr = proc.communicate(timeout=OP_TIMEOUT)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            self.violate("hang", f"{op.label()} ran over {OP_TIMEOUT:.0f} s: {' '.join(args)}")
+            killed = True
+            self.violate("hang", f"{op.label()} ran over {timeout:.0f} s: {' '.join(args)}")
         done = Finished(op, args, proc.returncode, stdout, stderr, killed, info.get("target"),
                         info.get("backup_id"), info.get("point"), info.get("mount"))
         self.judge(done)
@@ -928,6 +950,24 @@ class Schedule:
                 record["suspect"] = True
                 return
 
+    def step_junk_lease(self, step: Step) -> None:
+        """A lease of the source whose `expires` is junk (written by something else): a backup must say so and
+        name it, at once, not crash or wait forever; then the harness clears it."""
+        name = f"locks/tarantool-{self.env.instance_uuid}.lease"
+        body = ('{"holder": "%s", "command": "backup", "host": "elsewhere.example", "pid": 1, "taken": 0, '
+                '"expires": %s}' % ("f" * 32, step.junk)).encode()
+        if name in self.list_objects("locks/"):
+            return  # a real holder: leave it be
+        self.write_object(name, body)
+        self.fault("junk_lease")
+        op = Op("backup_inc")
+        done = self.finish(op, *self.start(op), killed=False, timeout=30)
+        if done.rc in (1, 2) and "Traceback" not in done.stderr and not re.search(re.escape(name) + "|" + re.escape(Path(name).name), done.stderr):
+            self.violate("junk_lease_unnamed", f"a lease with expires={step.junk}: {op.label()} exited {done.rc} "
+                         f"without naming {name}: {done.stderr.strip()[-300:]}")
+        if name in self.list_objects("locks/") and self.read_object(name) == body:
+            self.remove_object(name)
+
     def step_damage(self, step: Step) -> None:
         """Flip one byte of one object that a good repository checks: a redundant copy, the policy, a stored
         file of a backup, an archived file."""
@@ -964,7 +1004,7 @@ class Schedule:
             if points:
                 candidates.append((hist, self.rng.choice(points)[0]))
         before = []
-        for hist, lsn in candidates[:2]:
+        for hist, lsn in candidates[:2 if self.plan.storage == "local" else 1]:
             backup_id = self._newest_backup_of(hist)
             if backup_id is None:
                 continue
@@ -1020,6 +1060,9 @@ class Schedule:
             self.step_live_stop(Step("live_stop"))
         if self.plan.storage == "s3":
             self.proxy.stall(0)
+        if self.plan.repo_on_tmpfs and self.mounts and self.mounts[0] == self.dir / "repo":
+            # the fault ends before the invariants: a restore writes its mark into the repository
+            subprocess.run(["mount", "-o", "remount,size=64m", str(self.mounts[0])], capture_output=True)
         listed = self.list_backups()
         damaged_backup = None
         if self.damaged and self.damaged["kind"] == "backup_object":
@@ -1111,9 +1154,7 @@ class Schedule:
             if not base.exists():
                 return []
             return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=self.env.s3_direct, region_name="us-east-1")
+        client = self.s3
         names, token = [], None
         while True:
             kwargs = {"Bucket": self.bucket, "Prefix": f"repo/{prefix}"}
@@ -1128,19 +1169,21 @@ class Schedule:
     def read_object(self, name: str) -> bytes:
         if self.plan.storage == "local":
             return (Path(self.repo_url) / name).read_bytes()
-        import boto3
+        return self.s3.get_object(Bucket=self.bucket, Key=f"repo/{name}")["Body"].read()
 
-        client = boto3.client("s3", endpoint_url=self.env.s3_direct, region_name="us-east-1")
-        return client.get_object(Bucket=self.bucket, Key=f"repo/{name}")["Body"].read()
+    def remove_object(self, name: str) -> None:
+        if self.plan.storage == "local":
+            (Path(self.repo_url) / name).unlink()
+            return
+        self.s3.delete_object(
+            Bucket=self.bucket, Key=f"repo/{name}")
 
     def write_object(self, name: str, data: bytes) -> None:
         if self.plan.storage == "local":
+            (Path(self.repo_url) / name).parent.mkdir(parents=True, exist_ok=True)
             (Path(self.repo_url) / name).write_bytes(data)
             return
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=self.env.s3_direct, region_name="us-east-1")
-        client.put_object(Bucket=self.bucket, Key=f"repo/{name}", Body=data)
+        self.s3.put_object(Bucket=self.bucket, Key=f"repo/{name}", Body=data)
 
 
 def run_schedule(env: Env, seed: int, storage: str) -> Outcome:
