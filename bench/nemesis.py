@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -48,6 +49,10 @@ def main() -> int:
     ap.add_argument("--log", action="store_true", help="print every schedule's operation log, not only failing ones")
     args = ap.parse_args()
 
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # a killed run still tears its schedules down (mounts, processes)
     env = nemesis.Env()
     print(f"nemesis: lease TTL {'WALVAULT_LEASE_TTL=' + str(env.lease_ttl) if env.lease_ttl else 'not settable (60 s): a pause is judged by a second clock'}; "
           f"password {'WALVAULT_PASSWORD' if env.password_env else 'in the URI'}; faketime {'yes' if env.faketime else 'MISSING'}; "

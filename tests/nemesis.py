@@ -754,7 +754,7 @@ class Schedule:
         if not done.killed and rc not in (0, 1, 2):
             self.violate("exit_code", f"{op.label()} exited {rc}: {' '.join(done.argv)}\n{done.stderr[-600:]}")
         if rc != 0:
-            if done.mount is not None and done.target is not None:
+            if done.mount is not None and done.target is not None and not done.killed:
                 left = [p.name for p in done.mount.iterdir()] if done.mount.is_dir() else []
                 if left:
                     self.violate("fullfs_staging_left", f"{op.label()} exited {rc} on a full filesystem and left "
@@ -962,7 +962,10 @@ class Schedule:
         self.fault("junk_lease")
         op = Op("backup_inc")
         done = self.finish(op, *self.start(op), killed=False, timeout=30)
-        if done.rc in (1, 2) and "Traceback" not in done.stderr and not re.search(re.escape(name) + "|" + re.escape(Path(name).name), done.stderr):
+        if re.search(r"expires in (nan|-?inf|-?\d{7,}) s", done.stderr):
+            self.violate("junk_lease_believed", f"a lease with expires={step.junk} was taken for a live holder's: "
+                         f"{done.stderr.strip()[:300]}")
+        elif done.rc in (1, 2) and "Traceback" not in done.stderr and not re.search(re.escape(name) + "|" + re.escape(Path(name).name), done.stderr):
             self.violate("junk_lease_unnamed", f"a lease with expires={step.junk}: {op.label()} exited {done.rc} "
                          f"without naming {name}: {done.stderr.strip()[-300:]}")
         if name in self.list_objects("locks/") and self.read_object(name) == body:
