@@ -495,7 +495,7 @@ def plan(seed: int, storage: str) -> Plan:
             # the second backs up the same source while the first is stopped holding its lease
             a.kind, a.live, a.fullfs = rng.choice(["backup_full", "backup_inc", "snapshot"]), False, False
             b.kind, b.source, b.live, b.fullfs = rng.choice(["backup_full", "backup_inc"]), a.source, False, False
-            a.clock, b.clock, b.days, b.as_of = None, None, None, None
+            a.clock, b.clock, a.days, a.as_of, b.days, b.as_of = None, None, None, None, None, None
         return step
 
     for _ in range(n_middle):
@@ -768,6 +768,9 @@ class Schedule:
                 return
             self.backups[result["id"]] = {"path": result["source"]["path"], "position": result["position"],
                                           "suspect": False, "op": op.label()}
+            self.out.log[-1] += f" -> {result['id']}"
+            if result.get("removed_leftovers"):
+                self.out.log[-1] += f" (removed leftovers {result['removed_leftovers']})"
         elif op.kind in ("restore", "restore_to") and done.backup_id:
             record = self.backups[done.backup_id]
             hist = self.history_of(record["path"])
@@ -881,12 +884,14 @@ class Schedule:
         fault = step.fault
         procs_b = None
         if fault == "pause":
-            if not self._wait_to_pause(proc_a, stored=step.delay > 0.3):
+            if not self._wait_to_pause(proc_a, stored=step.delay > 0.3, extra=max(0.0, step.delay - 0.3) * 2):
                 self.note("    (the first ended before it could be paused)")
                 fault = None
             else:
                 os.killpg(proc_a.pid, signal.SIGSTOP)
                 self.fault("pause")
+                self.note(f"    paused {step.a.label()} holding its lease"
+                          f"{' with files stored' if step.delay > 0.3 else ''}")
                 if self.env.lease_ttl:
                     time.sleep(self.env.lease_ttl + 0.5)
                 else:
@@ -921,7 +926,7 @@ class Schedule:
             self.proxy.stall(0)
             self._mark_suspect(done_a)
 
-    def _wait_to_pause(self, proc: subprocess.Popen, stored: bool) -> bool:
+    def _wait_to_pause(self, proc: subprocess.Popen, stored: bool, extra: float = 0.0) -> bool:
         """Until the op holds its lease (so that the pause stops a holder) and, when `stored`, has stored files of a
         backup that has no manifest yet (what a breaker removes as leftovers), or until it ends."""
         deadline = time.monotonic() + 20
@@ -929,12 +934,14 @@ class Schedule:
             if any(n.endswith(".lease") and ".restore-" not in n for n in self.list_objects("locks/")):
                 if not stored:
                     return True
-                dirs: dict[str, set[str]] = {}
+                backups: dict[str, set[str]] = {}
                 for name in self.list_objects(""):
                     if "/backups/" in name:
-                        head, _, leaf = name.rpartition("/")
-                        dirs.setdefault(head, set()).add(leaf)
-                if any(not any(leaf.startswith("backup.manifest") for leaf in leaves) for leaves in dirs.values()):
+                        head, _, rest = name.partition("/backups/")
+                        backup_id, _, leaf = rest.partition("/")
+                        backups.setdefault(backup_id, set()).add(leaf)
+                if any(not any(leaf.startswith("backup.manifest") for leaf in leaves) for leaves in backups.values()):
+                    time.sleep(extra)  # later into the storing, up to just before the manifest
                     return True
             time.sleep(0.005 if self.plan.storage == "local" else 0.02)
         return False
