@@ -518,6 +518,9 @@ def plan(seed: int, storage: str) -> Plan:
         steps.append(Step("write", source="h1", rows=rng.randint(10, 40), offset=offset, snapshot=rng.random() < 0.5))
         if offset == 0.0 and rng.random() < 0.6:
             steps.append(random_pair(False))
+        elif offset != 0.0 and rng.random() < 0.4:
+            # a backup and an archive inside the history: a base and a log for the window's points to need
+            steps.append(Step("pair", a=Op("backup_inc"), b=Op("archive")))
     if live_phase:
         steps.append(Step("live_start"))
         steps.append(random_pair(True))
@@ -849,6 +852,7 @@ class Schedule:
         path = self.dir / "h2"
         shutil.copytree(h1.path, path)
         self.histories["h2"] = History("h2", path, list(h1.writes), list(h1.points))
+        self.fork_lsn = h1.last_lsn
         self.fault("fork")
 
     def step_live_start(self, step: Step) -> None:
@@ -1008,12 +1012,18 @@ class Schedule:
         now = time.time()
         as_of = now + step.as_of if step.as_of is not None else now
         window_start = min(as_of, now) - step.days * DAY
-        candidates = []
-        for name in sorted(self.histories):
-            hist = self.histories[name]
-            points = [p for p in hist.points if p[1] >= window_start + HOUR]
-            if points:
-                candidates.append((hist, self.rng.choice(points)[0]))
+        h1, h2 = self.histories["h1"], self.histories.get("h2")
+        in_window = {h.name: [lsn for lsn, t in h.points if t >= window_start + HOUR] for h in (h1, h2) if h}
+        if h2 is None:
+            # the oldest point of the window is the one an expiry that judges wrongly takes away first
+            candidates = [(h1, lsn) for lsn in dict.fromkeys(in_window["h1"][:1] + in_window["h1"][-2:-1])]
+        else:
+            # after the fork the two histories share names and positions: each must restore its own rows
+            after_fork = [lsn for lsn in in_window["h1"] if lsn > self.fork_lsn]
+            mine = [lsn for lsn in in_window["h2"] if lsn > self.fork_lsn]
+            candidates = [(h1, self.rng.choice(after_fork or in_window["h1"] or [0]))]
+            candidates += [(h2, self.rng.choice(mine))] if mine else []
+            candidates = [(h, lsn) for h, lsn in candidates if lsn]
         before = []
         for hist, lsn in candidates[:2 if self.plan.storage == "local" else 1]:
             backup_id = self._newest_backup_of(hist)
