@@ -925,11 +925,14 @@ class Schedule:
             else:
                 self.note(f"    ({fault} missed: the first had ended)")
         done_a = self.finish(step.a, proc_a, args_a, info_a, killed)
-        if procs_b is not None:
-            self.finish(step.b, *procs_b, killed=False)
+        done_b = self.finish(step.b, *procs_b, killed=False) if procs_b is not None else None
         if fault in ("stall", "reset"):
             self.proxy.stall(0)
-            self._mark_suspect(done_a)
+        if fault or step.a.clock or (step.b and step.b.clock):
+            # a fault on one reaches the other too (a clock judges the other's lease, a kill leaves leftovers)
+            for done in (done_a, done_b):
+                if done is not None:
+                    self._mark_suspect(done)
 
     def _wait_to_pause(self, proc: subprocess.Popen, stored: bool, extra: float = 0.0) -> bool:
         """Until the op holds its lease (so that the pause stops a holder) and, when `stored`, has stored files of a
@@ -1098,7 +1101,7 @@ class Schedule:
             self._learn_paths(unknown)
         suspects = [b["id"] for b in ok if self.backups.get(b["id"], {}).get("suspect")]
         others = [b["id"] for b in ok if b["id"] not in suspects]
-        sample = suspects[:2]
+        sample = suspects[:3]
         if others:
             sample.append(others[-1])
             if not suspects and len(others) > 1:
