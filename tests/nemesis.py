@@ -905,9 +905,14 @@ class Schedule:
                 procs_b = self.start(step.b, direct=True)
                 done_b = self.finish(step.b, *procs_b, killed=False)
                 os.killpg(proc_a.pid, signal.SIGCONT)
-                self.finish(step.a, proc_a, args_a, info_a, killed=False)
+                done_a = self.finish(step.a, proc_a, args_a, info_a, killed=False)
                 self._mark_suspect(done_b)
-                self._mark_last_suspect(step.a)
+                self._mark_suspect(done_a)
+                # judged at once: a later expiry may delete a backup that lies, and the evidence with it
+                for done in (done_b, done_a):
+                    if done.rc == 0 and self.live is None:
+                        result = json.loads(done.stdout)
+                        self.check_backup(result["id"], result["position"])
                 return
         if step.b is not None:
             procs_b = self.start(step.b)
@@ -958,12 +963,6 @@ class Schedule:
         if done.rc == 0 and done.op.kind in ("backup_full", "backup_inc", "snapshot"):
             backup_id = json.loads(done.stdout)["id"]
             self.backups[backup_id]["suspect"] = True
-
-    def _mark_last_suspect(self, op: Op) -> None:
-        for record in reversed(list(self.backups.values())):
-            if record["op"] == op.label():
-                record["suspect"] = True
-                return
 
     def step_junk_lease(self, step: Step) -> None:
         """A lease of the source whose `expires` is junk (written by something else): a backup must say so and
@@ -1105,27 +1104,29 @@ class Schedule:
                 sample.append(self.rng.choice(others[:-1]))
         self.note(f"final: {len(listed)} backups listed, {len(ok)} ok; restoring {sample}")
         for backup_id in dict.fromkeys(sample):
-            record = self.backups.get(backup_id)
-            position = next(b["position"] for b in ok if b["id"] == backup_id)
-            target = self.scratch("final")
-            proc = subprocess.run([*self.env.walvault, "restore", backup_id, str(target),
-                                   *self.repo_args(direct=True), "--json"],
-                                  capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
-            self.out.operations += 1
-            what = f"backup {backup_id} (listed ok{', made under a fault' if record and record['suspect'] else ''})"
-            self.note(f"    restore {backup_id}: rc={proc.returncode} {proc.stderr.strip()[:200]}")
-            if "Traceback (most recent call last)" in proc.stderr:
-                self.violate("traceback", f"restore {backup_id}\n{proc.stderr[-1500:]}")
-            if proc.returncode != 0:
-                # a backup whose chain holds the object damaged on purpose must refuse, naming it
-                if not (self.damaged and proc.returncode == 1 and self.damaged["name"] in proc.stderr):
-                    self.violate("ok_backup_does_not_restore", f"{what}: restore exited {proc.returncode}: "
-                                 f"{proc.stderr.strip()[-500:]}")
-                continue
-            hist = self.history_of(record["path"]) if record else None
-            self.check_restored(target, hist, int(position["vclock"].get("1", 0)), what)
-            shutil.rmtree(target, ignore_errors=True)
+            self.check_backup(backup_id, next(b["position"] for b in ok if b["id"] == backup_id))
         self.check_verify()
+
+    def check_backup(self, backup_id: str, position: dict) -> None:
+        """A backup listed ok must restore (or refuse naming the object damaged on purpose) to its source's rows."""
+        record = self.backups.get(backup_id)
+        target = self.scratch("check")
+        proc = subprocess.run([*self.env.walvault, "restore", backup_id, str(target), *self.repo_args(direct=True),
+                               "--json"], capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        what = f"backup {backup_id} (listed ok{', made under a fault' if record and record['suspect'] else ''})"
+        self.note(f"    restore {backup_id}: rc={proc.returncode} {proc.stderr.strip()[:200]}")
+        if "Traceback (most recent call last)" in proc.stderr:
+            self.violate("traceback", f"restore {backup_id}\n{proc.stderr[-1500:]}")
+        if proc.returncode != 0:
+            # a backup whose chain holds the object damaged on purpose must refuse, naming it
+            if not (self.damaged and proc.returncode == 1 and self.damaged["name"] in proc.stderr):
+                self.violate("ok_backup_does_not_restore", f"{what}: restore exited {proc.returncode}: "
+                             f"{proc.stderr.strip()[-500:]}")
+            return
+        hist = self.history_of(record["path"]) if record else None
+        self.check_restored(target, hist, int(position["vclock"].get("1", 0)), what)
+        shutil.rmtree(target, ignore_errors=True)
 
     def _learn_paths(self, ids: list[str]) -> None:
         """Source paths of backups whose own output the harness did not see (killed, paused): their manifests."""
