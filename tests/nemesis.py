@@ -771,7 +771,7 @@ class Schedule:
                 self.violate("exit_0_untrue", f"{op.label()} exited 0 without its JSON: {done.stdout[:300]!r}")
                 return
             self.backups[result["id"]] = {"path": result["source"]["path"], "position": result["position"],
-                                          "suspect": False, "op": op.label()}
+                                          "suspect": False}
             self.out.log[-1] += f" -> {result['id']}"
             if result.get("removed_leftovers"):
                 self.out.log[-1] += f" (removed leftovers {result['removed_leftovers']})"
@@ -1137,8 +1137,7 @@ class Schedule:
             for record in Repository(self.repo_url, options).backups():
                 if record.id in ids and record.manifest is not None:
                     self.backups[record.id] = {"path": record.manifest.source.get("path"),
-                                               "position": record.manifest.position, "suspect": True,
-                                               "op": "unseen"}
+                                               "position": record.manifest.position, "suspect": True}
         except Exception as exc:  # noqa: BLE001 - the harness reading a manifest it did not write
             self.note(f"    (manifests not read: {exc})")
 
