@@ -1,0 +1,1253 @@
+"""The fault-injection harness (issue 22, section 7): random schedules of real `walvault` commands, two at a time,
+with faults between and during them, over a local repository or S3 (moto's server behind a loopback TCP proxy the
+harness stalls and resets), then the invariants.
+
+A schedule is generated from a seed (`plan(seed, storage)`: deterministic, no I/O) and run by `run_schedule`.
+Sources are copies of one Tarantool data dir built once per `Env` (`template`): every write after it is a
+single-row `replace` into the space `nem` whose LSN the harness knows, so the source's state at any vclock is known
+without asking walvault: `History.state_at`. Writes of a second history (a copy of the data dir that goes on
+writing, same instance UUID) carry another tag, so rows of one history restored as the other's are seen.
+
+Operations: backup full/incremental (plain, or `--connect` to a Tarantool writing all the time), archive,
+snapshot, policy, `expire --apply` (with `--days`, and `--as-of` past or future), restore (whole, and `--to` a
+vclock), `verify --repo`. Faults: SIGSTOP past the lease while a second backup of the source runs, SIGKILL at a
+random moment, proxy stalls and resets (S3), a per-process clock offset (`faketime`), a full filesystem (a tmpfs
+as a restore target, or as a local repository), a second history of the instance, and deliberate damage to one
+repository object at the end.
+
+Invariants (a `Violation` each): no traceback on any stderr; exit codes 0/1/2 only; a command exiting 0 tells
+the truth (a restore gives the source's rows at the point); every backup `backups` lists `ok` restores to its
+source's rows at its position (Tarantool started on the restore; sampled, at least one per schedule); every point
+of the window restorable before an `expire --apply` still is after it; `verify --repo` exits 0, or when the
+schedule damaged the repository on purpose exits 1 naming the damaged object; a restore into a full filesystem
+removes its staging directory.
+
+A refusal (exit 1 or 2, said on stderr) is always a legitimate outcome: the harness never requires a command to
+succeed, only that what succeeds is true. The lease TTL is shortened with WALVAULT_LEASE_TTL when this walvault
+reads it (else a pause cannot outlast the 60 s lease in a short schedule, and the second backup sees the lease
+expired through its clock instead: `faketime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+import tarantool_real  # noqa: E402
+
+DAY = 86400.0
+HOUR = 3600.0
+USER, PASSWORD = "nemesis", "nem:pa@ss"  # ':' and '@' in the password: the URI form must cope
+OP_TIMEOUT = 120.0
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "nemesis-key", "AWS_SECRET_ACCESS_KEY": "nemesis-secret-value",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+FAULT_KINDS = ("pause", "kill", "clock", "stall", "reset", "fullfs", "fork", "damage", "junk_lease")
+# what a lease's `expires` may hold when something else wrote it: each must give a clear refusal, never a hang
+JUNK_EXPIRES = ('"soon"', "NaN", "Infinity", "1e308", "-Infinity")
+TEMPLATE_AGE_DAYS = 9  # the template's rows are this old (faketime): a window of days has something to expire
+
+# Every write after the template: one row per transaction into `nem`, so LSN = first + i.
+_WRITER_LUA = r"""
+local json = require('json')
+local cfg = json.decode(arg[1])
+box.cfg{memtx_dir = cfg.dir .. '/memtx', wal_dir = cfg.dir .. '/wal', vinyl_dir = cfg.dir .. '/vinyl',
+        work_dir = cfg.dir, feedback_enabled = false, checkpoint_count = 2, checkpoint_interval = 0,
+        wal_max_size = 4096, log_level = 2}
+if cfg.init then
+    box.schema.space.create('nem', {if_not_exists = true}):create_index('pk', {if_not_exists = true})
+    box.schema.user.create(cfg.user, {password = cfg.password, if_not_exists = true})
+    box.schema.user.grant(cfg.user, 'execute', 'universe', nil, {if_not_exists = true})
+end
+local first = box.info.vclock[1] or 0
+for i = 1, cfg.rows do
+    box.space.nem:replace{i % 50, cfg.tag .. '-' .. i}
+    if cfg.snapshot and i == math.floor(cfg.rows / 2) then box.snapshot() end
+end
+if cfg.init then box.snapshot() end
+io.stdout:write(json.encode({first = first, last = box.info.vclock[1], time = require('fiber').time(),
+                             local_lsn = box.info.vclock[0] or 0}) .. '\n')
+os.exit(0)
+"""
+
+# A running instance on the data dir writing all the time (for --connect); stdin closed: it stops and says where.
+_LIVE_LUA = r"""
+local json = require('json')
+local fiber = require('fiber')
+local cfg = json.decode(arg[1])
+box.cfg{memtx_dir = cfg.dir .. '/memtx', wal_dir = cfg.dir .. '/wal', vinyl_dir = cfg.dir .. '/vinyl',
+        work_dir = cfg.dir, feedback_enabled = false, checkpoint_count = 2, checkpoint_interval = 0,
+        wal_max_size = 65536, log_level = 2}
+local first = box.info.vclock[1] or 0
+local running, i = true, 0
+local done = fiber.channel(1)
+fiber.create(function()
+    while running do
+        i = i + 1
+        box.space.nem:replace{i % 50, cfg.tag .. '-' .. i}
+        fiber.sleep(0.01)  -- ~100 rows a second: a few xlogs while it runs, not hundreds
+    end
+    done:put(true)
+end)
+box.cfg{listen = '127.0.0.1:' .. cfg.port}
+io.stdout:write(json.encode({first = first}) .. '\n')
+io.stdout:flush()
+local fio = require('fio')
+local stdin = fio.open('/dev/stdin', {'O_RDONLY', 'O_NONBLOCK'})
+while true do
+    local data = stdin:read(1)
+    if data ~= nil and #data == 0 then break end
+    fiber.sleep(0.05)
+end
+running = false
+done:get()
+io.stdout:write(json.encode({last = box.info.vclock[1], rows = i}) .. '\n')
+io.stdout:flush()
+os.exit(0)
+"""
+
+
+def walvault_command() -> list[str]:
+    entry = Path(sys.executable).with_name("walvault")
+    if entry.exists():
+        return [str(entry)]
+    found = shutil.which("walvault")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; sys.argv[0] = 'walvault'; from walcore.cli import run; run()"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the loopback proxy in front of moto
+
+
+class StallableProxy:
+    """A TCP proxy on 127.0.0.1 (asyncio, its own thread): `stall(s)` holds every byte for s seconds, `reset()`
+    closes every connection abruptly (RST)."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self._stall_until = 0.0
+        self._transports: set = set()
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="nemesis-proxy", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader, writer) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer.transport, up_writer.transport)
+        self._transports.update(pair)
+
+        async def pipe(src, dst) -> None:
+            try:
+                while data := await src.read(65536):
+                    while time.monotonic() < self._stall_until:
+                        await asyncio.sleep(0.02)
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                dst.transport.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+        self._transports.difference_update(pair)
+
+    def stall(self, seconds: float) -> None:
+        self._stall_until = time.monotonic() + seconds
+
+    def reset(self) -> int:
+        done, count = threading.Event(), [0]
+
+        def abort_all() -> None:
+            for transport in list(self._transports):
+                sock = transport.get_extra_info("socket")
+                if sock is not None:
+                    try:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    except OSError:
+                        pass
+                transport.abort()
+                count[0] += 1
+            done.set()
+
+        self._loop.call_soon_threadsafe(abort_all)
+        done.wait(5)
+        return count[0]
+
+    def close(self) -> None:
+        self._stall_until = 0.0
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+# -- sources and what they held
+
+
+@dataclass
+class History:
+    """One history of the instance: a data dir and every `nem` write it holds, (lsn, key, value, time)."""
+
+    name: str
+    path: Path
+    writes: list[tuple[int, int, str, float]]
+    points: list[tuple[int, float]]  # (lsn after a write step, that step's time): candidate restore points
+
+    @property
+    def last_lsn(self) -> int:
+        return self.writes[-1][0] if self.writes else 0
+
+    def state_at(self, lsn: int) -> list[list]:
+        rows: dict[int, str] = {}
+        for at, key, value, _ in self.writes:
+            if at > lsn:
+                break
+            rows[key] = value
+        return [[k, rows[k]] for k in sorted(rows)]
+
+    def add(self, first: int, rows: int, tag: str, when: float) -> None:
+        self.writes += [(first + i, i % 50, f"{tag}-{i}", when) for i in range(1, rows + 1)]
+
+
+class Env:
+    """What every schedule shares: the template data dir, moto's server and the proxy, the tools found."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root or tempfile.mkdtemp(prefix="nemesis-")).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.walvault = walvault_command()
+        self.faketime = shutil.which("faketime")
+        code = _walcore_dir().parent
+        self.env = {**os.environ, **S3_CREDENTIALS, "PYTHONPATH": os.pathsep.join(
+            [str(code), str(code / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        for key, value in S3_CREDENTIALS.items():
+            os.environ.setdefault(key, value)
+        source_text = "".join(p.read_text() for p in _walcore_dir().rglob("*.py"))
+        self.lease_ttl = 2.0 if "WALVAULT_LEASE_TTL" in source_text else None
+        if self.lease_ttl:
+            self.env["WALVAULT_LEASE_TTL"] = str(self.lease_ttl)
+        help_text = subprocess.run([*self.walvault, "backup", "--help"], capture_output=True, text=True,
+                                   env=self.env).stdout
+        self.password_env = "--password-file" in help_text
+        if self.password_env:
+            self.env["WALVAULT_PASSWORD"] = PASSWORD
+        self.can_mount = os.geteuid() == 0 and self._try_mount()
+        self._build_template()
+        self._moto = None
+        self._lock = threading.Lock()
+
+    # S3 comes up on first use: a run over local repositories never starts it
+    def s3(self) -> str:
+        with self._lock:
+            if self._moto is None:
+                self._start_moto()
+        return self.s3_direct
+
+    def s3_client(self):
+        """A boto3 client of moto's server (made under a lock: boto3's default session is not thread-safe)."""
+        import boto3
+
+        with self._lock:
+            return boto3.client("s3", endpoint_url=self.s3_direct, region_name="us-east-1")
+
+    def _start_moto(self) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.s3_direct = f"http://{host}:{port}"
+        self.s3_port = port
+
+    def close(self) -> None:
+        if self._moto is not None:
+            self._moto.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _try_mount(self) -> bool:
+        mnt = self.root / "mount-probe"
+        mnt.mkdir()
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                            capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        mnt.rmdir()
+        return ok
+
+    def _build_template(self) -> None:
+        """A small real data dir (vinyl too), its rows TEMPLATE_AGE_DAYS old, then `nem` with 200 rows."""
+        self.template = self.root / "template"
+        saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "FAKETIME")}
+        if self.faketime:
+            os.environ["FAKETIME"] = f"-{TEMPLATE_AGE_DAYS * 24}h"
+            os.environ["LD_PRELOAD"] = _libfaketime()
+        try:
+            tarantool_real.generate_instance(self.template, wal_max_size=4096, scale=1, snapshots=1)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        history = History("h1", self.template, [], [])
+        self.write(history, rows=200, tag="t", offset=-(TEMPLATE_AGE_DAYS - 1) * DAY, init=True)
+        self.template_writes, self.template_points = list(history.writes), list(history.points)
+        dump = tarantool_real.dump_data_dir(self.template)
+        self.local_lsn = dump["vclock"].get(0, 0)
+        self.instance_uuid = dump["instance_uuid"]
+        self.template_spaces = {k: v for k, v in dump["spaces"].items() if k != "nem"}
+
+    def write(self, history: History, *, rows: int, tag: str, offset: float, snapshot: bool = False,
+              init: bool = False) -> None:
+        """Write `rows` rows into a stopped history's data dir with the clock `offset` seconds from now."""
+        cfg = {"dir": str(history.path), "rows": rows, "tag": tag, "snapshot": snapshot, "init": init,
+               "user": USER, "password": PASSWORD}
+        with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="nemesis-", delete=False) as f:
+            f.write(_WRITER_LUA)
+        try:
+            proc = subprocess.run([*self.clock_prefix(offset), tarantool_real.TARANTOOL, f.name, json.dumps(cfg)],
+                                  capture_output=True, text=True, timeout=60, cwd=history.path)
+        finally:
+            os.unlink(f.name)
+        if proc.returncode != 0:
+            raise tarantool_real.TarantoolError(f"writer on {history.path} exited {proc.returncode}",
+                                                log=proc.stderr + proc.stdout)
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert out["last"] - out["first"] == rows, out
+        history.add(out["first"], rows, tag, out["time"])
+        history.points.append((out["last"], out["time"]))
+
+    def clock_prefix(self, offset: float | None) -> list[str]:
+        if not offset or not self.faketime:
+            return []
+        return [self.faketime, "-f", f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h"]
+
+
+def _walcore_dir() -> Path:
+    import walcore
+
+    return Path(walcore.__file__).resolve().parent
+
+
+def _libfaketime() -> str:
+    for candidate in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                      "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"):
+        if os.path.exists(candidate):
+            return candidate
+    return ""
+
+
+# -- the plan
+
+
+@dataclass
+class Op:
+    kind: str  # backup_full backup_inc archive snapshot expire restore restore_to verify policy
+    source: str = "h1"
+    live: bool = False
+    clock: float | None = None  # seconds of clock offset (faketime)
+    days: int | None = None
+    as_of: float | None = None  # seconds from now (expire)
+    fullfs: bool = False
+
+    def label(self) -> str:
+        extra = []
+        if self.live:
+            extra.append("connect")
+        if self.clock:
+            extra.append(f"clock{self.clock / HOUR:+.0f}h")
+        if self.days is not None:
+            extra.append(f"days={self.days}")
+        if self.as_of is not None:
+            extra.append(f"as_of{self.as_of / HOUR:+.0f}h")
+        if self.fullfs:
+            extra.append("fullfs")
+        return f"{self.kind}({self.source}{''.join(',' + e for e in extra)})"
+
+
+@dataclass
+class Step:
+    kind: str  # write fork live_start live_stop pair expire_check damage
+    a: Op | None = None
+    b: Op | None = None
+    fault: str | None = None  # pause kill stall reset (during the pair)
+    delay: float = 0.0  # when the fault strikes, seconds after A starts
+    length: float = 0.0  # how long a stall holds
+    source: str = "h1"
+    rows: int = 0
+    offset: float = 0.0
+    snapshot: bool = False
+    days: int = 0
+    as_of: float | None = None
+    junk: str = ""
+
+    def label(self) -> str:
+        if self.kind == "junk_lease":
+            return f"junk_lease expires={self.junk} then backup_inc(h1)"
+        if self.kind == "pair":
+            fault = f" fault={self.fault}@{self.delay:.2f}s" if self.fault else ""
+            if self.fault == "stall":
+                fault += f"x{self.length:.1f}s"
+            return f"pair {self.a.label()} + {self.b.label() if self.b else '-'}{fault}"
+        if self.kind == "write":
+            snapshot = " +snapshot" if self.snapshot else ""
+            return f"write {self.source} rows={self.rows} at{self.offset / DAY:+.2f}d{snapshot}"
+        if self.kind == "expire_check":
+            as_of = "now" if self.as_of is None else f"{self.as_of / HOUR:+.0f}h"
+            return f"expire_check days={self.days} as_of={as_of}"
+        return self.kind
+
+
+@dataclass
+class Plan:
+    seed: int
+    storage: str
+    steps: list[Step]
+    repo_on_tmpfs: bool = False
+
+    def fault_kinds(self) -> set[str]:
+        kinds = {s.fault for s in self.steps if s.kind == "pair" and s.fault}
+        kinds |= {"clock" for s in self.steps if s.kind == "pair" for o in (s.a, s.b) if o and o.clock}
+        kinds |= {"fullfs" for s in self.steps if s.kind == "pair" for o in (s.a, s.b) if o and o.fullfs}
+        kinds |= {"fork" for s in self.steps if s.kind == "fork"}
+        kinds |= {"damage" for s in self.steps if s.kind == "damage"}
+        kinds |= {"junk_lease" for s in self.steps if s.kind == "junk_lease"}
+        if self.repo_on_tmpfs:
+            kinds.add("fullfs")
+        return kinds
+
+
+def plan(seed: int, storage: str) -> Plan:
+    """The schedule of a seed: a covered past (writes at -6 days, a full backup and an archive), then random
+    writes and pairs with faults (a fork, a live phase), the checked expiry, maybe damage."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    offsets = sorted(-rng.uniform(0.05, 5.5) * DAY for _ in range(3)) + [0.0]
+    forked = False
+    live_phase = rng.random() < 0.35
+    steps.append(Step("write", rows=rng.randint(20, 60), offset=-6 * DAY, snapshot=True))
+    steps.append(Step("pair", a=Op("backup_full"), b=Op("archive")))
+    writes_left = list(offsets)
+    n_middle = rng.randint(2, 3)
+
+    def random_op(allow_live: bool) -> Op:
+        kind = rng.choice(["backup_full", "backup_inc", "backup_inc", "archive", "snapshot", "restore",
+                           "restore_to", "verify", "expire", "policy"])
+        source = "h2" if forked and kind in ("backup_full", "backup_inc", "archive", "restore", "restore_to") \
+            and rng.random() < 0.5 else "h1"
+        op = Op(kind, source=source)
+        if allow_live and source == "h1" and kind in ("backup_full", "backup_inc", "snapshot"):
+            op.live = True
+        if kind == "expire":
+            op.days = rng.choice([1, 2, 4])
+            op.as_of = rng.choice([None, None, 3 * DAY, -HOUR])
+        if kind in ("restore", "restore_to") and rng.random() < 0.3:
+            op.fullfs = True
+        if rng.random() < 0.2 and kind != "expire":
+            op.clock = rng.choice([2 * HOUR, -2 * HOUR, 3 * DAY])
+        elif rng.random() < 0.1 and kind == "expire":
+            op.clock = -2 * HOUR  # a clock behind the records: a refusal is due, a deletion never
+        return op
+
+    def random_pair(allow_live: bool) -> Step:
+        a, b = random_op(allow_live), random_op(allow_live)
+        faults = ["pause", "kill", "kill", None, None] + (["stall", "reset"] if storage == "s3" else [])
+        fault = rng.choice(faults)
+        step = Step("pair", a=a, b=b, fault=fault, delay=rng.uniform(0.05, 0.6), length=rng.uniform(1.0, 3.0))
+        if fault == "pause":
+            # the second backs up the same source while the first is stopped holding its lease
+            a.kind, a.live, a.fullfs = rng.choice(["backup_full", "backup_inc", "snapshot"]), False, False
+            b.kind, b.source, b.live, b.fullfs = rng.choice(["backup_full", "backup_inc"]), a.source, False, False
+            a.clock, b.clock, a.days, a.as_of, b.days, b.as_of = None, None, None, None, None, None
+        return step
+
+    for _ in range(n_middle):
+        roll = rng.random()
+        if writes_left and roll < 0.45:
+            steps.append(Step("write", source="h2" if forked and rng.random() < 0.4 else "h1",
+                              rows=rng.randint(10, 40), offset=writes_left.pop(0), snapshot=rng.random() < 0.5))
+        elif not forked and roll < 0.6:
+            steps.append(Step("fork"))
+            steps.append(Step("write", source="h2", rows=rng.randint(10, 40),
+                              offset=writes_left[0] if writes_left else 0.0, snapshot=rng.random() < 0.5))
+            forked = True
+        elif roll < 0.72:
+            steps.append(Step("junk_lease", junk=rng.choice(JUNK_EXPIRES)))
+        else:
+            steps.append(random_pair(False))
+    while writes_left:
+        offset = writes_left.pop(0)
+        steps.append(Step("write", source="h1", rows=rng.randint(10, 40), offset=offset, snapshot=rng.random() < 0.5))
+        if offset == 0.0 and rng.random() < 0.6:
+            steps.append(random_pair(False))
+        elif offset != 0.0 and rng.random() < 0.4:
+            # a backup and an archive inside the history: a base and a log for the window's points to need
+            steps.append(Step("pair", a=Op("backup_inc"), b=Op("archive")))
+    if live_phase:
+        steps.append(Step("live_start"))
+        steps.append(random_pair(True))
+        steps.append(Step("live_stop"))
+    # the window's points reach the archive before the checked expiry (the newest xlog is never archived)
+    steps.append(Step("pair", a=Op("archive"), b=Op("backup_inc", source="h2" if forked else "h1")))
+    steps.append(Step("expire_check", days=rng.choice([1, 2, 3]), as_of=rng.choice([None, None, 2 * DAY, -HOUR])))
+    repo_on_tmpfs = storage == "local" and rng.random() < 0.15
+    if rng.random() < 0.3:
+        steps.append(Step("pair", a=Op("policy"), b=Op("backup_inc")))
+        steps.append(Step("damage"))
+    return Plan(seed, storage, steps, repo_on_tmpfs)
+
+
+# -- running it
+
+
+@dataclass
+class Violation:
+    kind: str
+    detail: str
+
+
+@dataclass
+class Outcome:
+    seed: int
+    storage: str
+    seconds: float = 0.0
+    operations: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    error: str | None = None  # the harness itself failed (not walvault): a bug to fix here
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.error is None
+
+    def as_dict(self) -> dict:
+        return {"seed": self.seed, "storage": self.storage, "seconds": round(self.seconds, 2),
+                "operations": self.operations, "faults": self.faults,
+                "violations": [{"kind": v.kind, "detail": v.detail} for v in self.violations],
+                "error": self.error, "log": self.log}
+
+
+@dataclass
+class Finished:
+    op: Op
+    argv: list[str]
+    rc: int | None
+    stdout: str
+    stderr: str
+    killed: bool = False
+    target: Path | None = None
+    backup_id: str | None = None
+    point: int | None = None
+    mount: Path | None = None
+
+
+class Schedule:
+    def __init__(self, env: Env, seed: int, storage: str):
+        self.env, self.plan = env, plan(seed, storage)
+        self.rng = random.Random(seed * 7919 + 1)  # runtime choices (which backup, which point)
+        self.out = Outcome(seed, storage)
+        self.dir = env.root / f"s{seed}-{storage}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.histories: dict[str, History] = {}
+        self.backups: dict[str, dict] = {}  # id -> {"path", "position", "suspect"} from the op's own output
+        self.damaged: dict | None = None
+        self.live: subprocess.Popen | None = None
+        self.mounts: list[Path] = []
+        self.procs: list[subprocess.Popen] = []  # every walvault started: none outlives the schedule
+        self._scratch = 0
+
+    # -- helpers
+
+    def note(self, text: str) -> None:
+        self.out.log.append(text)
+
+    def violate(self, kind: str, detail: str) -> None:
+        self.out.violations.append(Violation(kind, detail))
+        self.note(f"  VIOLATION {kind}: {detail}")
+
+    def fault(self, kind: str) -> None:
+        self.out.faults[kind] = self.out.faults.get(kind, 0) + 1
+
+    def scratch(self, name: str) -> Path:
+        self._scratch += 1
+        return self.dir / f"{name}-{self._scratch}"
+
+    def mount_tmpfs(self, path: Path, size: str) -> bool:
+        path.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode:
+            return False
+        self.mounts.append(path)
+        return True
+
+    def repo_args(self, direct: bool = False) -> list[str]:
+        if self.plan.storage == "local":
+            return ["--repo", self.repo_url]
+        endpoint = self.env.s3_direct if direct else f"http://127.0.0.1:{self.proxy.port}"
+        return ["--repo", self.repo_url, "--repo-option", f"endpoint_url={endpoint}"]
+
+    # -- setup and teardown
+
+    def setup(self) -> None:
+        h1 = self.dir / "h1"
+        shutil.copytree(self.env.template, h1)
+        self.histories["h1"] = History("h1", h1, list(self.env.template_writes), list(self.env.template_points))
+        from walcore.repository import Repository
+
+        if self.plan.storage == "local":
+            self.repo_url = str(self.dir / "repo")
+            if self.plan.repo_on_tmpfs and self.env.can_mount and self.mount_tmpfs(self.dir / "repo", "900k"):
+                self.fault("fullfs")
+                self.note("local repository on a 900 KiB tmpfs")
+            Repository(self.repo_url, {}, create=True)
+        else:
+            direct = self.env.s3()
+            self.proxy = StallableProxy(self.env.s3_port)  # its own: a stall here reaches no other schedule
+            self.s3 = self.env.s3_client()
+
+            bucket = f"nemesis-{self.plan.seed}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+            self.s3.create_bucket(Bucket=bucket)
+            self.bucket = bucket
+            self.repo_url = f"s3://{bucket}/repo"
+            Repository(self.repo_url, {"endpoint_url": direct}, create=True)
+
+    def teardown(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.live is not None:
+            self.live.kill()
+            self.live.wait()
+        if self.plan.storage == "s3":
+            self.proxy.close()
+        for mnt in reversed(self.mounts):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- commands
+
+    def argv(self, op: Op) -> tuple[list[str], dict]:
+        """The command line of an op, and what the harness needs to judge its result."""
+        h = self.histories.get(op.source) or self.histories["h1"]
+        info: dict = {}
+        repo = self.repo_args()
+        if op.kind in ("backup_full", "backup_inc", "snapshot"):
+            args = ["backup" if op.kind != "snapshot" else "snapshot", str(h.path), *repo, "--json"]
+            if op.kind == "backup_inc":
+                args += ["--type", "incremental"]
+            if op.live and self.live is not None:
+                if self.env.password_env:
+                    args += ["--connect", f"{USER}@127.0.0.1:{self.live_port}"]
+                else:
+                    args += ["--connect", f"{USER}:{PASSWORD}@127.0.0.1:{self.live_port}"]
+            return args, info
+        if op.kind == "archive":
+            paths = [str(self.histories[n].path) for n in sorted(self.histories)]
+            return ["archive", *paths, *repo, "--json"], info
+        if op.kind == "verify":
+            return ["verify", *repo], info
+        if op.kind == "policy":
+            return ["policy", *repo, "--days", str(self.rng.choice([2, 3, 5]))], info
+        if op.kind == "expire":
+            args = ["expire", *repo, "--days", str(op.days), "--apply", "--json"]
+            if op.as_of is not None:
+                args += ["--as-of", f"@{time.time() + op.as_of:.0f}"]
+            return args, info
+        if op.kind in ("restore", "restore_to"):
+            candidates = [i for i, b in self.backups.items() if b["path"] == str(h.path)] or list(self.backups)
+            if not candidates:
+                return ["verify", *repo], info  # nothing to restore yet
+            backup_id = self.rng.choice(candidates)
+            info["backup_id"] = backup_id
+            if op.fullfs and self.env.can_mount:
+                mnt = self.scratch("full")
+                if self.mount_tmpfs(mnt, "48k"):
+                    info["mount"] = mnt
+            target = (info.get("mount") or self.dir) / f"restore-{self._scratch}-{self.rng.randrange(10**6)}"
+            info["target"] = target
+            args = ["restore", backup_id, str(target), *repo, "--json"]
+            if op.kind == "restore_to":
+                hist = self.history_of(self.backups[backup_id]["path"])
+                lsn = self.rng.choice(hist.points)[0] if hist and hist.points else None
+                if lsn is not None:
+                    info["point"] = lsn
+                    args += ["--to", f"1:{lsn},0:{self.env.local_lsn}"]
+            return args, info
+        raise ValueError(op.kind)
+
+    def history_of(self, path: str) -> History | None:
+        return next((h for h in self.histories.values() if str(h.path) == path), None)
+
+    def start(self, op: Op, *, direct: bool = False) -> tuple[subprocess.Popen, list[str], dict]:
+        args, info = self.argv(op)
+        if direct and self.plan.storage == "s3":
+            args = [a.replace(f"127.0.0.1:{self.proxy.port}", self.env.s3_direct.split("//")[1]) for a in args]
+        if op.clock:
+            self.fault("clock")
+        cmd = [*self.env.clock_prefix(op.clock), *self.env.walvault, *args]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self.env.env, start_new_session=True, cwd=self.dir)
+        self.procs.append(proc)
+        if info.get("mount"):
+            self.fault("fullfs")
+        self.out.operations += 1
+        return proc, args, info
+
+    def finish(self, op: Op, proc: subprocess.Popen, args: list[str], info: dict, killed: bool,
+               timeout: float = OP_TIMEOUT) -> Finished:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            killed = True
+            self.violate("hang", f"{op.label()} ran over {timeout:.0f} s: {' '.join(args)}")
+        done = Finished(op, args, proc.returncode, stdout, stderr, killed, info.get("target"),
+                        info.get("backup_id"), info.get("point"), info.get("mount"))
+        self.judge(done)
+        return done
+
+    def judge(self, done: Finished) -> None:
+        """The invariants one command's result must hold on its own."""
+        op, rc = done.op, done.rc
+        first = next((ln for ln in done.stderr.splitlines() if ln.strip()), "")
+        self.note(f"    {op.label()}: rc={rc}{' (killed)' if done.killed else ''} {first[:160]}")
+        if "Traceback (most recent call last)" in done.stderr:
+            self.violate("traceback", f"{op.label()}: {' '.join(done.argv)}\n{done.stderr[-1500:]}")
+        if not done.killed and rc not in (0, 1, 2):
+            self.violate("exit_code", f"{op.label()} exited {rc}: {' '.join(done.argv)}\n{done.stderr[-600:]}")
+        if rc != 0:
+            if done.mount is not None and done.target is not None and not done.killed:
+                left = [p.name for p in done.mount.iterdir()] if done.mount.is_dir() else []
+                if left:
+                    self.violate("fullfs_staging_left", f"{op.label()} exited {rc} on a full filesystem and left "
+                                 f"{left} in it")
+            return
+        if op.kind in ("backup_full", "backup_inc", "snapshot"):
+            try:
+                result = json.loads(done.stdout)
+            except ValueError:
+                self.violate("exit_0_untrue", f"{op.label()} exited 0 without its JSON: {done.stdout[:300]!r}")
+                return
+            self.backups[result["id"]] = {"path": result["source"]["path"], "position": result["position"],
+                                          "suspect": False}
+            self.out.log[-1] += f" -> {result['id']}"
+            if result.get("removed_leftovers"):
+                self.out.log[-1] += f" (removed leftovers {result['removed_leftovers']})"
+        elif op.kind in ("restore", "restore_to") and done.backup_id:
+            record = self.backups[done.backup_id]
+            hist = self.history_of(record["path"])
+            lsn = done.point if done.point is not None else int(record["position"]["vclock"].get("1", 0))
+            if done.point is None and self.live is not None and hist is self.histories["h1"]:
+                return  # the live history's rows are known once it stops: judged at the end
+            self.check_restored(done.target, hist, lsn, f"{op.label()} of {done.backup_id}"
+                                + (f" --to 1:{done.point}" if done.point is not None else ""))
+
+    def check_restored(self, target: Path, hist: History | None, lsn: int, what: str) -> bool:
+        """Tarantool started on a restore must hold the history's rows at lsn (the template's spaces unchanged)."""
+        if hist is None:
+            self.violate("unknown_source", f"{what}: no history the harness wrote has this source path")
+            return False
+        try:
+            dump = tarantool_real.dump_data_dir(target)
+        except tarantool_real.TarantoolError as exc:
+            self.violate("restore_does_not_start", f"{what}: exit 0 but Tarantool does not start on it: "
+                         f"{str(exc).splitlines()[0]}")
+            return False
+        expected_vclock = {1: lsn, 0: self.env.local_lsn}
+        problems = []
+        if {k: v for k, v in dump["vclock"].items() if v} != {k: v for k, v in expected_vclock.items() if v}:
+            problems.append(f"vclock {dump['vclock']} != {expected_vclock}")
+        if lsn > hist.last_lsn:
+            problems.append(f"position {lsn} is past everything {hist.name} wrote ({hist.last_lsn})")
+        nem = dump["spaces"].get("nem")
+        want = hist.state_at(lsn)
+        if nem != want:
+            got_tags = sorted({str(v).split("-")[0] for _, v in nem or []})
+            problems.append(f"rows of nem differ from {hist.name} at {lsn}: {len(nem or [])} rows tagged {got_tags}, "
+                            f"{len(want)} expected; first difference "
+                            f"{next(((g, w) for g, w in zip(nem or [], want) if g != w), None)}")
+        others = {k: v for k, v in dump["spaces"].items() if k != "nem"}
+        if others != self.env.template_spaces:
+            problems.append("the template's spaces differ")
+        if problems:
+            self.violate("restore_wrong_state", f"{what}: " + "; ".join(problems))
+            return False
+        return True
+
+    # -- steps
+
+    def run(self) -> Outcome:
+        t0 = time.monotonic()
+        self.note(f"schedule seed={self.plan.seed} storage={self.plan.storage}"
+                  f"{' repo_on_tmpfs' if self.plan.repo_on_tmpfs else ''} lease_ttl={self.env.lease_ttl}")
+        try:
+            self.setup()
+            for number, step in enumerate(self.plan.steps):
+                started = time.monotonic()
+                self.note(f"{number:2d} {step.label()}")
+                getattr(self, f"step_{step.kind}")(step)
+                self.note(f"   [{time.monotonic() - started:.2f}s]")
+            started = time.monotonic()
+            self.final_checks()
+            self.note(f"   [final {time.monotonic() - started:.2f}s]")
+        except Exception as exc:  # the harness's own failure: reported with the log, never hidden
+            import traceback
+
+            self.out.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"
+            self.note(f"HARNESS ERROR {self.out.error}")
+        finally:
+            self.teardown()
+            self.out.seconds = time.monotonic() - t0
+        return self.out
+
+    def step_write(self, step: Step) -> None:
+        hist = self.histories.get(step.source) or self.histories["h1"]
+        self.env.write(hist, rows=step.rows, tag=hist.name, offset=step.offset, snapshot=step.snapshot)
+
+    def step_fork(self, step: Step) -> None:
+        """A copy of the data dir that goes on writing: the same instance UUID, another history."""
+        h1 = self.histories["h1"]
+        path = self.dir / "h2"
+        shutil.copytree(h1.path, path)
+        self.histories["h2"] = History("h2", path, list(h1.writes), list(h1.points))
+        self.fork_lsn = h1.last_lsn
+        self.fault("fork")
+
+    def step_live_start(self, step: Step) -> None:
+        h1 = self.histories["h1"]
+        self.live_port = _free_port()
+        script = self.dir / "live.lua"
+        script.write_text(_LIVE_LUA)
+        cfg = {"dir": str(h1.path), "port": self.live_port, "tag": "h1L"}
+        self.live = subprocess.Popen([tarantool_real.TARANTOOL, str(script), json.dumps(cfg)], cwd=h1.path,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.live_first = json.loads(self.live.stdout.readline())["first"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.live_port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+
+    def step_live_stop(self, step: Step) -> None:
+        self.live.stdin.close()
+        out = json.loads(self.live.stdout.readline())
+        self.live.wait(30)
+        self.live = None
+        h1 = self.histories["h1"]
+        assert out["last"] - self.live_first == out["rows"], (out, self.live_first)
+        h1.add(self.live_first, out["rows"], "h1L", time.time())
+        h1.points.append((out["last"], time.time()))
+
+    def step_pair(self, step: Step) -> None:
+        proc_a, args_a, info_a = self.start(step.a)
+        killed = False
+        fault = step.fault
+        procs_b = None
+        if fault == "pause":
+            if not self._wait_to_pause(proc_a, stored=step.delay > 0.3, extra=max(0.0, step.delay - 0.3) * 2):
+                self.note("    (the first ended before it could be paused)")
+                fault = None
+            else:
+                os.killpg(proc_a.pid, signal.SIGSTOP)
+                self.fault("pause")
+                self.note(f"    paused {step.a.label()} holding its lease"
+                          f"{' with files stored' if step.delay > 0.3 else ''}")
+                if self.env.lease_ttl:
+                    time.sleep(self.env.lease_ttl + 0.5)
+                else:
+                    # the 60 s lease cannot run out in a short schedule: the second judges it by a clock past it
+                    step.b.clock = 2 * HOUR
+                procs_b = self.start(step.b, direct=True)
+                done_b = self.finish(step.b, *procs_b, killed=False)
+                os.killpg(proc_a.pid, signal.SIGCONT)
+                done_a = self.finish(step.a, proc_a, args_a, info_a, killed=False)
+                self._mark_suspect(done_b)
+                self._mark_suspect(done_a)
+                # judged at once: a later expiry may delete a backup that lies, and the evidence with it
+                for done in (done_b, done_a):
+                    if done.rc == 0 and self.live is None:
+                        result = json.loads(done.stdout)
+                        self.check_backup(result["id"], result["position"])
+                return
+        if step.b is not None:
+            procs_b = self.start(step.b)
+        if fault and fault != "pause":
+            time.sleep(step.delay)
+            if proc_a.poll() is None:
+                if fault == "kill":
+                    os.killpg(proc_a.pid, signal.SIGKILL)
+                    killed = True
+                elif fault == "stall":
+                    self.proxy.stall(step.length)
+                elif fault == "reset":
+                    self.proxy.reset()
+                self.fault(fault)
+            else:
+                self.note(f"    ({fault} missed: the first had ended)")
+        done_a = self.finish(step.a, proc_a, args_a, info_a, killed)
+        done_b = self.finish(step.b, *procs_b, killed=False) if procs_b is not None else None
+        if fault in ("stall", "reset"):
+            self.proxy.stall(0)
+        if fault or step.a.clock or (step.b and step.b.clock):
+            # a fault on one reaches the other too (a clock judges the other's lease, a kill leaves leftovers)
+            for done in (done_a, done_b):
+                if done is not None:
+                    self._mark_suspect(done)
+
+    def _wait_to_pause(self, proc: subprocess.Popen, stored: bool, extra: float = 0.0) -> bool:
+        """Until the op holds its lease (so that the pause stops a holder) and, when `stored`, has stored files of a
+        backup that has no manifest yet (what a breaker removes as leftovers), or until it ends."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(n.endswith(".lease") and ".restore-" not in n for n in self.list_objects("locks/")):
+                if not stored:
+                    return True
+                backups: dict[str, set[str]] = {}
+                for name in self.list_objects(""):
+                    if "/backups/" in name:
+                        head, _, rest = name.partition("/backups/")
+                        backup_id, _, leaf = rest.partition("/")
+                        backups.setdefault(backup_id, set()).add(leaf)
+                if any(not any(leaf.startswith("backup.manifest") for leaf in leaves) for leaves in backups.values()):
+                    time.sleep(extra)  # later into the storing, up to just before the manifest
+                    return True
+            time.sleep(0.005 if self.plan.storage == "local" else 0.02)
+        return False
+
+    def _mark_suspect(self, done: Finished) -> None:
+        if done.rc == 0 and done.op.kind in ("backup_full", "backup_inc", "snapshot"):
+            backup_id = json.loads(done.stdout)["id"]
+            self.backups[backup_id]["suspect"] = True
+
+    def step_junk_lease(self, step: Step) -> None:
+        """A lease of the source whose `expires` is junk (written by something else): a backup must say so and
+        name it, at once, not crash or wait forever; then the harness clears it."""
+        name = f"locks/tarantool-{self.env.instance_uuid}.lease"
+        body = ('{"holder": "%s", "command": "backup", "host": "elsewhere.example", "pid": 1, "taken": 0, '
+                '"expires": %s}' % ("f" * 32, step.junk)).encode()
+        if name in self.list_objects("locks/"):
+            return  # a real holder: leave it be
+        self.write_object(name, body)
+        self.fault("junk_lease")
+        op = Op("backup_inc")
+        done = self.finish(op, *self.start(op), killed=False, timeout=30)
+        if re.search(r"expires in (nan|-?inf|-?\d{7,}) s", done.stderr):
+            self.violate("junk_lease_believed", f"a lease with expires={step.junk} was taken for a live holder's: "
+                         f"{done.stderr.strip()[:300]}")
+        elif done.rc in (1, 2) and "Traceback" not in done.stderr and Path(name).name not in done.stderr:
+            self.violate("junk_lease_unnamed", f"a lease with expires={step.junk}: {op.label()} exited {done.rc} "
+                         f"without naming {name}: {done.stderr.strip()[-300:]}")
+        if name in self.list_objects("locks/") and self.read_object(name) == body:
+            self.remove_object(name)
+
+    def step_damage(self, step: Step) -> None:
+        """Flip one byte of one object that a good repository checks: a redundant copy, the policy, a stored
+        file of a backup, an archived file."""
+        names = self.list_objects("")
+        pick = {
+            "backup_object": [n for n in names if "/backups/" in n and n.endswith(".zst")],
+            "manifest_copy": [n for n in names if n.endswith("backup.manifest.copy")],
+            "repo_copy": [n for n in names if n == "walvault.repo.copy"],
+            "policy": [n for n in names if n in ("walvault.policy", "walvault.policy.copy")],
+            "archive_object": [n for n in names if "/archive/" in n and n.endswith(".zst")],
+        }
+        kinds = [k for k, v in pick.items() if v]
+        if not kinds:
+            return
+        kind = self.rng.choice(kinds)
+        name = self.rng.choice(sorted(pick[kind]))
+        data = bytearray(self.read_object(name))
+        at = len(data) // 2
+        data[at] ^= 0x01
+        self.write_object(name, bytes(data))
+        self.damaged = {"kind": kind, "name": name}
+        self.fault("damage")
+        self.note(f"    damaged {name} at byte {at}")
+
+    def step_expire_check(self, step: Step) -> None:
+        """An `expire --apply` alone, with points of the window restored before and after it."""
+        now = time.time()
+        as_of = now + step.as_of if step.as_of is not None else now
+        window_start = min(as_of, now) - step.days * DAY
+        h1, h2 = self.histories["h1"], self.histories.get("h2")
+        in_window = {h.name: [lsn for lsn, t in h.points if t >= window_start + HOUR] for h in (h1, h2) if h}
+        if h2 is None:
+            # the oldest point of the window is the one an expiry that judges wrongly takes away first
+            candidates = [(h1, lsn) for lsn in dict.fromkeys(in_window["h1"][:1] + in_window["h1"][-2:-1])]
+        else:
+            # after the fork the two histories share names and positions: each must restore its own rows
+            after_fork = [lsn for lsn in in_window["h1"] if lsn > self.fork_lsn]
+            mine = [lsn for lsn in in_window["h2"] if lsn > self.fork_lsn]
+            candidates = [(h1, self.rng.choice(after_fork or in_window["h1"] or [0]))]
+            candidates += [(h2, self.rng.choice(mine))] if mine else []
+            candidates = [(h, lsn) for h, lsn in candidates if lsn]
+        before = []
+        for hist, lsn in candidates[:2 if self.plan.storage == "local" else 1]:
+            backup_id = self._newest_backup_of(hist)
+            if backup_id is None:
+                continue
+            if self._restore_point(hist, backup_id, lsn, "before the expiry"):
+                before.append((hist, lsn))
+        op = Op("expire", days=step.days, as_of=step.as_of)
+        self.finish(op, *self.start(op), killed=False)
+        self.note(f"    window points restorable before: {[(h.name, lsn) for h, lsn in before]}")
+        for hist, lsn in before:
+            backup_id = self._newest_backup_of(hist)
+            if backup_id is None or not self._restore_point(hist, backup_id, lsn, "after the expiry"):
+                self.violate("window_point_lost", f"{hist.name} at 1:{lsn} was restorable before `expire --apply "
+                             f"--days {step.days}` (as of {as_of - now:+.0f} s from now) and is not after it")
+
+    def _newest_backup_of(self, hist: History) -> str | None:
+        listed = self.list_backups()
+        ids = [b["id"] for b in listed if b.get("status") == "ok" and b["id"] in self.backups
+               and self.backups[b["id"]]["path"] == str(hist.path)]
+        return ids[-1] if ids else None
+
+    def _restore_point(self, hist: History, backup_id: str, lsn: int, when: str) -> bool:
+        target = self.scratch("point")
+        args = ["restore", backup_id, str(target), *self.repo_args(), "--to", f"1:{lsn},0:{self.env.local_lsn}"]
+        proc = subprocess.run([*self.env.walvault, *args], capture_output=True, text=True, env=self.env.env,
+                              timeout=OP_TIMEOUT, cwd=self.dir)
+        self.out.operations += 1
+        self.note(f"    restore {backup_id} --to 1:{lsn} ({when}): rc={proc.returncode} "
+                  f"{proc.stderr.strip().splitlines()[0][:160] if proc.stderr.strip() else ''}")
+        if "Traceback (most recent call last)" in proc.stderr:
+            self.violate("traceback", f"{' '.join(args)}\n{proc.stderr[-1500:]}")
+        if proc.returncode not in (0, 1, 2):
+            self.violate("exit_code", f"{' '.join(args)} exited {proc.returncode}")
+        ok = proc.returncode == 0 and self.check_restored(target, hist, lsn, f"restore {backup_id} --to 1:{lsn} "
+                                                          f"({when})")
+        shutil.rmtree(target, ignore_errors=True)
+        return ok
+
+    # -- the end
+
+    def list_backups(self) -> list[dict]:
+        proc = subprocess.run([*self.env.walvault, "backups", *self.repo_args(direct=True), "--json"],
+                              capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        if "Traceback (most recent call last)" in proc.stderr:
+            self.violate("traceback", f"backups --json\n{proc.stderr[-1500:]}")
+        if proc.returncode != 0:
+            self.violate("backups_fails", f"`backups --json` exited {proc.returncode}: {proc.stderr[-400:]}")
+            return []
+        return json.loads(proc.stdout)["backups"]
+
+    def final_checks(self) -> None:
+        if self.live is not None:
+            self.step_live_stop(Step("live_stop"))
+        if self.plan.storage == "s3":
+            self.proxy.stall(0)
+        if self.plan.repo_on_tmpfs and self.mounts and self.mounts[0] == self.dir / "repo":
+            # the fault ends before the invariants: a restore writes its mark into the repository
+            subprocess.run(["mount", "-o", "remount,size=64m", str(self.mounts[0])], capture_output=True)
+        listed = self.list_backups()
+        for b in listed:
+            if b.get("status") not in ("ok", "incomplete") and not self.damaged:
+                self.violate("backup_status", f"{b['id']} is listed {b.get('status')} with no damage done: "
+                             f"{b.get('problem')}")
+        ok = [b for b in listed if b.get("status") == "ok"]
+        unknown = [b["id"] for b in ok if b["id"] not in self.backups]
+        if unknown:
+            self._learn_paths(unknown)
+        suspects = [b["id"] for b in ok if self.backups.get(b["id"], {}).get("suspect")]
+        others = [b["id"] for b in ok if b["id"] not in suspects]
+        sample = suspects[:3]
+        if others:
+            sample.append(others[-1])
+            if not suspects and len(others) > 1:
+                sample.append(self.rng.choice(others[:-1]))
+        self.note(f"final: {len(listed)} backups listed, {len(ok)} ok; restoring {sample}")
+        for backup_id in dict.fromkeys(sample):
+            self.check_backup(backup_id, next(b["position"] for b in ok if b["id"] == backup_id))
+        self.check_verify()
+
+    def check_backup(self, backup_id: str, position: dict) -> None:
+        """A backup listed ok must restore (or refuse naming the object damaged on purpose) to its source's rows."""
+        record = self.backups.get(backup_id)
+        target = self.scratch("check")
+        proc = subprocess.run([*self.env.walvault, "restore", backup_id, str(target), *self.repo_args(direct=True),
+                               "--json"], capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        what = f"backup {backup_id} (listed ok{', made under a fault' if record and record['suspect'] else ''})"
+        self.note(f"    restore {backup_id}: rc={proc.returncode} {proc.stderr.strip()[:200]}")
+        if "Traceback (most recent call last)" in proc.stderr:
+            self.violate("traceback", f"restore {backup_id}\n{proc.stderr[-1500:]}")
+        if proc.returncode != 0:
+            # a backup whose chain holds the object damaged on purpose must refuse, naming it
+            if not (self.damaged and proc.returncode == 1 and self.damaged["name"] in proc.stderr):
+                self.violate("ok_backup_does_not_restore", f"{what}: restore exited {proc.returncode}: "
+                             f"{proc.stderr.strip()[-500:]}")
+            return
+        hist = self.history_of(record["path"]) if record else None
+        self.check_restored(target, hist, int(position["vclock"].get("1", 0)), what)
+        shutil.rmtree(target, ignore_errors=True)
+
+    def _learn_paths(self, ids: list[str]) -> None:
+        """Source paths of backups whose own output the harness did not see (killed, paused): their manifests."""
+        from walcore.repository import Repository
+
+        options = {} if self.plan.storage == "local" else {"endpoint_url": self.env.s3_direct}
+        try:
+            for record in Repository(self.repo_url, options).backups():
+                if record.id in ids and record.manifest is not None:
+                    self.backups[record.id] = {"path": record.manifest.source.get("path"),
+                                               "position": record.manifest.position, "suspect": True}
+        except Exception as exc:  # noqa: BLE001 - the harness reading a manifest it did not write
+            self.note(f"    (manifests not read: {exc})")
+
+    def check_verify(self) -> None:
+        proc = subprocess.run([*self.env.walvault, "verify", *self.repo_args(direct=True)], capture_output=True,
+                              text=True, env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        said = proc.stdout + proc.stderr
+        last = said.strip().splitlines()[-1][:200] if said.strip() else ""
+        self.note(f"    verify --repo: rc={proc.returncode} {last}")
+        if "Traceback (most recent call last)" in proc.stderr:
+            self.violate("traceback", f"verify --repo\n{proc.stderr[-1500:]}")
+        if self.damaged is None:
+            findings = [ln for ln in said.splitlines() if re.search(r"missing|damaged|mismatch|not found|conflict", ln)]
+            if proc.returncode == 1 and "h2" in self.histories and findings and all(
+                    "conflict" in ln or re.match(r"archive \S+ \S+: \d+ files, damaged$", ln) for ln in findings):
+                # two histories of one instance archived into one repository: a conflict reported is the truth
+                self.note("    (verify reports the second history's archive conflict: an honest finding)")
+                return
+            if proc.returncode != 0:
+                self.violate("verify_not_intact", f"`verify --repo` exited {proc.returncode} with no damage done: "
+                             f"{said[-800:]}")
+            return
+        name = self.damaged["name"]
+        named = any(form in said for form in (name, name.removesuffix(".zst"), Path(name).name,
+                                              Path(name).name.removesuffix(".zst")))
+        if proc.returncode != 1 or not named:
+            self.violate("damage_unreported", f"{name} ({self.damaged['kind']}) was damaged on purpose; `verify "
+                         f"--repo` exited {proc.returncode}{'' if named else ' without naming it'}: {said[-500:]}")
+
+    # -- the repository's objects, read by the harness itself
+
+    def list_objects(self, prefix: str) -> list[str]:
+        if self.plan.storage == "local":
+            root = Path(self.repo_url)
+            base = root / prefix if prefix else root
+            if not base.exists():
+                return []
+            return sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())
+        client = self.s3
+        names, token = [], None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": f"repo/{prefix}"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = client.list_objects_v2(**kwargs)
+            names += [o["Key"].removeprefix("repo/") for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return names
+            token = page["NextContinuationToken"]
+
+    def read_object(self, name: str) -> bytes:
+        if self.plan.storage == "local":
+            return (Path(self.repo_url) / name).read_bytes()
+        return self.s3.get_object(Bucket=self.bucket, Key=f"repo/{name}")["Body"].read()
+
+    def remove_object(self, name: str) -> None:
+        if self.plan.storage == "local":
+            (Path(self.repo_url) / name).unlink()
+            return
+        self.s3.delete_object(
+            Bucket=self.bucket, Key=f"repo/{name}")
+
+    def write_object(self, name: str, data: bytes) -> None:
+        if self.plan.storage == "local":
+            (Path(self.repo_url) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(self.repo_url) / name).write_bytes(data)
+            return
+        self.s3.put_object(Bucket=self.bucket, Key=f"repo/{name}", Body=data)
+
+
+def run_schedule(env: Env, seed: int, storage: str) -> Outcome:
+    return Schedule(env, seed, storage).run()
+
+
+def covering_seeds(storages: tuple[str, ...] = ("local", "s3"), count: int = 3,
+                   search: int = 400) -> list[tuple[int, str]]:
+    """A few (seed, storage), one storage after the other, whose plans together inject every fault kind (the
+    shortest plans among equals): CI's schedules."""
+    chosen: list[tuple[int, str]] = []
+    covered: set[str] = set()
+    for storage in (storages * count)[:count]:
+        plans = [plan(seed, storage) for seed in range(search) if (seed, storage) not in chosen]
+        best = max(plans, key=lambda p: (len(p.fault_kinds() - covered), len(p.fault_kinds()) - len(p.steps) / 3))
+        chosen.append((best.seed, storage))
+        covered |= best.fault_kinds()
+    return chosen
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    faults: dict[str, int] = {}
+    violations: dict[str, list[int]] = {}
+    for out in outcomes:
+        for kind, n in out.faults.items():
+            faults[kind] = faults.get(kind, 0) + n
+        for v in out.violations:
+            violations.setdefault(v.kind, [])
+            if out.seed not in violations[v.kind]:
+                violations[v.kind].append(out.seed)
+    seconds = sum(o.seconds for o in outcomes)
+    return {"schedules": len(outcomes), "operations": sum(o.operations for o in outcomes), "faults": faults,
+            "violations": {k: {"schedules": len(v), "seeds": v} for k, v in sorted(violations.items())},
+            "failed_schedules": sum(not o.ok for o in outcomes),
+            "harness_errors": [o.seed for o in outcomes if o.error],
+            "seconds": round(seconds, 1), "seconds_per_schedule": round(seconds / max(1, len(outcomes)), 2)}
+
+
+def format_outcome(out: Outcome) -> str:
+    kinds = sorted({v.kind for v in out.violations})
+    verdict = "ok" if out.ok else ("HARNESS ERROR" if out.error else "VIOLATIONS " + ",".join(kinds))
+    faults = ",".join(f"{k}={n}" for k, n in sorted(out.faults.items())) or "none"
+    return (f"seed {out.seed:6d} {out.storage:5s} {out.seconds:6.1f}s ops={out.operations:3d} faults[{faults}] "
+            f"{verdict}")

@@ -1,0 +1,53 @@
+"""CI's share of the fault-injection suite (tests/nemesis.py, issue 22 section 7): four schedules whose plans
+together inject every fault kind, over a local repository and S3. `WALVAULT_NEMESIS_SCHEDULES=N` runs N schedules
+(the covering ones first, then seeds from 1000); bench/nemesis.py runs hundreds.
+
+A failing schedule prints its violations and its operation log; replay it with
+`bench/nemesis.py --seed SEED --schedules 1 --storage STORAGE`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import nemesis
+from conftest import require_tarantool
+
+pytestmark = require_tarantool
+
+COVERING = nemesis.covering_seeds()
+
+
+def _schedules() -> list[tuple[int, str]]:
+    count = int(os.environ.get("WALVAULT_NEMESIS_SCHEDULES", len(COVERING)))
+    chosen = COVERING[:count]
+    seed = 1000
+    while len(chosen) < count:
+        chosen.append((seed, ("local", "s3")[seed % 2]))
+        seed += 1
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def env():
+    shared = nemesis.Env()
+    yield shared
+    shared.close()
+
+
+def test_the_ci_schedules_cover_every_fault_kind_and_both_storages():
+    assert set().union(*(nemesis.plan(seed, storage).fault_kinds() for seed, storage in COVERING)) == \
+        set(nemesis.FAULT_KINDS)
+    assert {storage for _, storage in COVERING} == {"local", "s3"}
+
+
+@pytest.mark.parametrize("seed,storage", _schedules(), ids=lambda v: str(v))
+def test_a_schedule_keeps_every_invariant(env, seed, storage):
+    out = nemesis.run_schedule(env, seed, storage)
+    report = "\n".join([nemesis.format_outcome(out), *(f"{v.kind}: {v.detail}" for v in out.violations),
+                        *(["harness error: " + out.error] if out.error else []), "log:", *out.log])
+    assert out.error is None, report
+    assert out.operations > 0
+    assert not out.violations, report
