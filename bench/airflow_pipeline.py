@@ -461,7 +461,7 @@ def main() -> int:
     try:
         home, config = scratch / "airflow", scratch / "walvault.yaml"
         config.write_text(f"# bench/airflow_pipeline.py: the bench's one source\n"
-                          f"repository: {{connection: walvault_repo}}\n"
+                          f"repository: {{connection: walvault_repo, create: true}}\n"
                           f"sources:\n  - {{name: {SOURCE}, family: tarantool, path: {json.dumps(str(data))}}}\n"
                           f"retention: {{days: 30}}\nspark: {{connections: [spark_default]}}\n")
         env = environment(home, config=config, repository=str(scratch / "unused"), work_dir=scratch / "work")

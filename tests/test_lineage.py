@@ -21,7 +21,7 @@ import pytest
 
 import tarantool_real as tr
 from conftest import require_tarantool, run_cli
-from walcore.limestone.state import build_state, format_tsv
+from test_retention_limestone import _state, _state_at
 from walcore.limestone.writer import LogDir, put, remove
 from walcore.repository import Repository
 
@@ -175,16 +175,6 @@ class Writer:
                 d.session(ch, epoch, entries)
             d.make_durable(epoch)
         d.close()
-
-
-def _state(root: Path) -> str:
-    proc = run_cli("state", root)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def _state_at(root: Path, epoch: int) -> str:
-    return format_tsv(build_state(sorted(root.glob("pwal_*")), epoch, set()))
 
 
 @pytest.fixture
