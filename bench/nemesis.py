@@ -54,10 +54,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, interrupted)  # a killed run still tears its schedules down (mounts, processes)
     env = nemesis.Env()
-    ttl = f"WALVAULT_LEASE_TTL={env.lease_ttl}" if env.lease_ttl else \
-        "not settable (60 s): a paused holder's lease is judged by a second clock"
-    print(f"nemesis: lease TTL {ttl}; password {'WALVAULT_PASSWORD' if env.password_env else 'in the URI'}; "
-          f"faketime {'yes' if env.faketime else 'MISSING'}; "
+    print(f"nemesis: faketime {'yes' if env.faketime else 'MISSING'}; "
           f"tmpfs {'yes' if env.can_mount else 'NO (not root): full-filesystem faults left out'}", flush=True)
     outcomes = []
     started = time.monotonic()

@@ -23,9 +23,8 @@ schedule damaged the repository on purpose exits 1 naming the damaged object; a 
 removes its staging directory.
 
 A refusal (exit 1 or 2, said on stderr) is always a legitimate outcome: the harness never requires a command to
-succeed, only that what succeeds is true. The lease TTL is shortened with WALVAULT_LEASE_TTL when this walvault
-reads it (else a pause cannot outlast the 60 s lease in a short schedule, and the second backup sees the lease
-expired through its clock instead: `faketime`).
+succeed, only that what succeeds is true. A pause cannot outlast the 60 s lease in a short schedule: the second
+backup sees the paused one's lease expired through its clock instead (`faketime`).
 """
 
 from __future__ import annotations
@@ -257,15 +256,7 @@ class Env:
             [str(code), str(code / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])])}
         for key, value in S3_CREDENTIALS.items():
             os.environ.setdefault(key, value)
-        source_text = "".join(p.read_text() for p in _walcore_dir().rglob("*.py"))
-        self.lease_ttl = 2.0 if "WALVAULT_LEASE_TTL" in source_text else None
-        if self.lease_ttl:
-            self.env["WALVAULT_LEASE_TTL"] = str(self.lease_ttl)
-        help_text = subprocess.run([*self.walvault, "backup", "--help"], capture_output=True, text=True,
-                                   env=self.env).stdout
-        self.password_env = "--password-file" in help_text
-        if self.password_env:
-            self.env["WALVAULT_PASSWORD"] = PASSWORD
+        self.env["WALVAULT_PASSWORD"] = PASSWORD  # a live backup's password, never on a command line
         self.can_mount = os.geteuid() == 0 and self._try_mount()
         self._build_template()
         self._moto = None
@@ -677,10 +668,7 @@ class Schedule:
             if op.kind == "backup_inc":
                 args += ["--type", "incremental"]
             if op.live and self.live is not None:
-                if self.env.password_env:
-                    args += ["--connect", f"{USER}@127.0.0.1:{self.live_port}"]
-                else:
-                    args += ["--connect", f"{USER}:{PASSWORD}@127.0.0.1:{self.live_port}"]
+                args += ["--connect", f"{USER}@127.0.0.1:{self.live_port}"]
             return args, info
         if op.kind == "archive":
             paths = [str(self.histories[n].path) for n in sorted(self.histories)]
@@ -821,7 +809,7 @@ class Schedule:
     def run(self) -> Outcome:
         t0 = time.monotonic()
         self.note(f"schedule seed={self.plan.seed} storage={self.plan.storage}"
-                  f"{' repo_on_tmpfs' if self.plan.repo_on_tmpfs else ''} lease_ttl={self.env.lease_ttl}")
+                  f"{' repo_on_tmpfs' if self.plan.repo_on_tmpfs else ''}")
         try:
             self.setup()
             for number, step in enumerate(self.plan.steps):
@@ -897,11 +885,8 @@ class Schedule:
                 self.fault("pause")
                 self.note(f"    paused {step.a.label()} holding its lease"
                           f"{' with files stored' if step.delay > 0.3 else ''}")
-                if self.env.lease_ttl:
-                    time.sleep(self.env.lease_ttl + 0.5)
-                else:
-                    # the 60 s lease cannot run out in a short schedule: the second judges it by a clock past it
-                    step.b.clock = 2 * HOUR
+                # the 60 s lease cannot run out in a short schedule: the second judges it by a clock past it
+                step.b.clock = 2 * HOUR
                 procs_b = self.start(step.b, direct=True)
                 done_b = self.finish(step.b, *procs_b, killed=False)
                 os.killpg(proc_a.pid, signal.SIGCONT)

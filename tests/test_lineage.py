@@ -118,12 +118,17 @@ def test_a_point_only_the_copy_reached_is_refused(fork, tmp_path):
 
 
 @require_tarantool
-def test_past_the_fork_the_full_backup_cannot_be_placed_in_one_history(fork, tmp_path):
-    """B1 was taken before the copy: both histories continue its newest xlog; a point past it is refused, naming
-    both, and a point inside B1 still restores."""
-    err = _refused(run_cli("restore", fork["B1"], tmp_path / "r", "--repo", fork["repo"], "--to",
-                           _vclock(fork["c_mid"]["vclock"])), "two histories of instance")
-    assert err.count(".xlog") >= 3, err  # the xlog both continue, and the two candidates
+def test_past_the_fork_the_full_backup_follows_its_own_source(fork, tmp_path):
+    """B1 was taken of O before the copy: both histories continue its newest xlog. Past the fork, B1's history is
+    its own source's (the archive's files of O's directory): a point there restores O's rows, never C's; a point
+    only C reached is refused; a point inside B1 still restores."""
+    out = _ok(run_cli("restore", fork["B1"], tmp_path / "r", "--repo", fork["repo"], "--to",
+                      _vclock(fork["o_point"]["vclock"]), "--json"))
+    assert out["point"]["base"] == fork["B1"]
+    dump = tr.dump_data_dir(tmp_path / "r")
+    assert dump["vclock"] == fork["o_point"]["vclock"] and dump["spaces"] == fork["o_point"]["spaces"]
+    _refused(run_cli("restore", fork["B1"], tmp_path / "c", "--repo", fork["repo"], "--to",
+                     _vclock(fork["c_end"]["vclock"])), "cannot restore")
     b1 = next(b for b in _ok(run_cli("backups", "--repo", fork["repo"], "--json"))["backups"]
               if b["id"] == fork["B1"])
     end = {int(k): v for k, v in b1["position"]["vclock"].items()}

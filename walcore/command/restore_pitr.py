@@ -78,7 +78,7 @@ class _Lineage:
     Where two candidates continue one step, the history is not placed past it."""
 
     def __init__(self, repo: Repository, newest: BackupManifest):
-        from .archive import load_archived
+        from .archive import load_archived, source_archive
 
         self.repo, self.newest = repo, newest
         self.chain = repo.chain(newest)
@@ -89,6 +89,10 @@ class _Lineage:
         everyone = [r.manifest for r in repo.source_backups("tarantool", newest.instance) if r.manifest is not None]
         archived = [e for e in load_archived(repo, "tarantool", newest.instance) if e is not None]
         self.evidence = _fork_evidence(everyone, archived)
+        if self.evidence:
+            # Two histories: an archived file counts only when archived from this backup's own source. The other
+            # history's file would otherwise fill a gap in this one's archive as its only continuation.
+            archived = [e for e in source_archive(repo, "tarantool", newest.instance, newest.source) if e is not None]
         self._prefixes: dict[tuple[str, str], bool] = {}
         ids = {m.id for m in self.chain}
         agreeing = [m for m in everyone if m.id not in ids and m.finished <= newest.finished
