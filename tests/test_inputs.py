@@ -258,6 +258,18 @@ def test_a_password_in_the_uri_is_warned_about_without_being_printed(tmp_path):
             "--password-file") in proc.stderr.splitlines()
 
 
+def test_a_user_name_with_an_at_sign_still_hides_the_password(tmp_path, monkeypatch):
+    """user@domain:password@host:port: the password is found (warned about, never printed), and a password given
+    besides it is one line and exit 2, not a traceback."""
+    repo = tmp_path / "repo"
+    new_repository(repo)
+    monkeypatch.setenv("WALVAULT_PASSWORD", "from-env")
+    proc = run_cli("backup", tmp_path, "--repo", repo, "--connect", "me@corp:pw-in-argv@127.0.0.1:1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pw-in-argv" not in proc.stderr + proc.stdout and "from-env" not in proc.stderr + proc.stdout
+    assert "visible in the process list" in proc.stderr
+
+
 @pytest.mark.parametrize("problem", ["missing", "empty", "both", "no-connect"])
 def test_password_file_problems_exit_2(tmp_path, problem):
     repo = tmp_path / "repo"

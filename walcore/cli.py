@@ -325,7 +325,7 @@ def _connect_uri(args) -> str:
     """--connect with its user's password: from the URI (warned: a command line is visible to every local user),
     from --password-file, or from WALVAULT_PASSWORD. The result is kept in memory only; ValueError says what is
     wrong (never the password)."""
-    from .tarantool.live import split_password, with_password
+    from .tarantool.live import LiveError, split_password, with_password
 
     bare, password = split_password(args.connect)
     if password is not None:
@@ -351,7 +351,10 @@ def _connect_uri(args) -> str:
         password = os.environ.get(PASSWORD_ENV)
     if password is None or "@" not in bare:  # a user-less URI (guest) takes no password
         return args.connect
-    return with_password(args.connect, password)
+    try:
+        return with_password(args.connect, password)
+    except LiveError as e:
+        raise ValueError(str(e)) from None
 
 
 def _verify(args) -> int:

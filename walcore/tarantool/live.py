@@ -19,7 +19,7 @@ from .layout import kind_of, name_number
 from .meta import Vclock
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-_USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^:@/]*:)(?P<password>.*)@(?P<tail>[^@]*)")
+_USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^:/]*:)(?P<password>.*)@(?P<tail>[^@]*)")
 
 # One round trip, so that the vclock and the directories describe the instance as the pin was taken. The pin
 # is undone here if reading the state fails, because the client would not know whether to stop it.
