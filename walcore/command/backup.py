@@ -27,7 +27,8 @@ from pathlib import Path
 from ..findings import Refused
 from ..repository import Repository, Stored, utc_now, walvault_version
 from ..repository.lease import Lease, LeaseLost
-from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, commit_checked, source_identity
+from ..repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked,
+                                  decode_checked, source_identity)
 from ..runner import LocalRunner, run_all
 
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
@@ -165,14 +166,27 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
             result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, runner or LocalRunner(),
                           progress, kind, checks or {}, lease)
         except BaseException as e:
-            # Its own objects go; a fence in its manifest's place is the breaker's, and stays.
-            repo.storage.remove_tree(prefix, keep=f"{prefix}/{MANIFEST_NAME}")
+            # Its own objects go, its manifest too if it was stored (a commit whose reply was lost, a failure after
+            # it); a fence in the manifest's place is the breaker's, and stays.
+            main = f"{prefix}/{MANIFEST_NAME}"
+            repo.storage.remove_tree(prefix, keep=None if _own_manifest(repo, main) else main)
             if isinstance(e, Exception) and not isinstance(e, LeaseLost):
                 _lost_first(lease, e)
             raise
     result.removed_leftovers = removed
     result.notes = plan.notes + result.notes
     return result
+
+
+def _own_manifest(repo: Repository, name: str) -> bool:
+    """A manifest is stored at `name` and it is no breaker's fence. A breaker fences only a backup without one, so
+    what reads here as a manifest now stays this writer's own."""
+    try:
+        return decode_checked(repo.storage.read_bytes(name), name).get("fenced") is not True
+    except FileNotFoundError:
+        return False
+    except ManifestError:
+        return True  # not a fence (a fence is written whole, checksummed): what this writer began
 
 
 def _lost_first(lease: Lease, error: Exception) -> None:
