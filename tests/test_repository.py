@@ -507,6 +507,21 @@ def test_unexpired_lease_of_a_live_process_holds(repo_target):
         repo.lease("tarantool", "inst", "backup")
 
 
+def test_an_expired_lease_of_this_host_without_a_start_time_is_judged_by_its_age(repo_target):
+    """A live process holding a lease that records its start time is never broken by age; a lease without one (no
+    /proc where it was taken, an older walvault's) names a pid that may be a later process's: its expiry rules."""
+    from walcore.repository.lease import process_start
+
+    repo = repo_target.repository()
+    here = {"host": socket.gethostname(), "pid": os.getpid(), "expires": time.time() - 100}
+    hand_lease(repo, **here, pid_start=process_start(os.getpid()))
+    with pytest.raises(LeaseBusy, match="old-backup"):
+        repo.lease("tarantool", "inst", "backup")
+    hand_lease(repo, **here)
+    with repo.lease("tarantool", "inst", "backup") as lease:
+        assert f"pid {os.getpid()} on {socket.gethostname()}" in lease.broke
+
+
 def test_young_empty_lease_holds_junk_one_is_named(repo_target):
     """An empty lease (a create seen before its write, by an older walvault) is judged by its age: a young one
     holds. Anything else that is not a lease stops with its name, whatever its age."""

@@ -135,13 +135,15 @@ def describe(info: dict) -> str:
 
 def stale(info: dict) -> bool:
     """A holder on this host is judged by its process alone, whatever the lease's age; another host's by its
-    expiry."""
+    expiry. A live pid whose start time the lease does not hold (no /proc where it was taken, an older walvault's
+    lease) is judged by expiry too: that pid alone may be a later process's."""
     if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
         pid = info["pid"]
         if not pid_alive(pid):
             return True
         recorded = info.get("pid_start")
-        return recorded is not None and process_start(pid) not in (None, recorded)  # a later process, same pid
+        if recorded is not None:
+            return process_start(pid) not in (None, recorded)  # a later process, same pid
     return info["expires"] < time.time()
 
 
