@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, tree_snapshot, walvault_command
+from walcore.limestone.layout import exclusive_lock
 from walvault_provider.local import airflow, environment, migrate
 
 pytestmark = [require_limestone, pytest.mark.xdist_group("spark")]
@@ -62,7 +63,7 @@ retention: {{days: 30}}
 """)
     env = environment(root / "home", config=config, repository=str(repo), work_dir=root / "work")
     migrate(env)
-    return {"env": env, "repo": repo, "root": root, "config": config, "snapshots": snapshots,
+    return {"env": env, "repo": repo, "root": root, "config": config, "snapshots": snapshots, "good": good,
             "instances": {k: v["source"]["instance"] for k, v in snapshots.items()}, "damaged": damaged}
 
 
@@ -132,7 +133,8 @@ def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faul
     assert "DagRun failed" in log, "a source whose coverage cannot be confirmed fails the run"
 
     bad_before = _source_tree(repo, instances["bad"])
-    proc = airflow(env, "dags", "test", "walvault_retention", "--conf", json.dumps({"dry_run": False}))
+    with exclusive_lock(faults_env["good"]):  # a running limestone holds its directory: confirmed from the repository
+        proc = airflow(env, "dags", "test", "walvault_retention", "--conf", json.dumps({"dry_run": False}))
     log = proc.stdout + proc.stderr
     assert "a manual run with dry_run unticked: applied" in log and "5 deleted" in log, log[-4000:]
     good_archive = sorted(p.name for p in (repo / "limestone" / instances["good"] / "archive").iterdir())

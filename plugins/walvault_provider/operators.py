@@ -270,27 +270,38 @@ class WalvaultConfirmOperator(_SourceOperator):
     def execute(self, context):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from walcore.command.backup import plan_for
         from walcore.command.expire import confirm
         from walcore.command.expire_text import render_source
 
         config = self.load_config()
         source = config.source(self.source)
         repo = self.repository(config)
-        identity = plan_for(source.path)  # reads the source: the instance its backups are filed under
-        plan, damaged = confirm(repo, identity.family, identity.instance, config.retention_days)
         title = f"walvault expire: confirm the coverage of {source.name} ({source.path})"
-        if plan.anchor is None:
+        # The repository says which instance the source's backups are filed under: the source itself is not read
+        # (a running limestone holds its directory; the worker may not see it).
+        where = str(source.path.resolve())
+        backups = repo.backups_of(source.path)
+        if not backups:
+            self.summary(title, [f"no backup of {where} in {repo.display}"])
+            raise AirflowSkipException(f"{source.name} is not covered: nothing of it is expired")
+        newest = max(backups, key=lambda m: (m.finished, m.id))
+        plan, damaged = confirm(repo, newest.family, newest.instance, config.retention_days)
+        # The instance's plan shows the anchor of its newest source; this source's own is the one confirmed.
+        anchor = next((i["anchor"] for i in plan.identities if i["path"] == where), None)
+        if anchor is None:
             self.summary(title, render_source(plan))
             raise AirflowSkipException(f"{source.name} is not covered: nothing of it is expired")
         if damaged:
-            self.summary(title, [*render_source(plan), f"NOT CONFIRMED: the anchor {plan.anchor['name']} is not "
+            self.summary(title, [*render_source(plan), f"NOT CONFIRMED: the anchor {anchor['name']} is not "
                                  f"intact: {damaged}"])
-            raise RuntimeError(f"{source.name}: the anchor {plan.anchor['name']} is not intact ({damaged}); "
+            raise RuntimeError(f"{source.name}: the anchor {anchor['name']} is not intact ({damaged}); "
                                "nothing of the source is expired")
-        self.summary(title, [*render_source(plan), f"confirmed: the anchor {plan.anchor['name']} re-hashed "
-                             f"intact ({len(plan.anchor_files)} objects)"])
-        return {"family": plan.family, "instance": plan.instance, "anchor": plan.anchor["name"]}
+        self.summary(title, [*render_source(plan), f"confirmed: the anchor {anchor['name']} re-hashed intact "
+                             f"({len(plan.anchor_files)} objects)"])
+        return {"family": plan.family, "instance": plan.instance, "anchor": anchor["name"]}
+
+
+EVERY_SOURCE = "every source"  # WalvaultExpireOperator's scope when no confirmation restricts it
 
 
 class WalvaultExpireOperator(_WalvaultOperator):
@@ -302,8 +313,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
 
     template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")  # an XComArg: after it
 
-    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed: dict | None = None,
-                 **kwargs):
+    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed=EVERY_SOURCE, **kwargs):
         super().__init__(**kwargs)
         self.dry_run = dry_run
         self.days = days
@@ -317,7 +327,12 @@ class WalvaultExpireOperator(_WalvaultOperator):
         repo = self.repository(config)
         apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
         days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
-        only = {(self.confirmed["family"], self.confirmed["instance"])} if self.confirmed else None
+        only = None
+        if self.confirmed is not EVERY_SOURCE:
+            if not isinstance(self.confirmed, dict) or not {"family", "instance"} <= self.confirmed.keys():
+                # fail closed: a confirmation that did not arrive never widens the expiry to every source
+                raise RuntimeError(f"no confirmation to expire by (got {self.confirmed!r}): nothing expired")
+            only = {(self.confirmed["family"], self.confirmed["instance"])}
         result = expire(repo, days, apply=apply, wait=LEASE_WAIT, only=only)
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
