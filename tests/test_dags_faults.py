@@ -108,6 +108,15 @@ def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
     assert late_minutes(_dag_run("manual", due, late), 30) is None
 
 
+@pytest.mark.parametrize("confirmed", [None, {}, {"family": "limestone"}, "{{ nothing }}"])
+def test_an_expiry_whose_confirmation_did_not_arrive_fails_before_any_work(confirmed):
+    from walvault_provider.operators import WalvaultExpireOperator
+
+    operator = WalvaultExpireOperator(task_id="expire_x", confirmed=confirmed, config_path="/nonexistent.yaml")
+    with pytest.raises(RuntimeError, match="no confirmation to expire by"):
+        operator.execute({})
+
+
 def test_the_retention_dag_confirms_each_source_before_its_expiry(faults_env, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
 

@@ -323,16 +323,16 @@ class WalvaultExpireOperator(_WalvaultOperator):
         from walcore.command.expire import check_days, expire
         from walcore.command.expire_text import render
 
-        config = self.load_config()
-        repo = self.repository(config)
-        apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
-        days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
         only = None
-        if self.confirmed is not EVERY_SOURCE:
+        if self.confirmed != EVERY_SOURCE:
             if not isinstance(self.confirmed, dict) or not {"family", "instance"} <= self.confirmed.keys():
                 # fail closed: a confirmation that did not arrive never widens the expiry to every source
                 raise RuntimeError(f"no confirmation to expire by (got {self.confirmed!r}): nothing expired")
             only = {(self.confirmed["family"], self.confirmed["instance"])}
+        config = self.load_config()
+        repo = self.repository(config)
+        apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
+        days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
         result = expire(repo, days, apply=apply, wait=LEASE_WAIT, only=only)
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
