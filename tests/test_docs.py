@@ -105,7 +105,7 @@ def filled_in(argv: list[str]) -> list[str]:
     """A synopsis as a command line: every optional part taken, the first of alternatives, placeholders filled."""
     out = []
     for word in words(" ".join(argv[1:]).replace("[", "").replace("]", "").replace("...", "")):
-        word = word.split("|")[0] if not word.startswith("{") else word
+        word = word.split("|")[0]
         if re.fullmatch(r"[A-Z][A-Z0-9_@:=]*", word):
             assert word in PLACEHOLDERS, f"a placeholder this test does not know: {word} (add it to PLACEHOLDERS)"
             word = PLACEHOLDERS[word]
@@ -127,7 +127,8 @@ class _Parsed(Exception):
 
 
 def parse_walvault(argv: list[str], monkeypatch, capsys) -> None:
-    """Parse a walvault command line with the real CLI's parser, stopped as soon as it has parsed."""
+    """Parse a walvault command line with the real CLI's parser (through the `walvault` entry point), stopped as
+    soon as it has parsed."""
     from walcore import cli
 
     parse_args = argparse.ArgumentParser.parse_args
@@ -137,8 +138,9 @@ def parse_walvault(argv: list[str], monkeypatch, capsys) -> None:
 
     with monkeypatch.context() as patch:
         patch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+        patch.setattr(sys, "argv", ["walvault", *argv])
         try:
-            cli.main(argv)
+            cli.run()
         except _Parsed:
             return
         except SystemExit as e:
@@ -207,16 +209,20 @@ def test_script_command_lines_parse():
                if line.startswith(".venv/bin/python ") and words(line)[1] in PARSED_SCRIPTS]
     assert len(scripts) >= 8
     for page, argv in scripts:
-        proc = subprocess.run([sys.executable, "-c", stop_after_parse, argv[1], *as_parsed(argv[1:])], cwd=REPO, capture_output=True,
-                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        proc = subprocess.run([sys.executable, "-c", stop_after_parse, argv[1], *as_parsed(argv[1:])], cwd=REPO,
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, f"{page}: {shlex.join(argv)} does not parse: {proc.stderr[-2000:]}"
 
 
-@pytest.mark.parametrize("page", [p.relative_to(REPO).as_posix() for p in PAGES])
+def whole_commands(page: str) -> list[list[str]]:
+    return [argv for shown_on, argv in walvault_lines() if shown_on == page and not is_synopsis(argv)]
+
+
+@pytest.mark.parametrize("page", [name for name in (page.relative_to(REPO).as_posix() for page in PAGES)
+                                  if whole_commands(name)])
 def test_walvault_commands_run(page, tmp_path):
-    commands = [argv for shown_on, argv in walvault_lines() if shown_on == page and not is_synopsis(argv)]
     copy_tree(REPO / "samples", tmp_path / "samples")
-    for argv in commands:
+    for argv in whole_commands(page):
         command = shlex.join(["walvault", *argv[1:]])
         if command in NOT_RUN:
             continue
