@@ -1,8 +1,8 @@
 """The benchmarks still run, on tiny data, and every reader in them agrees with walvault on what is there.
 
-Timings are not looked at (they live in bench/ and the README); what is checked is that each reader
+Timings are not looked at (they live in bench/ and docs/performance.md); what is checked is that each reader
 read the same rows or entries, that verify found the generated files intact, and that the results
-JSON has every reader the README's tables show.
+JSON has every reader the tables of docs/performance.md show.
 """
 
 from __future__ import annotations
