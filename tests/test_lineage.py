@@ -137,6 +137,22 @@ def test_past_the_fork_the_full_backup_follows_its_own_source(fork, tmp_path):
 
 
 @require_tarantool
+def test_a_copy_archived_without_backups_never_continues_the_original(tmp_path):
+    """A copy that was only archived (no backup of its own, no conflict: the original archived nothing) is
+    another history all the same: a point only the copy reached is refused on the original's backup."""
+    o, c, repo = tmp_path / "O", tmp_path / "C", tmp_path / "repo"
+    Repository(str(repo), create=True)
+    tr.generate_instance(o, wal_max_size=16384, scale=1, snapshots=1)
+    b1 = _ok(run_cli("backup", o, "--repo", repo, "--json"))["id"]
+    subprocess.run(["cp", "-a", str(o), str(c)], check=True)
+    tr.write_more(c, rows=300, snapshot=False, seed=2)
+    _ok(run_cli("archive", c, "--repo", repo))
+    _refused(run_cli("restore", b1, tmp_path / "r", "--repo", repo, "--to",
+                     _vclock(tr.dump_data_dir(c)["vclock"])), "cannot restore")
+    assert not (tmp_path / "r").exists()
+
+
+@require_tarantool
 def test_each_copy_has_its_own_retention(fork):
     plan = _ok(run_cli("expire", "--repo", fork["repo"], "--days", "1", "--json", "--as-of",
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))

@@ -88,11 +88,12 @@ class _Lineage:
                 self.authoritative[Path(e.name).name] = e
         everyone = [r.manifest for r in repo.source_backups("tarantool", newest.instance) if r.manifest is not None]
         archived = [e for e in load_archived(repo, "tarantool", newest.instance) if e is not None]
-        self.evidence = _fork_evidence(everyone, archived)
-        if self.evidence:
-            # Two histories: an archived file counts only when archived from this backup's own source. The other
-            # history's file would otherwise fill a gap in this one's archive as its only continuation.
-            archived = [e for e in source_archive(repo, "tarantool", newest.instance, newest.source) if e is not None]
+        # An archived file counts only when archived from this backup's own source: another history's file would
+        # otherwise fill a gap in this one's archive as its only continuation.
+        own = [e for e in source_archive(repo, "tarantool", newest.instance, newest.source) if e is not None]
+        self.evidence = _fork_evidence(everyone, archived) or (
+            "the archive holds files of another directory of the instance" if len(own) < len(archived) else None)
+        archived = own
         self._prefixes: dict[tuple[str, str], bool] = {}
         ids = {m.id for m in self.chain}
         agreeing = [m for m in everyone if m.id not in ids and m.finished <= newest.finished
