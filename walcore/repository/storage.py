@@ -96,6 +96,7 @@ def check_name(name: str) -> str:
     return str(p)
 
 
+LOCAL_PROTOCOLS = (None, "file", "local")
 _SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
 
 
@@ -111,14 +112,11 @@ def check_url(url: str) -> None:
         raise RepositoryError(f"{redact_url(url)} is neither a URL ({m[1]}://...) nor a plain path: a local "
                               f"directory whose name starts with '{m[1]}:' is written ./{m[1]}:...")
     protocol, _path = fsspec.core.split_protocol(url)
-    if protocol not in (None, "file", "local"):
+    if protocol not in LOCAL_PROTOCOLS:
         try:
             fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as e:
             raise RepositoryError(f"cannot open repository {redact_url(url)}: {e}") from None
-
-
-LOCAL_PROTOCOLS = (None, "file", "local")
 
 
 @dataclass(frozen=True)
