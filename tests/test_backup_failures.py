@@ -75,10 +75,10 @@ class Repo:
         Repository(self.url, self.options, create=True)  # as `walvault init` makes it: no other command does
 
     def storage(self):
-        from walcore.repository.storage import Storage
+        from walcore.repository.storage import open_storage
 
-        storage = Storage(self.url, self.options)
-        if not storage.local:
+        storage = open_storage(self.url, self.options)
+        if not storage.caps.consistent_listing:
             storage.fs.invalidate_cache()  # s3fs caches listings per process; other processes write here
         return storage
 
@@ -92,7 +92,7 @@ class Repo:
         """Every object (local: every file, hidden temporary files too) -> the SHA-256 of its bytes."""
         storage = self.storage()
         out = {}
-        if storage.local:
+        if storage.caps.local_paths:
             for dirpath, _dirs, names in os.walk(storage.root):
                 for name in names:
                     p = Path(dirpath) / name
@@ -107,7 +107,7 @@ class Repo:
     def names(self) -> list[str]:
         """Every object's name (a listing only: safe while another process writes and removes objects)."""
         storage = self.storage()
-        if storage.local:
+        if storage.caps.local_paths:
             return [(Path(d) / n).relative_to(storage.root).as_posix() for d, _, ns in os.walk(storage.root)
                     for n in ns]
         try:
@@ -820,7 +820,7 @@ def test_temporary_files_of_killed_writes_are_removed(src, tmp_path):
     repo = Repo(_Local(repo_dir))
     backup = repo.backup(src)
     ledger = next(repo_dir.glob("tarantool/*/ledger"))
-    planted = [ledger / f".{'0' * 64}.json.deadbeef.walvault-tmp",  # what SIGKILL in _write_local leaves
+    planted = [ledger / f".{'0' * 64}.json.deadbeef.walvault-tmp",  # what SIGKILL in write_atomic leaves
                repo_dir / Path(repo.manifest_name(backup)).parent / ".backup.manifest.deadbeef.walvault-tmp",
                repo_dir / ".walvault.repo.deadbeef.walvault-tmp"]
     old = time.time() - 86400

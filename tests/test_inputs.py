@@ -81,19 +81,19 @@ def test_init_makes_a_repository_once_and_refuses_a_directory_of_other_things(tm
 
 def test_init_over_local_and_s3_storage(repo_target):
     """The same over both kinds of storage: made once, then left alone; a prefix holding other objects refused."""
-    from walcore.repository.storage import Storage
+    from walcore.repository.storage import open_storage
 
     first = run_cli("init", *repo_target.cli, "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["created"] is True
-    storage = Storage(repo_target.url, repo_target.options)
+    storage = open_storage(repo_target.url, repo_target.options)
     assert storage.exists("walvault.repo") and storage.exists("walvault.repo.copy")
     second = run_cli("init", *repo_target.cli, "--json")
     assert second.returncode == 0 and json.loads(second.stdout)["created"] is False
     other = RepoTarget(repo_target.kind, repo_target.url + "-other", repo_target.options)
-    Storage(other.url, other.options).write_bytes("notes.txt", b"not a repository")
+    open_storage(other.url, other.options).write_bytes("notes.txt", b"not a repository")
     _one_line_exit_2(run_cli("init", *other.cli), "not empty")
-    assert not Storage(other.url, other.options).exists("walvault.repo")
+    assert not open_storage(other.url, other.options).exists("walvault.repo")
     _one_line_exit_2(run_cli("backups", *other.cli), "is not a walvault repository")
 
 

@@ -21,7 +21,7 @@ import tarantool_real as tr
 from conftest import REPO, copy_tree, require_tarantool, run_cli, walvault_command
 
 from walcore.repository.lease import acquire
-from walcore.repository.storage import Storage
+from walcore.repository.storage import Storage, open_storage
 
 pytestmark = require_tarantool
 
@@ -32,8 +32,8 @@ def src(real_instance, tmp_path) -> Path:
 
 
 def _storage(target) -> Storage:
-    storage = Storage(target.url, target.options)
-    if not storage.local:
+    storage = open_storage(target.url, target.options)
+    if not storage.caps.consistent_listing:
         storage.fs.invalidate_cache()
     return storage
 
@@ -195,8 +195,7 @@ def _hook_renewal_read(storage: Storage, breaker) -> threading.Event:
     """Run `breaker` in another thread right after the renewal's read of the lease (before its write), and let the
     renewal go on after at most half a second: a breaker that can interleave has done so by then."""
     hooked = threading.Event()
-    method = "_read_tagged" if not storage.local and hasattr(storage, "_read_tagged") else "read_bytes"
-    real = getattr(storage, method)
+    real = storage._read_tagged
 
     def read(*args, **kwargs):
         found = real(*args, **kwargs)
@@ -207,7 +206,7 @@ def _hook_renewal_read(storage: Storage, breaker) -> threading.Event:
             thread.join(0.5)
         return found
 
-    setattr(storage, method, read)
+    storage._read_tagged = read
     return hooked
 
 

@@ -47,10 +47,10 @@ class Repo:
         self.target, self.cli = target, target.cli
 
     def storage(self):
-        from walcore.repository.storage import Storage
+        from walcore.repository.storage import open_storage
 
-        storage = Storage(self.target.url, self.target.options)
-        if not storage.local:
+        storage = open_storage(self.target.url, self.target.options)
+        if not storage.caps.consistent_listing:
             storage.fs.invalidate_cache()  # other processes write here
         return storage
 

@@ -25,20 +25,20 @@ from walcore.repository import ObjectDamaged, Repository, RepositoryError, Sourc
 from walcore.repository.lease import LeaseBusy, LeaseUnreadable, acquire
 from walcore.repository.manifest import (ManifestError, decode_checked, encode_checked, load_checked,
                                          save_checked)
-from walcore.repository.storage import Storage, UnsafeName, parse_options, redact_url
+from walcore.repository.storage import Storage, UnsafeName, open_storage, parse_options, redact_url
 
 SECRET = "walvault-very-secret-123"
 S3_PART = 5 << 20  # the smallest part S3 accepts: a multi-part upload within a few MiB
 
 
 def storage_of(target: RepoTarget, **extra) -> Storage:
-    return Storage(target.url, {**target.options, **extra})
+    return open_storage(target.url, {**target.options, **extra})
 
 
 def everything(storage: Storage) -> list:
     """Every file and directory the test could have touched: the repository's parent directory locally, the
     whole bucket on S3 (so that a write outside the root shows too)."""
-    if storage.local:
+    if storage.caps.local_paths:
         return sorted(tree_snapshot(Path(storage.root).parent).items())
     return sorted(storage.fs.find(storage.root.split("/")[0], withdirs=True))
 
@@ -95,7 +95,7 @@ def test_symlink_leading_out_is_refused_local_only(tmp_path):
     (root / "linkdir").symlink_to(outside)
     (root / "linkfile").symlink_to(outside / "secret")
     (root / "dangling").symlink_to(outside / "absent")
-    storage = Storage(str(root))
+    storage = open_storage(str(root))
     before = tree_snapshot(outside)
     for name in ("linkdir/secret", "linkfile"):
         for operation in ("exists", "read_bytes", "iter_bytes", "size", "remove"):
@@ -115,7 +115,7 @@ def test_symlink_leading_out_is_refused_local_only(tmp_path):
 def test_symlink_staying_inside_is_followed_local_only(tmp_path):
     """The check is on where a name leads, not on symlinks as such."""
     root = tmp_path / "repo"
-    storage = Storage(str(root))
+    storage = open_storage(str(root))
     storage.write_bytes("real/object", b"inside")
     (root / "alias").symlink_to(root / "real")
     assert storage.read_bytes("alias/object") == b"inside"
@@ -140,7 +140,7 @@ def test_write_failing_half_way_leaves_nothing(repo_target):
     assert not storage.exists("objects/new")
     assert storage.list("objects") == ["objects/kept"]
     assert storage.read_bytes("objects/kept") == b"kept bytes"
-    if storage.local:  # and no temporary file either
+    if storage.caps.atomic_rename:  # and no temporary file either
         assert os.listdir(Path(storage.root) / "objects") == ["kept"]
 
 
@@ -563,7 +563,7 @@ def test_lease_is_renewed_while_held(repo_target):
 def test_unreachable_store_error_holds_no_secret_s3_only():
     options = {"key": "AKIAWALVAULTTEST", "secret": SECRET, "endpoint_url": "http://127.0.0.1:1",
                "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
-    storage = Storage("s3://walvault-unreachable/repo", options)
+    storage = open_storage("s3://walvault-unreachable/repo", options)
     for operation in ("exists", "read_bytes", "write_bytes", "create", "list"):
         with pytest.raises(RepositoryError) as e:
             OPERATIONS[operation](storage, "walvault.repo")

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,22 +22,33 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes], *, mode: int = 0o666) -> None:
-    """Write `chunks` to `path` so that it either does not change or holds all of them (no temporary file is
-    left behind on an error). `mode` (less the umask) from the moment the file exists: 0o600 for secrets."""
-    tmp = path.with_name(f".{path.name}.walvault-tmp")
+def write_atomic(path: Path, chunks: Iterable[bytes], *, mode: int = 0o666, exclusive: bool = False) -> bool:
+    """Write `chunks` to `path` so that it either does not change or holds all of them: into a temporary file beside
+    it (a name of its own, so that two writers of one name never share it), fsynced, renamed over `path` (or,
+    `exclusive`, hard-linked to it: a link never replaces a file), then the directory fsynced. False when `exclusive`
+    and `path` exists. No temporary file is left behind on an error; a killed writer's stays, named
+    `.<name>.<hex8>.walvault-tmp`. `mode` (less the umask) from the moment the file exists: 0o600 for secrets."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.walvault-tmp")
     try:
-        tmp.unlink(missing_ok=True)  # one left by a crash: its mode would stay
-        with open(tmp, "wb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
+        with open(tmp, "xb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if not exclusive:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+    finally:
+        try:
+            os.unlink(tmp)  # gone already after a rename
+        except OSError:
+            pass
     fsync_dir(path.parent)
+    return True
 
 
 def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):

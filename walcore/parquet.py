@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterable
 
 from .fsutil import read_chunks
-from .repository.storage import RepositoryError, Storage
+from .repository.storage import RepositoryError, open_storage
 
 SUCCESS = "_SUCCESS.json"
 
@@ -29,7 +29,7 @@ class ParquetOutput:
     """Where a result's parts go; picklable, so that executors write their own parts."""
 
     def __init__(self, url: str, options: dict | None = None):
-        self.storage = Storage(url, options)
+        self.storage = open_storage(url, options)
 
     def check_empty(self) -> None:
         try:

@@ -51,10 +51,10 @@ class WalvaultRepoHook(BaseHook):
         empty repository)."""
         from walcore.repository import Repository
         from walcore.repository.manifest import read_info
-        from walcore.repository.storage import Storage
+        from walcore.repository.storage import open_storage
 
         target = self.target()
-        storage = Storage(target.url, target.options)
+        storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
                                     f"repository: create it with `walvault init --repo {storage.display}`, or set "

@@ -64,7 +64,7 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
     tracker = Progress(len(objects), sum(o[1] for o in objects.values()), progress, "verified")
     # Processes scan on every core; an object store's client (s3fs) is not safe across fork: threads there.
     results = run_all(runner or LocalRunner(), partial(check_object, repo, full), list(objects.values()),
-                      threads=not repo.storage.local, done=lambda o: tracker.advance(o[1]))
+                      threads=not repo.storage.caps.fork_safe, done=lambda o: tracker.advance(o[1]))
     checked = {o[0]: result[0] for o, result in results.items()}  # stored object -> its problem (None: intact)
     scans = {o[0]: result[1] for o, result in results.items()}  # stored object -> findings of its scan, if any
     for obj, (problem, found, checked_by) in results.items():

@@ -155,7 +155,7 @@ def restore(repo: Repository, backup_id: str, target: Path, *, to: str | None = 
         raise Refused(f"{target} exists and is not an empty directory: nothing was written", "refused")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"{target.parent}: no such directory")
-    if repo.storage.local and target.resolve().is_relative_to(os.path.realpath(repo.storage.root)):
+    if repo.storage.caps.local_paths and target.resolve().is_relative_to(os.path.realpath(repo.storage.root)):
         raise Refused(f"{target} is inside the repository {repo.display}: restore somewhere else", "cannot_check")
     record = _find(repo, backup_id)
     pin = repo.restore_pin(record.family, record.instance)  # an expiry leaves this source alone meanwhile

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from ..findings import Refused
+from ..fsutil import write_atomic
 from ..repository import Repository, stamp_seconds
 from ..repository.manifest import BackupManifest, FileEntry
 from ..tarantool.meta import vclock_from_json, vclock_leq
@@ -338,12 +338,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
         if manifest.type != "snapshot" and (gone := [n for n in catalog.detached_pwals if n not in ranges]):
             notes.append(f"{len(gone)} files the compacted file covers are not in the backup: it may hold sessions "
                          f"of epochs past MAX_EPOCH_ID {catalog.max_epoch_id} that were in flight at its rotation")
-    tmp = staging / f".{EPOCH_NAME}.walvault-tmp"
-    with open(tmp, "wb") as f:
-        f.write(durable_epoch(epoch))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, staging / EPOCH_NAME)
+    write_atomic(staging / EPOCH_NAME, [durable_epoch(epoch)])
     info = {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch,
             "archived_files": len(log)}
     if notes:

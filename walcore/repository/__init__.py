@@ -33,7 +33,7 @@ from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError, decode_checked,
                        encode_checked, ensure_info, load_checked, read_info, save_checked)
-from .storage import RepositoryError, Storage, UnsafeName, check_name
+from .storage import RepositoryError, Storage, UnsafeName, check_name, open_storage
 
 FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -115,8 +115,9 @@ def check_instance(instance: str) -> str:
 
 class Repository:
     def __init__(self, url: str, options: dict | None = None, *, create: bool = False):
-        self.storage = Storage(url, options)
+        self.storage = open_storage(url, options)
         self.display = self.storage.display
+        self.locks = self.storage.sub("locks")
         if create:
             self.info = ensure_info(self.storage, utc_now(), walvault_version())
         else:
@@ -130,8 +131,8 @@ class Repository:
         """`walvault init`: the repository at `url`, made there when the location is missing or empty; (it, whether
         it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
         a directory of other things into a repository."""
-        storage = Storage(url, options)
-        if storage.local and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
+        storage = open_storage(url, options)
+        if storage.caps.local_paths and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
             raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
         if read_info(storage) is not None:
             return cls(url, options), False
@@ -159,14 +160,18 @@ class Repository:
             raise UnsafeName(f"refused backup id {backup_id!r}")
         return f"{self.source_dir(family, instance)}/backups/{backup_id}"
 
+    def backup_storage(self, family: str, instance: str, backup_id: str) -> Storage:
+        """The storage rooted at a backup's directory."""
+        return self.storage.sub(self.backup_dir(family, instance, backup_id))
+
     def lease(self, family: str, instance: str, command: str, *, wait: float = 0.0,
               ttl: float | None = None) -> Lease:
-        return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.lease", command, ttl=ttl, wait=wait)
+        return acquire(self.locks, f"{family}-{check_instance(instance)}.lease", command, ttl=ttl, wait=wait)
 
     def archive_lease(self, family: str, instance: str, command: str, *, wait: float = 0.0) -> Lease:
         """One archive (or expiry) of a source's archive at a time: apart from the source's lease, so that a long
         backup does not hold archiving up."""
-        return acquire(self.storage, f"locks/{family}-{check_instance(instance)}.archive.lease", command, wait=wait)
+        return acquire(self.locks, f"{family}-{check_instance(instance)}.archive.lease", command, wait=wait)
 
     def restore_pin(self, family: str, instance: str) -> Lease | None:
         """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None
@@ -174,18 +179,18 @@ class Repository:
         there)."""
         import uuid
 
-        name = f"locks/{family}-{check_instance(instance)}.restore-{uuid.uuid4().hex[:16]}.lease"
+        name = f"{family}-{check_instance(instance)}.restore-{uuid.uuid4().hex[:16]}.lease"
         try:
-            return acquire(self.storage, name, "restore")
+            return acquire(self.locks, name, "restore")
         except RepositoryError:
             return None
 
     def restores_in_progress(self, family: str, instance: str) -> list[str]:
         """What each live restore mark of the source says (a stale one, of a dead process, does not count)."""
-        prefix = f"locks/{family}-{check_instance(instance)}.restore-"
+        prefix = f"{family}-{check_instance(instance)}.restore-"
         found = []
-        for name in self.storage.list("locks"):
-            lease = read_lease(self.storage, name, DEFAULT_TTL) if name.startswith(prefix) else None
+        for name in self.locks.list():
+            lease = read_lease(self.locks, name, DEFAULT_TTL) if name.startswith(prefix) else None
             if lease is not None and not stale(lease[1]):
                 found.append(describe(lease[1]))
         return found
@@ -215,10 +220,11 @@ class Repository:
 
     def audit(self, run: str, seq: int, record: dict) -> str:
         """Append one record to the audit log: a new object, never rewritten."""
-        name = f"audit/{run}/{seq:06d}.json"
-        if not self.storage.create(name, encode_checked(record)):
-            raise RepositoryError(f"audit record {name} exists already: another expiry used the same run id")
-        return name
+        log, entry = self.storage.sub("audit").sub(run), f"{seq:06d}.json"
+        if not log.create(entry, encode_checked(record)):
+            raise RepositoryError(f"audit record {log.repo_name(entry)} exists already: another expiry used the same "
+                                  "run id")
+        return log.repo_name(entry)
 
     # -- objects
 
@@ -319,11 +325,11 @@ class Repository:
         """A backup's record. Its main manifest is the commit point: without it (even with a copy: the writer
         stopped between the two) the files are leftovers; a damaged main one with a good copy is used from the
         copy. A fence in its place says the leftovers were taken from their writer."""
-        prefix = self.backup_dir(family, instance, backup_id)
-        main = f"{prefix}/{MANIFEST_NAME}"
+        backup = self.backup_storage(family, instance, backup_id)
+        main = backup.repo_name(MANIFEST_NAME)
         leftovers = "an interrupted backup's leftovers"
         try:
-            loaded = load_checked(self.storage, main)
+            loaded = load_checked(backup, MANIFEST_NAME)
         except FileNotFoundError:
             return BackupRecord(family, instance, backup_id, None, f"no manifest: {leftovers}", complete=False)
         except (ManifestError, UnsafeName) as e:
@@ -345,12 +351,11 @@ class Repository:
         return BackupRecord(family, instance, backup_id, manifest, problem)
 
     def _fenced(self, family: str, instance: str, backup_id: str, fence: dict) -> BackupRecord:
-        prefix = self.backup_dir(family, instance, backup_id)
         try:
             when = stamp_seconds(fence.get("time"))
         except (TypeError, ValueError):
             when = 0.0  # a fence of no known time is old: removed with its directory
-        residue = [n for n in self.storage.list(prefix) if n != f"{prefix}/{MANIFEST_NAME}"]
+        residue = [n for n in self.backup_storage(family, instance, backup_id).list() if n != MANIFEST_NAME]
         return BackupRecord(family, instance, backup_id, None,
                             f"fenced by {fence.get('lease')} at {fence.get('time')}: an interrupted backup's "
                             "leftovers, which their writer can no longer commit", complete=False, fenced=when,
@@ -361,24 +366,20 @@ class Repository:
         in place of its main manifest first (an exclusive create: a late writer's commit then fails), and stays
         FENCE_KEEP before the directory goes. False when a manifest appeared meanwhile (the writer committed: its
         backup is left alone) or nothing was left to remove."""
-        prefix = self.backup_dir(record.family, record.instance, record.id)
-        main = f"{prefix}/{MANIFEST_NAME}"
+        backup = self.backup_storage(record.family, record.instance, record.id)
         lease.confirm()
         fenced = record.fenced
         if fenced is None:
             fence = encode_checked({"fenced": True, "by": lease.holder, "lease": lease.name, "time": utc_now()})
             fenced = time.time()
-            if not self.storage.create(main, fence):
+            if not backup.create(MANIFEST_NAME, fence):
                 record = self.load_backup(record.family, record.instance, record.id)
                 if record.fenced is None:
                     return False
                 fenced = record.fenced
         if record.cleared:
             return False
-        if time.time() - fenced > FENCE_KEEP:
-            self.storage.remove_tree(prefix)
-        else:
-            self.storage.remove_tree(prefix, keep=main)
+        backup.remove_tree(keep=None if time.time() - fenced > FENCE_KEEP else MANIFEST_NAME)
         return True
 
     def source_backups(self, family: str, instance: str) -> list[BackupRecord]:
@@ -440,14 +441,16 @@ class Repository:
 
     # -- the ledger: what verifying a file's bytes found, by their SHA-256
 
-    def ledger_name(self, family: str, instance: str, sha256: str) -> str:
+    def _ledger(self, family: str, instance: str, sha256: str) -> tuple[Storage, str]:
+        """The ledger's storage and the entry's name in it."""
         if not re.fullmatch(r"[0-9a-f]{64}", sha256):
             raise UnsafeName(f"refused ledger key {sha256!r}")
-        return f"{self.source_dir(family, instance)}/ledger/{sha256}.json"
+        return self.storage.sub(self.source_dir(family, instance)).sub("ledger"), f"{sha256}.json"
 
     def ledger_get(self, family: str, instance: str, sha256: str) -> dict | None:
+        ledger, entry = self._ledger(family, instance, sha256)
         try:
-            data = self.storage.read_bytes(self.ledger_name(family, instance, sha256))
+            data = ledger.read_bytes(entry)
             return decode_checked(data, "ledger entry")
         except (FileNotFoundError, ManifestError):
             return None
@@ -463,8 +466,8 @@ class Repository:
         return verdict
 
     def ledger_put(self, family: str, instance: str, sha256: str, verdict: dict) -> None:
-        self.storage.write_bytes(self.ledger_name(family, instance, sha256),
-                                 encode_checked({"sha256": sha256, "verdict": verdict, "by": walvault_version()}))
+        ledger, entry = self._ledger(family, instance, sha256)
+        ledger.write_bytes(entry, encode_checked({"sha256": sha256, "verdict": verdict, "by": walvault_version()}))
 
 
 __all__ = ["Repository", "RepositoryError", "is_backup_id", "ObjectDamaged", "SourceChanged", "BackupRecord", "Stored",

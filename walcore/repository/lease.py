@@ -50,7 +50,7 @@ class LeaseUnreadable(RepositoryError):
 @dataclass
 class Lease:
     storage: Storage
-    name: str
+    key: str  # its name in `storage`
     holder: str
     command: str
     ttl: float
@@ -60,6 +60,11 @@ class Lease:
     _stop: threading.Event | None = None
     _thread: threading.Thread | None = None
     _renewing: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        """Its name from the repository root: what messages and fences say."""
+        return self.storage.repo_name(self.key)
 
     def body(self) -> bytes:
         now = time.time()
@@ -78,7 +83,7 @@ class Lease:
         """Extend the lease, only if it is still ours; LeaseLost when it is not."""
         with self._renewing:  # one renewal at a time: the renew thread's and a confirm's
             if self.lost is None and not self.storage.update(
-                    self.name, lambda current: self.body() if self._ours(current) else False):
+                    self.key, lambda current: self.body() if self._ours(current) else False):
                 self.lost = "another process broke it (it judged this one dead) or removed it"
         if self.lost is not None:
             raise self._lost_error()
@@ -90,7 +95,7 @@ class Lease:
         if self.lost is not None:
             raise self._lost_error()
         try:
-            current = self.storage.read_bytes(self.name)
+            current = self.storage.read_bytes(self.key)
         except FileNotFoundError:
             current = None
         if not self._ours(current):
@@ -116,7 +121,7 @@ class Lease:
             self._stop.set()
             self._thread.join()
         try:
-            self.storage.update(self.name, lambda current: None if self._ours(current) else False)
+            self.storage.update(self.key, lambda current: None if self._ours(current) else False)
         except (OSError, RepositoryError):
             pass  # left to expire; its holder's process is gone once this one ends
 
@@ -148,7 +153,7 @@ def stale(info: dict) -> bool:
 
 
 def acquire(storage: Storage, name: str, command: str, *, ttl: float | None = None, wait: float = 0.0) -> Lease:
-    """Take the lease `name`, waiting up to `wait` seconds for a live holder; LeaseBusy when it stays held,
+    """Take the lease `name` of `storage`, waiting up to `wait` seconds for a live holder; LeaseBusy when it stays held,
     LeaseUnreadable when what holds the name is not a lease."""
     lease = Lease(storage, name, uuid.uuid4().hex, command, DEFAULT_TTL if ttl is None else ttl)
     deadline = time.monotonic() + wait
@@ -169,7 +174,8 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float | None = No
                 break
             continue
         if time.monotonic() >= deadline:
-            raise LeaseBusy(f"{name} is held by {describe(info)}: another {_kind(name)} of this source is running")
+            raise LeaseBusy(f"{lease.name} is held by {describe(info)}: another {_kind(name)} of this source is "
+                            "running")
         time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
     lease._stop = threading.Event()
     lease._thread = threading.Thread(target=lease._renew_loop, name="walvault-lease", daemon=True)
@@ -200,8 +206,9 @@ def read(storage: Storage, name: str, ttl: float) -> tuple[bytes, dict] | None:
     try:
         return raw, parse(raw)
     except ValueError as e:
-        raise LeaseUnreadable(f"the lease {name} in repository {storage.display} cannot be read ({e}): remove "
-                              f"{name} once you know no walvault process of this source runs") from None
+        shown = storage.repo_name(name)
+        raise LeaseUnreadable(f"the lease {shown} in repository {storage.display} cannot be read ({e}): remove "
+                              f"{shown} once you know no walvault process of this source runs") from None
 
 
 def parse(raw: bytes) -> dict:

@@ -76,22 +76,23 @@ class Loaded:
 
 def load_checked(storage: Storage, name: str) -> Loaded:
     """The main file, else its copy (saying why); ManifestError when neither is good, FileNotFoundError when
-    neither exists."""
+    neither exists. Files are named from the repository root."""
     problems = []
     for candidate in (name, name + COPY_SUFFIX):
+        shown = storage.repo_name(candidate)
         try:
             data = storage.read_bytes(candidate)
         except FileNotFoundError:
-            problems.append(f"{candidate} is missing")
+            problems.append(f"{shown} is missing")
             continue
         try:
-            obj = decode_checked(data, candidate)
+            obj = decode_checked(data, shown)
         except ManifestError as e:
             problems.append(str(e))
             continue
-        return Loaded(obj, candidate, problems[0] if problems else None)
+        return Loaded(obj, shown, problems[0] if problems else None)
     if all(p.endswith("is missing") for p in problems):
-        raise FileNotFoundError(f"{name}: no such manifest")
+        raise FileNotFoundError(f"{storage.repo_name(name)}: no such manifest")
     raise ManifestError("; ".join(problems))
 
 

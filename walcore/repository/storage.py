@@ -1,10 +1,11 @@
-"""The repository's storage: one root addressed by a URL, through fsspec (as pgBackRest's src/storage/).
+"""The repository's storage: one root addressed by a URL (as pgBackRest's src/storage/), through a driver.
 
-A plain path (or `file://`) is a local directory; `s3://bucket/prefix` needs s3fs; any other fsspec
-protocol works with its package. Every name given here is relative to the root and checked before use:
-nothing outside the root is ever read or written, whatever a manifest says. Writes are atomic: locally
-a temporary file, fsync, rename and a directory fsync; on an object store one PUT (an object appears
-whole or not at all), aborted on error.
+A plain path (or `file://`) is a local directory (`LocalStorage`); `s3://bucket/prefix` needs s3fs, and any other
+fsspec protocol works with its package (`FsspecStorage`). What a driver does natively is told by its `caps`, not by
+what kind it is. Every name given here is relative to the storage's root and checked before use: nothing outside
+the root is ever read or written, whatever a manifest says; `sub(prefix)` is a storage rooted deeper, so that
+callers build no paths. Writes are atomic: locally `fsutil.write_atomic` (a temporary file, fsync, rename, a
+directory fsync); on an object store one PUT (an object appears whole or not at all), aborted on error.
 
 Credentials come from the options or the environment and are never printed: every error leaving this
 module passes through `redact`.
@@ -12,16 +13,19 @@ module passes through `redact`.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import errno
 import json
 import os
 import re
 import time
-import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, write_atomic
 
 
 class RepositoryError(RuntimeError):
@@ -92,6 +96,7 @@ def check_name(name: str) -> str:
     return str(p)
 
 
+LOCAL_PROTOCOLS = (None, "file", "local")
 _SCHEME_WITHOUT_SLASHES = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
 
 
@@ -107,22 +112,46 @@ def check_url(url: str) -> None:
         raise RepositoryError(f"{redact_url(url)} is neither a URL ({m[1]}://...) nor a plain path: a local "
                               f"directory whose name starts with '{m[1]}:' is written ./{m[1]}:...")
     protocol, _path = fsspec.core.split_protocol(url)
-    if protocol not in (None, "file", "local"):
+    if protocol not in LOCAL_PROTOCOLS:
         try:
             fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as e:
             raise RepositoryError(f"cannot open repository {redact_url(url)}: {e}") from None
 
 
-class Storage:
-    """The repository root. Names are relative, '/'-separated."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a driver does natively (pgBackRest's storage features): what callers and tests ask instead of its kind."""
 
-    def __init__(self, url: str, options: dict | None = None):
-        import fsspec
+    conditional_update: str  # how `update` stays conditional: "flock" (read and write under a lock), "if-match"
+    #                          (the write is conditional on the ETag read), "" (read, compare, write: a window)
+    atomic_rename: bool  # a write is renamed into place from a temporary name; a killed one leaves that temporary
+    consistent_listing: bool  # a list sees other processes' writes without invalidating a client's cache
+    fork_safe: bool  # its client may be used in forked worker processes
+    local_paths: bool  # names are paths of this host's file system (a symlink may lead out: each is resolved)
 
-        check_url(url)
+
+def open_storage(url: str, options: dict | None = None) -> Storage:
+    """The storage at `url`, through the driver its protocol needs."""
+    import fsspec
+
+    check_url(url)
+    protocol, _path = fsspec.core.split_protocol(url)
+    return (LocalStorage if protocol in LOCAL_PROTOCOLS else FsspecStorage)(url, options)
+
+
+class Storage(ABC):
+    """A storage root: the drivers' common part. Names are relative, '/'-separated; reads go through fsspec's
+    file system (`fs`), which a local directory has too."""
+
+    caps: Capabilities
+    fs: object
+    root: str  # the repository root in `fs`'s terms; a `sub` storage's names start at `prefix` below it
+
+    def __init__(self, url: str, options: dict | None):
         self.url = url
         self.display = redact_url(url)
+        self.prefix = ""
         self.options = dict(options or {})
         env_options = os.environ.get("WALVAULT_REPO_OPTIONS")
         if env_options:
@@ -131,18 +160,6 @@ class Storage:
             except (ValueError, TypeError):
                 raise RepositoryError("WALVAULT_REPO_OPTIONS is not a JSON object") from None
         self._secrets = _secrets(self.options)
-        protocol, path = fsspec.core.split_protocol(url)
-        self.local = protocol in (None, "file", "local")
-        try:
-            if self.local:
-                self.fs = fsspec.filesystem("file")
-                self.root = os.path.abspath(path)
-            else:
-                # No listing cache: another process's new objects must be seen by the next list or exists.
-                self.fs = fsspec.filesystem(protocol, **{"use_listings_cache": False, **self.options})
-                self.root = self.fs._strip_protocol(url).rstrip("/")
-        except (ImportError, ValueError, TypeError) as e:
-            raise RepositoryError(self.redact(f"cannot open repository {self.display}: {e}")) from None
 
     # -- errors
 
@@ -155,17 +172,34 @@ class Storage:
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
         return RepositoryError(self.redact(f"{what} in repository {self.display}: {detail}"))
 
+    def _failed(self, verb: str, name: str, e: BaseException) -> RepositoryError:
+        return self.error(f"{verb} {self.repo_name(name)}", e)
+
     # -- names
 
+    def sub(self, prefix: str) -> Storage:
+        """This storage rooted at `prefix` (WAL-G's GetSubFolder): its names are relative to it."""
+        deeper = copy.copy(self)
+        deeper.prefix = self.repo_name(prefix)
+        check_name(deeper.prefix)
+        return deeper
+
+    def repo_name(self, name: str) -> str:
+        """`name` as named from the repository root: what messages and records say."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
     def full(self, name: str) -> str:
-        name = check_name(name)
-        full = f"{self.root}/{name}"
-        if self.local:
-            real_root = os.path.realpath(self.root)
-            real = os.path.realpath(full)
-            if real != real_root and not real.startswith(real_root + os.sep):
-                raise UnsafeName(f"refused repository name {name!r}: a symlink leads out of the repository")
-        return full
+        """The checked name's path in `fs`."""
+        return self._resolve(self.repo_name(name))
+
+    def _resolve(self, repo_name: str) -> str:
+        return f"{self.root}/{check_name(repo_name)}"
+
+    def _base(self, prefix: str | None) -> str:
+        """The path in `fs` of a prefix, or of this storage's root for None."""
+        if prefix is not None:
+            return self.full(prefix)
+        return self._resolve(self.prefix) if self.prefix else self.root
 
     # -- reads
 
@@ -175,7 +209,7 @@ class Storage:
         except UnsafeName:
             raise
         except Exception as e:
-            raise self.error(f"cannot look up {name}", e) from None
+            raise self._failed("cannot look up", name, e) from None
 
     def read_bytes(self, name: str, limit: int = 64 << 20) -> bytes:
         """A small object whole (a manifest, a lease); one larger than `limit` is refused."""
@@ -190,9 +224,9 @@ class Storage:
             except Exception as e:
                 if _replaced_while_read(e) and attempt + 1 < _READ_ATTEMPTS:
                     continue  # a lease renewed meanwhile: read its new version
-                raise self.error(f"cannot read {name}", e) from None
+                raise self._failed("cannot read", name, e) from None
         if len(data) > limit:
-            raise RepositoryError(f"{name} in repository {self.display} is larger than {limit} bytes")
+            raise RepositoryError(f"{self.repo_name(name)} in repository {self.display} is larger than {limit} bytes")
         return data
 
     def iter_bytes(self, name: str, chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -202,13 +236,13 @@ class Storage:
         except (FileNotFoundError, UnsafeName):
             raise
         except Exception as e:
-            raise self.error(f"cannot read {name}", e) from None
+            raise self._failed("cannot read", name, e) from None
         with f:
             while True:
                 try:
                     data = f.read(chunk)
                 except Exception as e:
-                    raise self.error(f"cannot read {name}", e) from None
+                    raise self._failed("cannot read", name, e) from None
                 if not data:
                     return
                 yield data
@@ -219,28 +253,24 @@ class Storage:
         except (FileNotFoundError, UnsafeName):
             raise
         except Exception as e:
-            raise self.error(f"cannot stat {name}", e) from None
+            raise self._failed("cannot stat", name, e) from None
 
     def age(self, name: str) -> float:
         """Seconds since the object was last written (OSError when it is gone)."""
         return time.time() - self.fs.modified(self.full(name)).timestamp()
 
-    def list(self, prefix: str) -> list[str]:
-        """Every object name under a directory prefix (recursive), relative to the root, sorted."""
-        base = self.full(prefix)
+    def list(self, prefix: str | None = None) -> list[str]:
+        """Every object name under a directory prefix (or this storage's root for None), recursive, relative to
+        this storage's root, sorted."""
+        base = self._base(prefix)
         try:
             found = self.fs.find(base, withdirs=False)
         except FileNotFoundError:
             return []
         except Exception as e:
-            raise self.error(f"cannot list {prefix}", e) from None
-        root = self.root.rstrip("/") + "/"
-        names = []
-        for p in found:
-            p = p if not self.local else p.replace(os.sep, "/")
-            if p.startswith(root):
-                names.append(p[len(root):])
-        return sorted(names)
+            raise self.error(f"cannot list {self.prefix if prefix is None else self.repo_name(prefix)}", e) from None
+        root = self._base(None).rstrip("/") + "/"
+        return sorted(p[len(root):] for p in found if p.startswith(root))
 
     def list_dirs(self, prefix: str) -> list[str]:
         """The names of the directories right under a prefix (for an object store: common prefixes)."""
@@ -250,62 +280,121 @@ class Storage:
         except FileNotFoundError:
             return []
         except Exception as e:
-            raise self.error(f"cannot list {prefix}", e) from None
+            raise self._failed("cannot list", prefix, e) from None
         return sorted(PurePosixPath(e["name"]).name for e in entries if e.get("type") == "directory")
 
     # -- writes
 
+    @abstractmethod
     def write(self, name: str, chunks: Iterable[bytes]) -> int:
         """Store an object from chunks, atomically; returns its size."""
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.write(name, [data])
+
+    @abstractmethod
+    def create(self, name: str, data: bytes) -> bool:
+        """Create an object only if none has that name (a lease, a manifest's commit, an archive record); False when
+        one exists already. It appears whole."""
+
+    def update(self, name: str, change) -> bool:
+        """Replace or remove a small object only if it still holds what `change` was shown, so that two processes
+        updating it (a lease renewed, broken, released) never both act on one version: `change(current)` (its bytes,
+        None when it is absent) returns the new bytes, None to remove it, or False to leave it as it is. Returns
+        whether it acted; False when the object changed in between. How it stays conditional is the driver's
+        (`caps.conditional_update`)."""
         full = self.full(name)
-        if self.local:
-            return self._write_local(full, chunks)
-        written = 0
+        with self._updating(full):
+            current, version = self._read_tagged(name, full)
+            new = change(current)
+            if new is False or (new is None and current is None):
+                return False
+            if current is None:
+                return self.create(name, new)
+            return self._replace(name, full, new, version)
+
+    def _updating(self, full: str) -> contextlib.AbstractContextManager:
+        """What makes an update's read and write one step, where the driver has it: a lock."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
+        """An object's bytes (None when absent) and the version they are, where the driver tells one."""
+
+    @abstractmethod
+    def _replace(self, name: str, full: str, new: bytes | None, version: str | None) -> bool:
+        """Write `new` over the object, or remove it for None, if it is still at `version`."""
+
+    def remove(self, name: str) -> None:
         try:
-            f = self.fs.open(full, "wb")
-        except Exception as e:
-            raise self.error(f"cannot write {name}", e) from None
-        try:
-            for chunk in chunks:
-                try:
-                    f.write(chunk)
-                except Exception as e:
-                    raise self.error(f"cannot write {name}", e) from None
-                written += len(chunk)
-        except BaseException as e:
-            _discard(f)
-            if isinstance(e, OSError):  # as locally: the chunks' other errors leave as they are
-                raise self.error(f"cannot write {name}", e) from None
+            self.fs.rm_file(self.full(name))
+        except FileNotFoundError:
+            pass
+        except UnsafeName:
             raise
-        try:
-            f.close()
         except Exception as e:
-            raise self.error(f"cannot write {name}", e) from None
+            raise self._failed("cannot remove", name, e) from None
+
+    def remove_stale_temporaries(self, prefix: str | None, older_than: float) -> list[str]:
+        """Remove the temporary files of writes killed before their rename, older than `older_than` seconds, under a
+        prefix (or right at the root for None); a driver without `caps.atomic_rename` leaves none."""
+        return []
+
+    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> None:
+        """Remove every object under a prefix (or this storage's root for None: a backup's leftovers), but the one
+        named `keep` (a fence)."""
+        for name in self.list(prefix):
+            if name != keep:
+                self.remove(name)
+
+
+class LocalStorage(Storage):
+    """A directory of this host (pgBackRest's posix driver): atomic writes by rename, exclusive creates by hard link,
+    conditional updates under an flock."""
+
+    caps = Capabilities(conditional_update="flock", atomic_rename=True, consistent_listing=True, fork_safe=True,
+                        local_paths=True)
+
+    def __init__(self, url: str, options: dict | None = None):
+        import fsspec
+
+        super().__init__(url, options)
+        self.fs = fsspec.filesystem("file")
+        self.root = os.path.abspath(fsspec.core.split_protocol(url)[1])
+
+    def _resolve(self, repo_name: str) -> str:
+        full = super()._resolve(repo_name)
+        real_root = os.path.realpath(self.root)
+        real = os.path.realpath(full)
+        if real != real_root and not real.startswith(real_root + os.sep):
+            raise UnsafeName(f"refused repository name {check_name(repo_name)!r}: a symlink leads out of the "
+                             "repository")
+        return full
+
+    def write(self, name: str, chunks: Iterable[bytes]) -> int:
+        full = self.full(name)
+        self._makedirs(os.path.dirname(full))
+        written = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal written
+            for chunk in chunks:
+                yield chunk
+                written += len(chunk)
+
+        try:
+            write_atomic(Path(full), counted())
+        except OSError as e:
+            raise self._failed("cannot write", name, e) from None
         return written
 
-    def _write_local(self, full: str, chunks: Iterable[bytes]) -> int:
-        parent = os.path.dirname(full)
-        self._makedirs(parent)
-        tmp = os.path.join(parent, f".{os.path.basename(full)}.{uuid.uuid4().hex[:8]}.walvault-tmp")
-        written = 0
+    def create(self, name: str, data: bytes) -> bool:
+        full = self.full(name)
+        self._makedirs(os.path.dirname(full))
         try:
-            with open(tmp, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                    written += len(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, full)
-            fsync_dir(parent)
-        except BaseException as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            if isinstance(e, OSError):
-                raise self.error(f"cannot write {os.path.relpath(full, self.root)}", e) from None
-            raise
-        return written
+            return write_atomic(Path(full), [data], exclusive=True)
+        except OSError as e:
+            raise self._failed("cannot create", name, e) from None
 
     def _makedirs(self, path: str) -> None:
         """mkdir -p, fsyncing each parent that gained an entry (a new directory must survive a crash too)."""
@@ -322,35 +411,107 @@ class Storage:
                 raise self.error(f"cannot create {os.path.relpath(d, self.root)}", e) from None
             fsync_dir(os.path.dirname(d))
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        self.write(name, [data])
+    @contextlib.contextmanager
+    def _updating(self, full: str) -> Iterator[None]:
+        """Every update of an object holds an flock on its directory (no lock file of its own to leave behind)."""
+        import fcntl
 
-    def create(self, name: str, data: bytes) -> bool:
-        """Create an object only if none has that name (a lease, a manifest's commit, an archive record); False when
-        one exists already. It appears whole: locally written to a temporary file first, then hard-linked to its
-        name (a link never replaces a file); on an object store a PUT conditional on no object being there."""
-        full = self.full(name)
-        if self.local:
-            parent = os.path.dirname(full)
-            self._makedirs(parent)
-            tmp = os.path.join(parent, f".{os.path.basename(full)}.{uuid.uuid4().hex[:8]}.walvault-tmp")
+        parent = os.path.dirname(full)
+        self._makedirs(parent)
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
+        try:
+            return self.read_bytes(name), None
+        except FileNotFoundError:
+            return None, None
+
+    def _replace(self, name: str, full: str, new: bytes | None, version: str | None) -> bool:
+        if new is None:
+            self.remove(name)
+        else:
+            self.write_bytes(name, new)
+        return True  # under the flock: nobody changed it since the read
+
+    def remove_stale_temporaries(self, prefix: str | None, older_than: float) -> list[str]:
+        base = Path(self._base(prefix))
+        found = base.rglob(".*.walvault-tmp") if prefix is not None else base.glob(".*.walvault-tmp")
+        removed = []
+        for p in found:
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.link(tmp, full)
-            except FileExistsError:
-                return False
-            except OSError as e:
-                raise self.error(f"cannot create {name}", e) from None
-            finally:
+                if p.is_file() and not p.is_symlink() and time.time() - p.lstat().st_mtime > older_than:
+                    p.unlink()
+                    removed.append(p.relative_to(self._base(None)).as_posix())
+            except OSError:
+                continue  # gone meanwhile
+        return removed
+
+    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> None:
+        super().remove_tree(prefix, keep)
+        full = self._base(prefix)
+        for root, dirs, _files in os.walk(full, topdown=False):
+            for d in dirs:
                 try:
-                    os.unlink(tmp)
+                    os.rmdir(os.path.join(root, d))
                 except OSError:
                     pass
-            fsync_dir(parent)
-            return True
+        try:
+            os.rmdir(full)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+                raise self.error(f"cannot remove {os.path.relpath(full, self.root)}", e) from None
+
+
+class FsspecStorage(Storage):
+    """An object store (S3 through s3fs) or any other fsspec file system: each write one PUT, exclusive creates by
+    If-None-Match, conditional updates by If-Match where the store has them (S3)."""
+
+    def __init__(self, url: str, options: dict | None = None):
+        import fsspec
+
+        super().__init__(url, options)
+        protocol, _path = fsspec.core.split_protocol(url)
+        try:
+            # No listing cache: another process's new objects must be seen by the next list or exists.
+            self.fs = fsspec.filesystem(protocol, **{"use_listings_cache": False, **self.options})
+            self.root = self.fs._strip_protocol(url).rstrip("/")
+        except (ImportError, ValueError, TypeError) as e:
+            raise RepositoryError(self.redact(f"cannot open repository {self.display}: {e}")) from None
+        self.caps = Capabilities(conditional_update="if-match" if hasattr(self.fs, "call_s3") else "",
+                                 atomic_rename=False, consistent_listing=False, fork_safe=False, local_paths=False)
+
+    def write(self, name: str, chunks: Iterable[bytes]) -> int:
+        full = self.full(name)
+        written = 0
+        try:
+            f = self.fs.open(full, "wb")
+        except Exception as e:
+            raise self._failed("cannot write", name, e) from None
+        try:
+            for chunk in chunks:
+                try:
+                    f.write(chunk)
+                except Exception as e:
+                    raise self._failed("cannot write", name, e) from None
+                written += len(chunk)
+        except BaseException as e:
+            _discard(f)
+            if isinstance(e, OSError):  # as locally: the chunks' other errors leave as they are
+                raise self._failed("cannot write", name, e) from None
+            raise
+        try:
+            f.close()
+        except Exception as e:
+            raise self._failed("cannot write", name, e) from None
+        return written
+
+    def create(self, name: str, data: bytes) -> bool:
+        full = self.full(name)
         try:
             self.fs.pipe_file(full, data, mode="create")
         except FileExistsError:
@@ -358,74 +519,11 @@ class Storage:
         except Exception as e:
             if _precondition_failed(e):
                 return False
-            raise self.error(f"cannot create {name}", e) from None
-        return True
-
-    def update(self, name: str, change) -> bool:
-        """Replace or remove a small object only if it still holds what `change` was shown, so that two processes
-        updating it (a lease renewed, broken, released) never both act on one version: `change(current)` (its bytes,
-        None when it is absent) returns the new bytes, None to remove it, or False to leave it as it is. Returns
-        whether it acted. Locally the read and the write are one step under an flock on the object's directory
-        (every update of it takes that flock); on an object store the write or delete is conditional on the ETag
-        read (If-Match), and False when the object changed in between (another fsspec store: read, compare, write)."""
-        full = self.full(name)
-        if self.local:
-            import fcntl
-
-            parent = os.path.dirname(full)
-            self._makedirs(parent)
-            fd = os.open(parent, os.O_RDONLY)  # the directory itself: no lock file of its own to leave behind
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    current = self.read_bytes(name)
-                except FileNotFoundError:
-                    current = None
-                new = change(current)
-                if new is False:
-                    return False
-                if new is None:
-                    if current is not None:
-                        self.remove(name)
-                    return current is not None
-                if current is None:
-                    return self.create(name, new)
-                self.write_bytes(name, new)
-                return True
-            finally:
-                os.close(fd)
-        current, etag = self._read_tagged(name, full)
-        new = change(current)
-        if new is False or (new is None and current is None):
-            return False
-        if current is None:
-            return self.create(name, new)
-        if not hasattr(self.fs, "call_s3") or etag is None:
-            # A store walvault knows no conditional write for: the window between the read and the write is left.
-            if new is None:
-                self.remove(name)
-            else:
-                self.write_bytes(name, new)
-            return True
-        bucket, key, _ = self.fs.split_path(full)
-        try:
-            if new is None:
-                self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=etag)
-            else:
-                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=new, IfMatch=etag)
-        except FileNotFoundError:
-            return False  # removed meanwhile
-        except Exception as e:
-            if _precondition_failed(e):
-                return False
-            raise self.error(f"cannot update {name}", e) from None
-        finally:
-            self.fs.invalidate_cache(full)
+            raise self._failed("cannot create", name, e) from None
         return True
 
     def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
-        """An object's bytes and the ETag of exactly those bytes (s3fs makes the read conditional on the ETag it
-        looked up); None for a store that has none."""
+        """The ETag is of exactly the bytes read: s3fs makes the read conditional on the ETag it looked up."""
         attempt = 0
         while True:
             attempt += 1
@@ -436,53 +534,31 @@ class Storage:
                 return None, None
             except Exception as e:
                 if not (_replaced_while_read(e) and attempt < _READ_ATTEMPTS):
-                    raise self.error(f"cannot read {name}", e) from None
+                    raise self._failed("cannot read", name, e) from None
 
-    def remove(self, name: str) -> None:
-        try:
-            self.fs.rm_file(self.full(name))
-        except FileNotFoundError:
-            pass
-        except UnsafeName:
-            raise
-        except Exception as e:
-            raise self.error(f"cannot remove {name}", e) from None
-
-    def remove_stale_temporaries(self, prefix: str | None, older_than: float) -> list[str]:
-        """Remove the temporary files of local writes killed before their rename, older than `older_than` seconds,
-        under a prefix (or right at the root for None); an object store has none (a PUT is whole or absent)."""
-        if not self.local:
-            return []
-        base = Path(self.full(prefix)) if prefix is not None else Path(self.root)
-        found = base.rglob(".*.walvault-tmp") if prefix is not None else base.glob(".*.walvault-tmp")
-        removed = []
-        for p in found:
-            try:
-                if p.is_file() and not p.is_symlink() and time.time() - p.lstat().st_mtime > older_than:
-                    p.unlink()
-                    removed.append(p.relative_to(self.root).as_posix())
-            except OSError:
-                continue  # gone meanwhile
-        return removed
-
-    def remove_tree(self, prefix: str, keep: str | None = None) -> None:
-        """Remove every object under a prefix (a backup's leftovers), but the one named `keep` (a fence)."""
-        for name in self.list(prefix):
-            if name != keep:
+    def _replace(self, name: str, full: str, new: bytes | None, version: str | None) -> bool:
+        if self.caps.conditional_update != "if-match" or version is None:
+            # A store walvault knows no conditional write for: the window between the read and the write is left.
+            if new is None:
                 self.remove(name)
-        if self.local:
-            full = self.full(prefix)
-            for root, dirs, _files in os.walk(full, topdown=False):
-                for d in dirs:
-                    try:
-                        os.rmdir(os.path.join(root, d))
-                    except OSError:
-                        pass
-            try:
-                os.rmdir(full)
-            except OSError as e:
-                if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
-                    raise self.error(f"cannot remove {prefix}", e) from None
+            else:
+                self.write_bytes(name, new)
+            return True
+        bucket, key, _ = self.fs.split_path(full)
+        try:
+            if new is None:
+                self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+            else:
+                self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=new, IfMatch=version)
+        except FileNotFoundError:
+            return False  # removed meanwhile
+        except Exception as e:
+            if _precondition_failed(e):
+                return False
+            raise self._failed("cannot update", name, e) from None
+        finally:
+            self.fs.invalidate_cache(full)
+        return True
 
 
 def _precondition_failed(e: BaseException) -> bool:
