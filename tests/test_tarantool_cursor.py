@@ -7,7 +7,7 @@ import io
 import pytest
 
 from walcore.tarantool.block import EOF_MAGIC, FIXHEADER_SIZE, BlockError, compress, encode_fixheader
-from walcore.tarantool.cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor
+from walcore.tarantool.cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 
 PLAIN = b"plain rows" * 3
 PACKED = b"packed rows" * 300
@@ -47,7 +47,7 @@ def test_short_header_and_damaged_payloads():
         assert cursor.next() is BLOCK
         with pytest.raises(BlockError) as e:
             cursor.read_block()
-        assert e.value.code == "crc_mismatch"
+        assert isinstance(e.value, CrcMismatch) and e.value.code == "crc_mismatch"
         assert str(e.value).startswith(f"block of {len(PLAIN)} bytes: stored crc32c ")
 
     payload = b"\x28\xb5\x2f\xfd" + bytes(20)  # a zstd magic, then nothing that decodes

@@ -16,6 +16,10 @@ EOF_MARKER = "eof marker"  # the EOF marker: end is just past it
 SHORT = "short"  # fewer bytes than a fixed header, maybe none: end is just past those there are
 
 
+class CrcMismatch(BlockError):
+    """A block's payload is cut short or fails its CRC."""
+
+
 class BlockCursor:
     """The blocks of a file object from `pos` on. `pos` is where the block last found starts, `end` where
     the next one does; the file object is read and sought only through the cursor once it is made."""
@@ -36,26 +40,28 @@ class BlockCursor:
     def next(self) -> str:
         """Read what starts at `end`: BLOCK, EOF_MARKER or SHORT. BlockError for a malformed fixed header."""
         pos = self.pos = self.end
+        f = self.f
         if self._at != pos:
-            self.f.seek(pos)
-        head = self.f.read(FIXHEADER_SIZE)
-        self._at = pos + len(head)
+            f.seek(pos)
+        head = f.read(FIXHEADER_SIZE)
+        at = self._at = pos + len(head)
         if head[:4] == EOF_MAGIC:
             self.end = pos + 4
             return EOF_MARKER
-        if len(head) < FIXHEADER_SIZE:
-            self.end = self._at
+        if at - pos < FIXHEADER_SIZE:
+            self.end = at
             return SHORT
-        self.compressed, self.length, self.crc = parse_fixheader(head)
-        self.end = self._at + self.length
+        self.compressed, length, self.crc = parse_fixheader(head)
+        self.length = length
+        self.end = at + length
         return BLOCK
 
     def read_block(self):
-        """The rows' bytes of the block next() found, decompressed when it is zstd. BlockError "crc_mismatch"
-        when its payload is cut short or fails its CRC, "zstd_error" when its zstd frame is damaged."""
+        """The rows' bytes of the block next() found, decompressed when it is zstd. CrcMismatch when its
+        payload is cut short or fails its CRC, BlockError "zstd_error" when its zstd frame is damaged."""
         payload = self.f.read(self.length)
         self._at += len(payload)
         if len(payload) != self.length or tarantool_crc32c(payload) != self.crc:
-            raise BlockError("crc_mismatch", f"block of {self.length} bytes: stored crc32c {self.crc:#010x}, "
+            raise CrcMismatch("crc_mismatch", f"block of {self.length} bytes: stored crc32c {self.crc:#010x}, "
                                              f"computed {tarantool_crc32c(payload):#010x}")
         return decompress(payload) if self.compressed else payload

@@ -15,8 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..fsutil import fsync_dir, write_atomic
-from .block import BlockError
-from .cursor import EOF_MARKER, SHORT, BlockCursor
+from .cursor import EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock, vclock_leq
 from .row import TIMESTAMP, iter_rows
 from .writer import TarantoolWriter
@@ -141,9 +140,7 @@ def _blocks(f, xlog: _Xlog, size: int):
             raise ValueError(f"{xlog.path}: block at {pos} is cut off by the end of the file")
         try:
             rows = cursor.read_block()
-        except BlockError as e:
-            if e.code != "crc_mismatch":
-                raise
+        except CrcMismatch:
             raise ValueError(f"{xlog.path}: block at {pos} fails its CRC") from None
         xlog.end = cursor.end
         yield pos, rows

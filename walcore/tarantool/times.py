@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .block import FIXHEADER_SIZE, BlockError
-from .cursor import BLOCK, BlockCursor
+from .block import FIXHEADER_SIZE
+from .cursor import BLOCK, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, parse_meta
 from .row import TIMESTAMP, RowError, iter_rows
 
@@ -40,11 +40,11 @@ def _edges(f, path, stop: int | None) -> tuple[int | None, int | None]:
         raise ValueError(f"{path}: no meta block")
     size = f.seek(0, 2) if stop is None else stop
     cursor = BlockCursor(f, meta.size)
-    first_block = last_block = None
-    while cursor.end + FIXHEADER_SIZE <= size and cursor.next() is BLOCK:  # not the EOF marker
-        first_block = cursor.pos if first_block is None else first_block
+    next_block = cursor.next
+    last_block = None
+    while cursor.end + FIXHEADER_SIZE <= size and next_block() is BLOCK:  # not the EOF marker
         last_block = cursor.pos
-    return first_block, last_block
+    return (meta.size if last_block is not None else None), last_block
 
 
 def _block_times(f, pos: int, path) -> tuple[float, float] | None:
@@ -53,9 +53,7 @@ def _block_times(f, pos: int, path) -> tuple[float, float] | None:
         raise ValueError(f"{path}: no block starts at {pos}")
     try:
         rows = cursor.read_block()
-    except BlockError as e:
-        if e.code != "crc_mismatch":
-            raise
+    except CrcMismatch:
         raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC") from None
     stamps = []
     try:

@@ -15,7 +15,7 @@ from .. import scancore
 from ..findings import FindingList
 from .block import (EOF_MAGIC, FIXHEADER_SIZE, MAGIC_PREFIX, BlockError, decompress, parse_fixheader,
                     tarantool_crc32c)
-from .cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor
+from .cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, MetaError, parse_meta
 from .row import RowError, RowSummary, RowWalker, iter_rows, summarize_rows
 
@@ -316,14 +316,14 @@ def _read_blocks(f: _File, cursor: BlockCursor, span: Span, findings: FindingLis
             continue
         try:
             payload = cursor.read_block()
-        except BlockError as e:
-            if e.code != "crc_mismatch":
-                findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
-                continue
+        except CrcMismatch as e:
             findings.add(e.code, pos, str(e))
             # A damaged payload keeps the framing; a damaged header field does not.
             if next_pos != size and not _valid_block_at(f, next_pos) and not _resync(f, cursor, span, findings, pos):
                 return
+            continue
+        except BlockError as e:
+            findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
             continue
         _check_rows(span, findings, walker, pos, next_pos, cursor.compressed, payload)
     # Stopped at `stop`: the next range starts where this one's scan got to, damaged blocks included.
@@ -408,9 +408,7 @@ def read_rows(path, *, stop: int | None = None):
                 raise ValueError(f"{path}: truncated block header at {pos}")
             try:
                 payload = cursor.read_block()
-            except BlockError as e:
-                if e.code != "crc_mismatch":
-                    raise
+            except CrcMismatch:
                 raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC") from None
             try:
                 for row in iter_rows(payload, require_lsn=xlog):
