@@ -24,7 +24,7 @@ class BlockCursor:
     """The blocks of a file object from `pos` on. `pos` is where the block last found starts, `end` where
     the next one does; the file object is read and sought only through the cursor once it is made."""
 
-    __slots__ = ("f", "pos", "end", "compressed", "length", "crc", "_at")
+    __slots__ = ("f", "pos", "end", "compressed", "length", "crc", "_at", "_read")
 
     def __init__(self, f, pos: int):
         self.f = f
@@ -32,6 +32,7 @@ class BlockCursor:
         self.compressed = False
         self.length = self.crc = 0
         self._at = None  # where the file object is, when the cursor knows: else next() seeks
+        self._read = f.read
 
     def seek(self, pos: int) -> None:
         """Go on from `pos` (after damage, or blocks another reader took)."""
@@ -40,10 +41,9 @@ class BlockCursor:
     def next(self) -> str:
         """Read what starts at `end`: BLOCK, EOF_MARKER or SHORT. BlockError for a malformed fixed header."""
         pos = self.pos = self.end
-        f = self.f
         if self._at != pos:
-            f.seek(pos)
-        head = f.read(FIXHEADER_SIZE)
+            self.f.seek(pos)
+        head = self._read(FIXHEADER_SIZE)
         at = self._at = pos + len(head)
         if head[:4] == EOF_MAGIC:
             self.end = pos + 4
@@ -59,9 +59,10 @@ class BlockCursor:
     def read_block(self):
         """The rows' bytes of the block next() found, decompressed when it is zstd. CrcMismatch when its
         payload is cut short or fails its CRC, BlockError "zstd_error" when its zstd frame is damaged."""
-        payload = self.f.read(self.length)
+        length = self.length
+        payload = self._read(length)
         self._at += len(payload)
-        if len(payload) != self.length or tarantool_crc32c(payload) != self.crc:
-            raise CrcMismatch("crc_mismatch", f"block of {self.length} bytes: stored crc32c {self.crc:#010x}, "
+        if len(payload) != length or tarantool_crc32c(payload) != self.crc:
+            raise CrcMismatch("crc_mismatch", f"block of {length} bytes: stored crc32c {self.crc:#010x}, "
                                              f"computed {tarantool_crc32c(payload):#010x}")
         return decompress(payload) if self.compressed else payload
