@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..fsutil import fsync_dir, write_atomic
-from .block import EOF_MAGIC, FIXHEADER_SIZE, decompress, parse_fixheader, tarantool_crc32c
+from .cursor import EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock, vclock_leq
 from .row import TIMESTAMP, iter_rows
 from .writer import TarantoolWriter
@@ -127,23 +127,23 @@ def _blocks(f, xlog: _Xlog, size: int):
     """Yield (offset, rows) of each block from xlog.end on, moving xlog.end past what was read.
 
     `size` is the file's size when opened: a file still being appended to is read as it was then."""
+    cursor = BlockCursor(f, xlog.end)
     while xlog.end < size:
         pos = xlog.end
-        head = f.read(FIXHEADER_SIZE)
-        if head[:4] == EOF_MAGIC:
-            xlog.end, xlog.eof = pos + 4, True
+        found = cursor.next()
+        if found is EOF_MARKER:
+            xlog.end, xlog.eof = cursor.end, True
             return
-        if len(head) < FIXHEADER_SIZE:
+        if found is SHORT:
             raise ValueError(f"{xlog.path}: truncated block header at {pos}")
-        compressed, length, crc = parse_fixheader(head)
-        end = pos + FIXHEADER_SIZE + length
-        if end > size:
+        if cursor.end > size:
             raise ValueError(f"{xlog.path}: block at {pos} is cut off by the end of the file")
-        payload = f.read(length)
-        if tarantool_crc32c(payload) != crc:
-            raise ValueError(f"{xlog.path}: block at {pos} fails its CRC")
-        xlog.end = end
-        yield pos, decompress(payload) if compressed else payload
+        try:
+            rows = cursor.read_block()
+        except CrcMismatch:
+            raise ValueError(f"{xlog.path}: block at {pos} fails its CRC") from None
+        xlog.end = cursor.end
+        yield pos, rows
 
 
 def _scan(xlogs: list[Path], point: Point, start: Vclock) -> tuple[list[_Xlog], Vclock, int, float | None]:
@@ -172,7 +172,6 @@ def _scan(xlogs: list[Path], point: Point, start: Vclock) -> tuple[list[_Xlog], 
             log_end = dict(begins)
             xlog = _Xlog(path, meta, meta.size)
             scanned.append(xlog)
-            f.seek(meta.size)
             for pos, payload in _blocks(f, xlog, size):
                 tx: list[tuple[int, int, float | None]] = []
                 tx_offset = 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .block import EOF_MAGIC, FIXHEADER_SIZE, decompress, parse_fixheader, tarantool_crc32c
+from .block import FIXHEADER_SIZE
+from .cursor import BLOCK, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, parse_meta
 from .row import TIMESTAMP, RowError, iter_rows
 
@@ -38,28 +39,25 @@ def _edges(f, path, stop: int | None) -> tuple[int | None, int | None]:
     if meta is None:
         raise ValueError(f"{path}: no meta block")
     size = f.seek(0, 2) if stop is None else stop
-    pos, first_block, last_block = meta.size, None, None
-    while pos + FIXHEADER_SIZE <= size:
-        f.seek(pos)
-        head = f.read(FIXHEADER_SIZE)
-        if head[:4] == EOF_MAGIC:
-            break
-        _compressed, length, _crc = parse_fixheader(head)
-        first_block = pos if first_block is None else first_block
-        last_block = pos
-        pos += FIXHEADER_SIZE + length
-    return first_block, last_block
+    cursor = BlockCursor(f, meta.size)
+    next_block = cursor.next
+    last_block = None
+    while cursor.end + FIXHEADER_SIZE <= size and next_block() is BLOCK:  # not the EOF marker
+        last_block = cursor.pos
+    return (meta.size if last_block is not None else None), last_block
 
 
 def _block_times(f, pos: int, path) -> tuple[float, float] | None:
-    f.seek(pos)
-    compressed, length, crc = parse_fixheader(f.read(FIXHEADER_SIZE))
-    payload = f.read(length)
-    if len(payload) < length or tarantool_crc32c(payload) != crc:
-        raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC")
+    cursor = BlockCursor(f, pos)
+    if cursor.next() is not BLOCK:
+        raise ValueError(f"{path}: no block starts at {pos}")
+    try:
+        rows = cursor.read_block()
+    except CrcMismatch:
+        raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC") from None
     stamps = []
     try:
-        for row in iter_rows(decompress(payload) if compressed else payload, require_lsn=False):
+        for row in iter_rows(rows, require_lsn=False):
             stamp = row.header.get(TIMESTAMP)
             if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
                 stamps.append(float(stamp))

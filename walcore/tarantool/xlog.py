@@ -15,6 +15,7 @@ from .. import scancore
 from ..findings import FindingList
 from .block import (EOF_MAGIC, FIXHEADER_SIZE, MAGIC_PREFIX, BlockError, decompress, parse_fixheader,
                     tarantool_crc32c)
+from .cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, MetaError, parse_meta
 from .row import RowError, RowSummary, RowWalker, iter_rows, summarize_rows
 
@@ -74,21 +75,11 @@ def merge_spans(a: Span, b: Span, findings: FindingList, *, xlog: bool) -> None:
 
 
 class _File:
-    """Sequential reads with a known position, plus random reads for resynchronisation."""
+    """The file object a BlockCursor reads in order, plus random reads for resynchronisation."""
 
     def __init__(self, path):
         self.f = open(path, "rb", buffering=READ_BUFFER)
         self.size = os.fstat(self.f.fileno()).st_size
-        self.pos = 0
-
-    def seek(self, pos: int) -> None:
-        self.f.seek(pos)
-        self.pos = pos
-
-    def read(self, n: int) -> bytes:
-        data = self.f.read(n)
-        self.pos += len(data)
-        return data
 
     def grown(self) -> int:
         """The size now: a live instance appends to its newest xlog while it is read."""
@@ -136,12 +127,12 @@ def find_block(f: _File, start: int) -> int | None:
     return None
 
 
-def _scan_blocks(f: _File, span: Span, findings: FindingList, *, kind: str, stop: int | None) -> None:
+def _scan_blocks(f: _File, pos: int, span: Span, findings: FindingList, *, kind: str, stop: int | None) -> None:
     # Row headers decode into many small acyclic objects; cyclic GC passes over them would only cost time.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _read_blocks(f, span, findings, kind == "xlog", stop)
+        _read_blocks(f, BlockCursor(f.f, pos), span, findings, kind == "xlog", stop)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -166,42 +157,34 @@ def _check_rows(span: Span, findings: FindingList, walker: RowWalker, pos: int, 
                 findings, xlog=walker.xlog)
 
 
-def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: int | None) -> int:
-    """Take the blocks that continue the span as nearly every block does, and return the position of the
-    first one that does not (or of `stop`, or of the end): the careful loop in _read_blocks decides it.
+def _take_plain_blocks(f: _File, cursor: BlockCursor, span: Span, walker: RowWalker, stop: int | None) -> None:
+    """Take the blocks that continue the span as nearly every block does, and leave the cursor at the first
+    one that does not (or at `stop`, or at the end): the careful loop in _read_blocks decides it.
 
     A block is taken when its header, CRC and zstd frame are sound, the fast row walk accepts its rows,
     and they continue the span's one component (in LSN order for an xlog) after a committed block.
     What it takes, it adds to the span exactly as _check_rows and merge_spans would, with less work:
-    the span's running values are held in locals. `pos` is where the file is read next.
+    the span's running values are held in locals.
     """
     if not span.last_commit or len(span.lsns) != 1:
-        return pos
+        return
     (comp, r), = span.lsns.items()
     xlog = walker.xlog
     size = f.size
-    read = f.f.read
+    next_block = cursor.next
+    read_block = cursor.read_block
     walk = walker.walk
+    pos = cursor.end
     last, lo, hi = r[1], r[2], r[3]
     rows = blocks = zstd_blocks = 0
     last_block_pos = span.last_block_pos
     while stop is None or pos < stop:
-        head = read(FIXHEADER_SIZE)
-        try:
-            compressed, length, crc = parse_fixheader(head)
-        except (BlockError, IndexError):  # the EOF marker, the end, or damage: for the careful loop
-            break
-        end = pos + FIXHEADER_SIZE + length
-        if end > size:
-            break
-        payload = read(length)
-        if tarantool_crc32c(payload) != crc:
-            break
-        if compressed:
-            try:
-                payload = decompress(payload)
-            except BlockError:
+        try:  # the EOF marker, the end, or damage: for the careful loop
+            if next_block() is not BLOCK or cursor.end > size:
                 break
+            payload = read_block()
+        except BlockError:
+            break
         walked = walk(payload)
         if walked is None:
             break
@@ -216,9 +199,9 @@ def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: 
             hi = block_hi
         rows += n
         blocks += 1
-        zstd_blocks += compressed
+        zstd_blocks += cursor.compressed
         last_block_pos = pos
-        pos = end
+        pos = cursor.end
         if not commit:
             span.last_commit = False
             break
@@ -229,8 +212,7 @@ def _take_plain_blocks(f: _File, pos: int, span: Span, walker: RowWalker, stop: 
     span.last_block_pos = last_block_pos
     if blocks:
         span.end_pos = pos
-    f.seek(pos)
-    return pos
+    cursor.seek(pos)
 
 
 class _CompiledBlocks:
@@ -243,10 +225,11 @@ class _CompiledBlocks:
         self.chunk = bytearray()
         self.base = self.held = 0  # the file's bytes [base, base + held) are in the chunk
 
-    def __call__(self, f: _File, pos: int, span: Span, walker: RowWalker, stop: int | None) -> int:
+    def __call__(self, f: _File, cursor: BlockCursor, span: Span, walker: RowWalker, stop: int | None) -> None:
         scanner = self.scanner
         if not scanner.begin(span.lsns, span.last_commit, span.blocks > 0):
-            return pos
+            return
+        pos = cursor.end
         size = f.size
         view = memoryview(self.chunk)
         while pos < size and (stop is None or pos < stop):
@@ -285,80 +268,70 @@ class _CompiledBlocks:
                 span.first_pos = first_pos
             span.last_block_pos = last_block_pos
             span.end_pos = pos
-        f.seek(pos)
-        return pos
+        cursor.seek(pos)
 
 
-def _read_blocks(f: _File, span: Span, findings: FindingList, xlog: bool, stop: int | None) -> None:
+def _read_blocks(f: _File, cursor: BlockCursor, span: Span, findings: FindingList, xlog: bool,
+                 stop: int | None) -> None:
     size = f.size
     walker = RowWalker(xlog)
     core = scancore.compiled()
     take_blocks = _CompiledBlocks(core, xlog) if core is not None else _take_plain_blocks
-    read = f.f.read  # the hot loop keeps the position itself; f.pos is set where others need it
-    pos = f.pos
-    while stop is None or pos < stop:
-        pos = take_blocks(f, pos, span, walker, stop)
+    while stop is None or cursor.end < stop:
+        take_blocks(f, cursor, span, walker, stop)
+        pos = cursor.end
         if stop is not None and pos >= stop:
             break
         if pos >= size:
             # The end, as the file was when opened (a live file may have grown since: the scan is of that moment).
-            span.end_pos = f.pos = pos
+            span.end_pos = pos
             return
-        head = read(FIXHEADER_SIZE)
-        if head[:4] == EOF_MAGIC:
+        try:
+            found = cursor.next()
+        except BlockError as e:
+            findings.add(e.code, pos, f"block header: {e}")
+            if not _resync(f, cursor, span, findings, pos):
+                return
+            continue
+        if found is EOF_MARKER:
             span.eof = True
-            span.end_pos = f.pos = pos + 4
+            span.end_pos = cursor.end
             if pos + 4 != size:
                 findings.add("data_after_eof", pos + 4, f"{size - pos - 4} bytes follow the EOF marker")
             return
-        if len(head) < FIXHEADER_SIZE:
-            findings.add("truncated_block", pos, f"the file ends {len(head)} bytes into a 19-byte block header")
+        if found is SHORT:
+            findings.add("truncated_block", pos,
+                         f"the file ends {cursor.end - pos} bytes into a 19-byte block header")
             span.end_pos, span.stopped = f.size, True
             return
-        try:
-            compressed, length, crc = parse_fixheader(head)
-        except BlockError as e:
-            findings.add(e.code, pos, f"block header: {e}")
-            if not _resync(f, span, findings, pos):
-                return
-            pos = f.pos
-            continue
-        next_pos = pos + FIXHEADER_SIZE + length
+        next_pos, length = cursor.end, cursor.length
         if next_pos > size and next_pos <= f.grown():
             size = f.size  # a block being appended when the file was opened: whole now
         if next_pos > size:
             findings.add("truncated_block", pos,
                          f"block of {length} bytes is cut off: the file ends {size - pos - FIXHEADER_SIZE} bytes into it")
             # A damaged length also looks like this; a valid block further on tells the two apart.
-            if not _resync(f, span, findings, pos, tail_reported=True):
+            if not _resync(f, cursor, span, findings, pos, tail_reported=True):
                 return
-            pos = f.pos
             continue
-        payload = read(length)
-        if tarantool_crc32c(payload) != crc:
-            findings.add("crc_mismatch", pos, f"block of {length} bytes: stored crc32c {crc:#010x}, computed "
-                         f"{tarantool_crc32c(payload):#010x}")
+        try:
+            payload = cursor.read_block()
+        except CrcMismatch as e:
+            findings.add(e.code, pos, str(e))
             # A damaged payload keeps the framing; a damaged header field does not.
-            if next_pos != size and not _valid_block_at(f, next_pos):
-                if not _resync(f, span, findings, pos):
-                    return
-                next_pos = f.pos
-            pos = next_pos
+            if next_pos != size and not _valid_block_at(f, next_pos) and not _resync(f, cursor, span, findings, pos):
+                return
             continue
-        if compressed:
-            try:
-                payload = decompress(payload)
-            except BlockError as e:
-                findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
-                pos = next_pos
-                continue
-        _check_rows(span, findings, walker, pos, next_pos, compressed, payload)
-        pos = next_pos
+        except BlockError as e:
+            findings.add(e.code, pos, f"zstd block of {length} bytes: {e}")
+            continue
+        _check_rows(span, findings, walker, pos, next_pos, cursor.compressed, payload)
     # Stopped at `stop`: the next range starts where this one's scan got to, damaged blocks included.
-    span.end_pos = f.pos = pos
+    span.end_pos = cursor.end
 
 
-def _resync(f: _File, span: Span, findings: FindingList, bad_pos: int, tail_reported: bool = False) -> bool:
+def _resync(f: _File, cursor: BlockCursor, span: Span, findings: FindingList, bad_pos: int,
+            tail_reported: bool = False) -> bool:
     """Continue at the next valid block after damage at bad_pos; False when there is none."""
     nxt = find_block(f, bad_pos + 1)
     if nxt is None:
@@ -367,7 +340,7 @@ def _resync(f: _File, span: Span, findings: FindingList, bad_pos: int, tail_repo
         span.end_pos, span.stopped = f.size, True
         return False
     findings.add("skipped_bytes", bad_pos, f"{nxt - bad_pos} bytes skipped to the next valid block at {nxt}")
-    f.seek(nxt)
+    cursor.seek(nxt)
     return True
 
 
@@ -404,16 +377,15 @@ def scan_file(path, *, start: int | None = None, stop: int | None = None, search
             findings.add(e.code, e.offset, str(e))
             return FileScan(str(path), None, f.size, None, span, findings)
         if start is None or start <= meta.size:
-            f.seek(meta.size)
+            first = meta.size
         elif not search:
-            f.seek(start)
+            first = start
         else:
             first = find_block(f, start)
             if first is None or (stop is not None and first >= stop):
                 span.end_pos = first if first is not None else f.size
                 return FileScan(str(path), meta.kind, f.size, meta, span, findings)
-            f.seek(first)
-        _scan_blocks(f, span, findings, kind=meta.kind, stop=stop)
+        _scan_blocks(f, first, span, findings, kind=meta.kind, stop=stop)
         return FileScan(str(path), meta.kind, f.size, meta, span, findings)
     finally:
         f.close()
@@ -425,21 +397,19 @@ def read_rows(path, *, stop: int | None = None):
     f = _File(path)
     try:
         meta = read_meta(f)
-        f.seek(meta.size)
+        cursor = BlockCursor(f.f, meta.size)
         xlog = meta.kind == "xlog"
-        while stop is None or f.pos < stop:
-            pos = f.pos
-            head = f.read(FIXHEADER_SIZE)
-            if not head or head[:4] == EOF_MAGIC:
+        while stop is None or cursor.end < stop:
+            pos = cursor.end
+            found = cursor.next()
+            if found is EOF_MARKER or cursor.end == pos:  # the EOF marker, or no more bytes
                 return
-            if len(head) < FIXHEADER_SIZE:
+            if found is SHORT:
                 raise ValueError(f"{path}: truncated block header at {pos}")
-            compressed, length, crc = parse_fixheader(head)
-            payload = f.read(length)
-            if len(payload) < length or tarantool_crc32c(payload) != crc:
-                raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC")
-            if compressed:
-                payload = decompress(payload)
+            try:
+                payload = cursor.read_block()
+            except CrcMismatch:
+                raise ValueError(f"{path}: block at {pos} is truncated or fails its CRC") from None
             try:
                 for row in iter_rows(payload, require_lsn=xlog):
                     yield pos, row
