@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def request_of(args: argparse.Namespace) -> rq.Request:
+def _request(args: argparse.Namespace) -> rq.Request:
     """The request of a parsed command line (its storage options still as given: see `_storage_options`)."""
     command = _BY_NAME[args.command]
     names = {f.name for f in dataclasses.fields(command.request)} - {"repo_options"}
@@ -200,7 +200,7 @@ def request_of(args: argparse.Namespace) -> rq.Request:
 def main(argv: list[str] | None = None) -> int:
     """Run one command line; `--spark` hands the request to the runner its package registered (spark_jobs)."""
     args = _parser().parse_args(argv)
-    request = request_of(args)
+    request = _request(args)
     if (code := refused(request)) is not None:
         return code
     if getattr(request, "connect", None):

@@ -254,12 +254,11 @@ class ArchiveRequest(Request):
 
 
 @dataclass(kw_only=True)
-class BackupRequest(Request):
-    command, not_done = "backup", "not backed up"
+class _SourceRequest(Request):
+    """What backup and snapshot share: one source stored into the repository, under its lease."""
     source: Path
     repo: str
     repo_options: dict = field(default_factory=dict)
-    type: str = "full"
     connect: str | None = field(default=None, repr=False)  # it may hold a password
     password_file: Path | None = None
     wait: float = 0.0
@@ -274,22 +273,14 @@ class BackupRequest(Request):
 
 
 @dataclass(kw_only=True)
-class SnapshotRequest(Request):
-    command, not_done = "snapshot", "no snapshot"
-    source: Path
-    repo: str
-    repo_options: dict = field(default_factory=dict)
-    connect: str | None = field(default=None, repr=False)  # it may hold a password
-    password_file: Path | None = None
-    wait: float = 0.0
-    level: int = 3
-    jobs: int | None = None
-    json: bool = False
-    progress: bool | None = None
+class BackupRequest(_SourceRequest):
+    command, not_done = "backup", "not backed up"
+    type: str = "full"
 
-    def problem(self):
-        return _first(_jobs_problem(self.jobs), _level_problem(self.level), _wait_problem(self.wait),
-                      _password_problem(self.password_file, self.connect), _repo_problem(self.repo))
+
+@dataclass(kw_only=True)
+class SnapshotRequest(_SourceRequest):
+    command, not_done = "snapshot", "no snapshot"
 
 
 @dataclass(kw_only=True)
