@@ -228,8 +228,8 @@ class StateRequest(Request):
 
 
 @dataclass(kw_only=True)
-class InitRequest(Request):
-    command, not_done = "init", "no repository made"
+class _RepoRequest(Request):
+    """A command on the repository of `repo` (checked last, after the command's own options)."""
     repo: str
     repo_options: dict = field(default_factory=dict)
     json: bool = False
@@ -239,37 +239,36 @@ class InitRequest(Request):
 
 
 @dataclass(kw_only=True)
-class ArchiveRequest(Request):
-    command, not_done = "archive", "not archived"
-    paths: list[Path]
-    repo: str
-    repo_options: dict = field(default_factory=dict)
-    level: int = 3
-    jobs: int | None = None
-    json: bool = False
-    progress: bool | None = None
-
-    def problem(self):
-        return _first(_jobs_problem(self.jobs), _level_problem(self.level), _repo_problem(self.repo))
+class InitRequest(_RepoRequest):
+    command, not_done = "init", "no repository made"
 
 
 @dataclass(kw_only=True)
-class _SourceRequest(Request):
+class ArchiveRequest(_RepoRequest):
+    command, not_done = "archive", "not archived"
+    paths: list[Path]
+    level: int = 3
+    jobs: int | None = None
+    progress: bool | None = None
+
+    def problem(self):
+        return _first(_jobs_problem(self.jobs), _level_problem(self.level), super().problem())
+
+
+@dataclass(kw_only=True)
+class _SourceRequest(_RepoRequest):
     """What backup and snapshot share: one source stored into the repository, under its lease."""
     source: Path
-    repo: str
-    repo_options: dict = field(default_factory=dict)
     connect: str | None = field(default=None, repr=False)  # it may hold a password
     password_file: Path | None = None
     wait: float = 0.0
     level: int = 3
     jobs: int | None = None
-    json: bool = False
     progress: bool | None = None
 
     def problem(self):
         return _first(_jobs_problem(self.jobs), _level_problem(self.level), _wait_problem(self.wait),
-                      _password_problem(self.password_file, self.connect), _repo_problem(self.repo))
+                      _password_problem(self.password_file, self.connect), super().problem())
 
 
 @dataclass(kw_only=True)
@@ -284,67 +283,46 @@ class SnapshotRequest(_SourceRequest):
 
 
 @dataclass(kw_only=True)
-class ExpireRequest(Request):
+class ExpireRequest(_RepoRequest):
     command, not_done = "expire", "nothing expired"
-    repo: str
-    repo_options: dict = field(default_factory=dict)
     days: str | None = None  # None: the repository's stored policy
     as_of: str | None = None  # None: now
     apply: bool = False
     wait: float = 0.0
-    json: bool = False
 
     def problem(self):
         return _first(_days_problem(self.days), _wait_problem(self.wait),
                       f"--as-of {self.as_of!r} is not a time (ISO 8601 UTC, or @unix seconds)"
                       if self.as_of is not None and as_of_time(self.as_of) is None else None,
-                      _repo_problem(self.repo))
+                      super().problem())
 
 
 @dataclass(kw_only=True)
-class PolicyRequest(Request):
+class PolicyRequest(_RepoRequest):
     command, not_done = "policy", "no policy"
-    repo: str
-    repo_options: dict = field(default_factory=dict)
     days: str | None = None  # None: show the stored policy
-    json: bool = False
 
     def problem(self):
-        return _first(_days_problem(self.days), _repo_problem(self.repo))
+        return _first(_days_problem(self.days), super().problem())
 
 
 @dataclass(kw_only=True)
-class DrillRequest(Request):
+class DrillRequest(_RepoRequest):
     command, not_done = "drill", "no drill"
     backup: str
-    repo: str
-    repo_options: dict = field(default_factory=dict)
-    json: bool = False
-
-    def problem(self):
-        return _repo_problem(self.repo)
 
 
 @dataclass(kw_only=True)
-class BackupsRequest(Request):
+class BackupsRequest(_RepoRequest):
     command, not_done = "backups", "cannot list"
-    repo: str
-    repo_options: dict = field(default_factory=dict)
-    json: bool = False
-
-    def problem(self):
-        return _repo_problem(self.repo)
 
 
 @dataclass(kw_only=True)
-class RestoreRequest(Request):
+class RestoreRequest(_RepoRequest):
     command, not_done = "restore", "not restored"
     backup: str
     target: Path
-    repo: str
-    repo_options: dict = field(default_factory=dict)
     to: str | None = None
-    json: bool = False
     progress: bool | None = None
 
     def problem(self):
@@ -352,4 +330,4 @@ class RestoreRequest(Request):
                       "8601, or @unix seconds) or, for limestone, an epoch (N or epoch:N)"
                       if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or point(self.to))
                       else None,
-                      _repo_problem(self.repo))
+                      super().problem())
