@@ -37,16 +37,12 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-@dataclass(frozen=True)
 class Arg:
     """One argument of a command: argparse's add_argument(*flags, **options). An option left out takes the
     request's default (the parser's default is SUPPRESS), so that each default is said once, in the request."""
-    flags: tuple[str, ...]
-    options: dict
 
     def __init__(self, *flags: str, **options):
-        object.__setattr__(self, "flags", flags)
-        object.__setattr__(self, "options", options)
+        self.flags, self.options = flags, options
 
 
 # The options several commands share, each defined once.
