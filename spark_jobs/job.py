@@ -1,4 +1,5 @@
-"""What every job does: read its plan, start Spark, run the walvault command with a SparkRunner."""
+"""What every job does: read its plan, start Spark, run the plan's request with a SparkRunner, as the command line
+runs it on this machine's cores."""
 
 from __future__ import annotations
 
@@ -13,22 +14,17 @@ def run(spark, job: str, plan: dict) -> int:
     """Run a plan's command on a Spark session; with an `output` dir, leave there what it prints (`stdout`,
     `stderr`), for a backup it committed `committed.json` ({"id", "family", "instance", "path"}), and
     `result.json` ({"exit"}), written last. Returns the command's exit code."""
-    from walcore.cli import PASSWORD_ENV, main
+    from . import plan as plans
 
-    from .plan import connect_password, to_argv
-    from .runner import SparkRunner
-
-    argv = to_argv(plan, job)
-    if (password := connect_password(plan)) is not None:
-        os.environ[PASSWORD_ENV] = password  # this driver's own: the command line holds none
+    request = plans.request(plan, job)
     output = plan.get("output")
     if not output:
-        return main(argv, runner=SparkRunner(spark))
+        return _run(request, spark)
     # as the command's own streams: a file name that is not UTF-8 prints escaped
     with open(os.path.join(output, "stdout"), "w", encoding="utf-8", errors="backslashreplace") as out, \
             open(os.path.join(output, "stderr"), "w", encoding="utf-8", errors="backslashreplace") as err, \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, runner=SparkRunner(spark))
+        code = _run(request, spark)
     from walcore.fsutil import write_atomic
 
     if job == "backup" and code == 0 and (plan.get("options") or {}).get("json"):
@@ -41,8 +37,23 @@ def run(spark, job: str, plan: dict) -> int:
     return code
 
 
+def _run(request, spark) -> int:
+    import dataclasses
+
+    from walcore.frontend import refused, run
+    from walcore.requests import connect_with_password
+
+    from .runner import SparkRunner
+
+    if (code := refused(request)) is not None:
+        return code
+    if getattr(request, "connect", None):
+        request = dataclasses.replace(request, connect=connect_with_password(request.connect, None))
+    return run(request, SparkRunner(spark))
+
+
 def main(job: str, argv: list[str] | None = None) -> None:
-    from .plan import PlanError, load
+    from .plan import PlanError, load, request
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -50,9 +61,7 @@ def main(job: str, argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         plan = load(argv[0])
-        from .plan import to_argv
-
-        to_argv(plan, job)  # a bad plan is refused before Spark starts
+        request(plan, job)  # a bad plan is refused before Spark starts
     except (PlanError, OSError) as e:
         print(f"walvault {job} job: bad plan: {e}", file=sys.stderr)
         sys.exit(2)

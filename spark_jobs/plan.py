@@ -1,4 +1,4 @@
-"""A job's plan: the JSON that says what to do, and the walvault command line it stands for.
+"""A job's plan: the JSON that says what to do, and the request (walcore.requests) it stands for.
 
     {"job": "verify" | "backup" | "limestone_state",
      "sources": [paths],                 verify: files and directories; backup, limestone_state: one directory
@@ -10,8 +10,8 @@
      "output": dir | null}               where the job leaves what the command prints, and its exit code
 
 With an `output` dir, the job exits 0 once the command's exit code is in `output/result.json`, and a plan given
-as `@file` is removed then (it may hold credentials). `connect` is [user[:password]@]host:port: its password goes
-to the command through the job's environment, never through the command line the plan stands for.
+as `@file` is removed then (it may hold credentials). `connect` is [user[:password]@]host:port; without a password
+the driver's WALVAULT_PASSWORD gives it, as for the command line.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from __future__ import annotations
 import json
 import os
 
-from walcore.tarantool.live import split_password
-
-JOBS = {"verify": "verify", "backup": "backup", "limestone_state": "state"}
 OPTIONS = {"verify": ("full", "json", "progress"), "backup": ("type", "level", "wait", "connect", "json", "progress"),
            "limestone_state": ()}
 
@@ -72,15 +69,13 @@ def _check(plan: dict, job: str) -> None:
         raise PlanError(f"output: {plan['output']} is not a directory")
 
 
-def to_argv(plan: dict, job: str) -> list[str]:
-    """The walvault command line a plan stands for (options first, then `--` and the sources, so that no
-    source can be taken for an option)."""
+def request(plan: dict, job: str):
+    """The request (walcore.requests) a plan stands for; PlanError naming the bad key."""
+    from walcore.requests import BackupRequest, StateRequest, VerifyRequest
+
     _check(plan, job)
     sources = plan.get("sources") or []
-    options = plan.get("options") or {}
-    storage = [f"--repo-option={k}={json.dumps(v)}" for k, v in sorted((plan.get("repo_options") or {}).items())]
-    flags: list[str] = []
-    positional = list(sources)
+    common = {"repo_options": plan.get("repo_options") or {}, **(plan.get("options") or {})}
     if job == "verify":
         if plan.get("backup") and sources:
             raise PlanError("backup: verify either sources or a backup, not both")
@@ -88,56 +83,31 @@ def to_argv(plan: dict, job: str) -> list[str]:
             raise PlanError("repo: verifying a backup needs the repository")
         if not sources and not plan.get("repo"):
             raise PlanError("sources: verify needs sources, or a repository")
-        positional += [plan["backup"]] if plan.get("backup") else []
-        flags += ["--full"] if options.get("full") else []
-    elif len(sources) != 1:
+        return VerifyRequest.from_json({"paths": sources, "backup": plan.get("backup"), "repo": plan.get("repo"),
+                                        **common})
+    if len(sources) != 1:
         raise PlanError(f"sources: {job} takes one source directory")
-    if job == "backup" and not plan.get("repo"):
-        raise PlanError("repo: a backup needs the repository")
-    if job in ("verify", "backup") and plan.get("repo"):
-        flags += [f"--repo={plan['repo']}", *storage]
     if job == "backup":
-        flags += [f"--type={options.get('type', 'full')}", f"--level={options.get('level', 3)}",
-                  f"--wait={options.get('wait', 0)}"]
-        flags += [f"--connect={split_password(options['connect'])[0]}"] if options.get("connect") else []
-    if job == "limestone_state" and plan.get("parquet"):
-        flags += [f"--parquet={plan['parquet']}", *storage]
-    flags += ["--json"] if options.get("json") else []
-    if "progress" in options:
-        flags += ["--progress" if options["progress"] else "--no-progress"]
-    return [JOBS[job], *flags, "--", *positional]
+        if not plan.get("repo"):
+            raise PlanError("repo: a backup needs the repository")
+        return BackupRequest.from_json({"source": sources[0], "repo": plan["repo"], **common})
+    return StateRequest.from_json({"dir": sources[0], "parquet": plan.get("parquet"), **common})
 
 
-def connect_password(plan: dict) -> str | None:
-    """The password in the plan's `connect` URI: the job hands it to the command through the environment
-    (WALVAULT_PASSWORD), never through the command line to_argv builds."""
-    connect = (plan.get("options") or {}).get("connect")
-    return split_password(connect)[1] if connect else None
+def of_request(request) -> tuple[str, dict]:
+    """The job and plan of a request (`walvault ... --spark`)."""
+    from walcore.requests import BackupRequest, VerifyRequest
 
-
-def from_args(args) -> tuple[str, dict]:
-    """The job and plan of a walvault command line given `--spark`."""
-    from walcore.cli import names_backup
-    from walcore.repository.storage import parse_options
-
-    progress = getattr(args, "progress", None)
-    options: dict = {"progress": bool(progress)} if progress is not None else {}
-    plan: dict = {"repo_options": parse_options(getattr(args, "repo_option", []))}
-    if args.command == "verify":
+    fields = request.to_json()
+    if isinstance(request, VerifyRequest):
         job = "verify"
-        paths = [str(p) for p in args.paths]
-        backup = bool(args.repo) and names_backup(args.paths)  # the command line said one BACKUP at most
-        plan.update(sources=[] if backup else paths, backup=paths[0] if backup else None, repo=args.repo)
-        options.update(full=args.full, json=args.json)
-    elif args.command == "backup":
+        plan = {"sources": fields["paths"], "backup": fields["backup"], "repo": fields["repo"]}
+    elif isinstance(request, BackupRequest):
         job = "backup"
-        plan.update(sources=[str(args.source)], repo=args.repo)
-        options.update(type=args.type, level=args.level, wait=args.wait, json=args.json,
-                       **({"connect": args.connect} if args.connect else {}))
+        plan = {"sources": [fields["source"]], "repo": fields["repo"]}
     else:
         job = "limestone_state"
-        plan.update(sources=[str(args.dir)], parquet=args.parquet)
-        options = {}
-    plan["options"] = options
+        plan = {"sources": [fields["dir"]], "parquet": fields["parquet"]}
+    plan["repo_options"] = fields["repo_options"]
+    plan["options"] = {k: fields[k] for k in OPTIONS[job] if fields.get(k) is not None}
     return job, plan
-

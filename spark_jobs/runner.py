@@ -60,9 +60,18 @@ class SparkRunner:
 
     def state_rows(self, pwal_paths: list[Path], durable_epoch: int, covered: set[str], *,
                    parquet=None) -> Iterator[tuple[int, bytes, bytes]]:
-        from .limestone_state import state_rows
+        from .state import state_rows
 
         try:
-            return state_rows(self, pwal_paths, durable_epoch, covered, parquet=parquet)
+            rows = state_rows(self, pwal_paths, durable_epoch, covered, parquet=parquet)
         except Exception as e:  # py4j's error
             raise job_error(e) from None
+        return _job_errors(rows)
+
+
+def _job_errors(rows: Iterator) -> Iterator:
+    """The rows, a failure of the Spark job that yields them said as its cause (a WorkFailed)."""
+    try:
+        yield from rows
+    except Exception as e:  # py4j's error
+        raise job_error(e) from None

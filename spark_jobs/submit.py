@@ -117,8 +117,10 @@ def stop_tree(*pids: int, timeout: float = 10) -> None:
     psutil.wait_procs(alive, timeout=10)
 
 
-def submit_command(args) -> int:
-    from .plan import from_args
+def submit_request(request, master: str) -> int:
+    """`walvault ... --spark MASTER`: the request as its job on `master` (registered as the `spark` runner of the
+    entry point group walvault.runners, where walcore finds it)."""
+    from .plan import of_request
 
-    job, plan = from_args(args)
-    return submit(job, plan, args.spark, show_log=bool(getattr(args, "progress", None)))
+    job, plan = of_request(request)
+    return submit(job, plan, master, show_log=bool(getattr(request, "progress", None)))

@@ -384,7 +384,7 @@ def test_state_job_on_generated_workloads_equals_the_model(spark, tmp_path, monk
     from test_limestone_random import generate, state_dict, write_workload
 
     import limestone_model as model
-    import spark_jobs.limestone_state as state_job
+    import spark_jobs.state as state_job
 
     monkeypatch.setattr(state_job, "ROWS_PER_PARTITION", 7)  # many partitions: each holds a slice of the keys
     checked = 0
@@ -448,10 +448,10 @@ def test_state_job_refuses_what_state_refuses(spark, tmp_path):
     ({"sources": ["a"], "output": "/nonexistent/walvault"}, "output"),
 ])
 def test_bad_plans_are_refused_naming_the_key(plan, why):
-    from spark_jobs.plan import PlanError, to_argv
+    from spark_jobs.plan import PlanError, request
 
     with pytest.raises(PlanError, match=why):
-        to_argv(plan, "verify")
+        request(plan, "verify")
 
 
 def test_a_bad_plan_stops_the_job_before_spark_starts():
@@ -650,10 +650,11 @@ def test_command_line_errors_are_said_before_spark_starts():
 
 
 def test_sources_that_look_like_options_are_sources():
-    from spark_jobs.plan import to_argv
+    from spark_jobs.plan import request
+    from walcore.requests import VerifyRequest
 
-    argv = to_argv({"sources": ["-w", "--json"], "repo": "/r", "options": {"full": True}}, "verify")
-    assert argv == ["verify", "--full", "--repo=/r", "--", "-w", "--json"]
+    verify = request({"sources": ["-w", "--json"], "repo": "/r", "options": {"full": True}}, "verify")
+    assert verify == VerifyRequest(paths=[Path("-w"), Path("--json")], repo="/r", full=True)
 
 
 def test_a_stopped_walvault_stops_its_job_and_leaves_no_plan(tmp_path):

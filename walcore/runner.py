@@ -97,3 +97,16 @@ def run_all(runner, func: Callable, items: Iterable, *, threads: bool = False, d
         if done is not None:
             done(item)
     return results
+
+
+def registered(group: str, name: str):
+    """What a package installed beside walcore registered as `name` in the entry point group `group`: how walcore
+    reaches a runner it must not import (spark_jobs registers `spark` in walvault.runners). LookupError when none
+    is installed."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=group, name=name)
+    if not found:
+        raise LookupError(f"no {name} runner is installed (the entry point {name} of {group}: reinstall walvault, "
+                          "scripts/setup)")
+    return next(iter(found)).load()

@@ -1,0 +1,404 @@
+"""What every front end does with a request (walcore.requests): check it, run its command on a runner, print the
+result with the command's renderer, and say the exit code.
+
+Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
+rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
+directory, a damaged stored object, a lease held by another backup); 2 nothing could be checked or done
+(a path is missing or unreadable, holds no WAL files, is in use by a running limestone, the repository or
+a running Tarantool cannot be reached, --repo names a location holding no repository — only `init` makes one —,
+or the command line is wrong).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import requests as rq
+
+EXIT_OK, EXIT_FINDINGS, EXIT_CANNOT_CHECK = 0, 1, 2
+
+
+def refused(request: rq.Request) -> int | None:
+    """The exit code of a request that is wrong (its problem said on stderr), before anything runs; None: none."""
+    if wrong := request.problem():
+        print(f"walvault: {wrong}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    return None
+
+
+def run(request: rq.Request, runner) -> int:
+    """Run one request that is not `refused` on `runner`: what it prints, and its exit code."""
+    from .findings import Refused
+    from .limestone.layout import LiveError
+    from .repository import RepositoryError
+    from .repository.lease import LeaseBusy, LeaseLost
+    from .repository.storage import UnsafeName
+    from .runner import WorkFailed
+    from .tarantool.live import LiveError as TarantoolLiveError
+
+    # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if getattr(request, "progress", False) is None:  # default: when stderr is a terminal
+        request = dataclasses.replace(request, progress=sys.stderr.isatty())
+    try:
+        return COMMANDS[type(request)](request, runner)
+    except (LeaseBusy, LeaseLost, UnsafeName) as e:
+        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+        return EXIT_FINDINGS
+    except (OSError, LiveError, RepositoryError, TarantoolLiveError, WorkFailed) as e:
+        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    except Refused as e:
+        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+def _repository(request):
+    """The repository of the request; RepositoryError (exit 2) when the location holds none: only `init` makes
+    one."""
+    from .repository import Repository
+
+    return Repository(request.repo, request.repo_options)
+
+
+# -- the commands: each runs its command function and prints its result
+
+
+def _verify(request: rq.VerifyRequest, runner) -> int:
+    from .command.verify_report import verify_backups, verify_sources
+
+    if request.repo and not request.paths:
+        report = verify_backups(request, runner=runner, show=lambda r: _show_repository_report(request, r))
+    else:
+        report = verify_sources(request, runner=runner, show=lambda r: _show_report(request, r))
+        if not report.checkable:
+            return EXIT_CANNOT_CHECK
+    return EXIT_OK if report.intact else EXIT_FINDINGS
+
+
+def _show_report(request: rq.VerifyRequest, report) -> None:
+    # inspect says which scan core ran (the pure-Python one is much slower: a user should know).
+    from .scancore import describe
+
+    detailed = isinstance(request, rq.InspectRequest)
+    if request.json:
+        print_json(report.to_json() | ({"scan_core": describe()} if detailed else {}))
+        return
+    from .text import render
+
+    if detailed:
+        print(f"scan core: {describe()}")
+    sys.stdout.write(render(report, detailed=detailed, base=_common_base(request.paths)))
+
+
+def _common_base(paths: list[Path]) -> Path | None:
+    try:
+        base = Path(os.path.commonpath([p.resolve() for p in paths]))
+    except ValueError:
+        return None
+    return base if base.is_dir() else base.parent
+
+
+def _show_repository_report(request: rq.VerifyRequest, report) -> None:
+    if request.json:
+        print_json(report.to_json())
+        return
+    for b in report.backups:
+        print(f"backup {b['id']} ({b['family']} {b['instance']}): {b['status']}")
+        for f in b["findings"]:
+            print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
+    for a in report.archive:
+        print(f"archive {a['family']} {a['instance']}: {a['files']} files, {a['status']}")
+        for f in a["findings"]:
+            print(f"  {f['code']}: {f.get('file', '')} {f['message']}")
+    for f in report.repository["findings"]:
+        print(f"repository: {f['code']}: {f['message']}")
+    for leftover in report.leftovers:
+        print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
+    scanned, known = report.checked_by.get("scan", 0), report.checked_by.get("ledger", 0)
+    print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; {scanned} Tarantool files scanned, "
+          f"{known} verified before (ledger); verdict: {'INTACT' if report.intact else 'DAMAGED'}")
+
+
+def _limestone_dir(path: Path) -> bool:
+    from .limestone.layout import is_limestone_dir
+
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory")
+    if not is_limestone_dir(path):
+        print(f"walvault: cannot check: {path} is not a limestone log directory", file=sys.stderr)
+        return False
+    return True
+
+
+def _rotate(request: rq.RotateRequest, runner) -> int:
+    from .command.rotate import rotate
+
+    if not _limestone_dir(request.dir):
+        return EXIT_CANNOT_CHECK
+    result = rotate(request.dir, min_bytes=request.min_bytes)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        for old, new in result.renamed:
+            print(f"rotated {old} -> {new}")
+        for name, why in result.skipped:
+            print(f"kept    {name}: {why}")
+        if not result.renamed:
+            print("nothing rotated")
+    return EXIT_OK
+
+
+def _repair(request: rq.RepairRequest, runner) -> int:
+    from .command.repair import apply_repair, plan_repair
+
+    if not _limestone_dir(request.dir):
+        return EXIT_CANNOT_CHECK
+    plan = plan_repair(request.dir, cut=request.cut)
+    if request.apply and plan.needed:
+        plan = apply_repair(plan)
+    if request.json:
+        print_json(plan.to_json())
+    else:
+        print(f"{plan.root}: {plan.status}")
+        for f in plan.files:
+            for action in f.actions(plan.cut):
+                print(f"  {f.name}: {action}")
+            if f.detach_to:
+                print(f"  {f.name}: detached as {f.detach_to}")
+        if plan.restore_catalog:
+            print("  compaction_catalog: restore from compaction_catalog.back (the damaged one is saved)")
+        for saved in plan.saved:
+            print(f"  cut bytes saved in {saved}")
+        if not plan.needed:
+            print("nothing to repair")
+        elif plan.left:
+            print(f"repaired, but the repairs uncovered damage they cannot mend: {plan.left}")
+        elif plan.applied:
+            print("repaired")
+        else:
+            print("plan only: nothing was changed (run with --apply to carry it out)")
+    return EXIT_OK if (plan.applied and not plan.left) or not plan.needed else EXIT_FINDINGS
+
+
+def _state(request: rq.StateRequest, runner) -> int:
+    from .limestone.state import format_tsv
+    from .command.state import directory_state
+
+    if not _limestone_dir(request.dir):
+        return EXIT_CANNOT_CHECK
+    parquet = None
+    if request.parquet:
+        from .parquet import ParquetOutput
+
+        parquet = ParquetOutput(request.parquet, request.repo_options)
+        parquet.check_empty()
+    for rows in _batches(directory_state(request.dir, runner=runner, parquet=parquet)):
+        sys.stdout.write(format_tsv(rows))
+    return EXIT_OK
+
+
+def _batches(rows, size: int = 4096):
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _init(request: rq.InitRequest, runner) -> int:
+    from .repository import Repository
+
+    repo, created = Repository.init(request.repo, request.repo_options)
+    if request.json:
+        print_json({"repository": repo.display, "created": created, "format": repo.info.get("format"),
+                    "since": repo.info.get("created")})
+    elif created:
+        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})")
+    else:
+        print(f"{repo.display} is a walvault repository already (format {repo.info.get('format')}, created "
+              f"{repo.info.get('created')}): nothing changed")
+    return EXIT_OK
+
+
+def _archive(request: rq.ArchiveRequest, runner) -> int:
+    from .command.archive import archive
+
+    repo = _repository(request)
+    result = archive(request.paths, repo, level=request.level, runner=runner, progress=request.progress)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        for what, paths in (("archived", result.stored), ("already archived", result.already),
+                            ("deleted by retention before, not archived again", result.expired),
+                            ("not sealed, not archived", result.not_sealed)):
+            for path in paths:
+                print(f"{what}: {path}")
+        for refused in result.refused:
+            print(f"refused (damaged): {refused['path']}: "
+                  + "; ".join(f"{f['code']} at {f['offset']}: {f['message']}" for f in refused["findings"][:5]))
+        for c in result.conflicts:
+            print(f"CONFLICT: {c['path']} was archived before with other bytes (sha256 {c['archived_sha256'][:12]}); "
+                  f"the new bytes are kept as {c['kept_as']}")
+    return EXIT_OK if result.ok else EXIT_FINDINGS
+
+
+def _backup(request: rq.BackupRequest, runner) -> int:
+    from .command.backup import backup, plan_for
+
+    plan_for(request.source, check_only=True)
+    repo = _repository(request)
+    result = backup(request.source, repo, incremental=request.type == "incremental", connect=request.connect,
+                    level=request.level, runner=runner, progress=request.progress, wait=request.wait)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        m = result.manifest
+        for note in result.notes:
+            print(f"note: {note}")
+        for leftover in result.removed_leftovers:
+            print(f"removed the leftovers of interrupted backup {leftover}")
+        print(f"backup {m.id} ({m.type}{', parent ' + m.parent if m.parent else ''}) of {m.family} {m.instance}: "
+              f"{len(m.files)} files, {m.bytes:,} bytes, {m.stored_bytes:,} stored; restores to {m.position}")
+    return EXIT_OK
+
+
+def _snapshot(request: rq.SnapshotRequest, runner) -> int:
+    from .command.backup import plan_for
+    from .command.snapshot import snapshot
+
+    plan_for(request.source, check_only=True)  # a wrong SOURCE is said first
+    repo = _repository(request)
+    result = snapshot(request.source, repo, connect=request.connect, level=request.level, runner=runner,
+                      progress=request.progress, wait=request.wait)
+    m = result.manifest
+    covers = m.checks.get("snapshot", {})
+    if request.json:
+        print_json({**result.to_json(), "covers": covers})
+    else:
+        for note in result.notes:
+            print(f"note: {note}")
+        if m.family == "tarantool":
+            reach = f"vclock {covers.get('vclock')}"
+        else:
+            reach = (f"epoch {covers.get('epoch')}: {len(covers.get('folded', []))} pwal files folded now, "
+                     f"{len(covers.get('detached', []))} in all")
+        print(f"snapshot {m.id} of {m.family} {m.instance}: {len(m.files)} files, {m.bytes:,} bytes, "
+              f"{m.stored_bytes:,} stored; covers the log up to {reach}")
+    return EXIT_OK
+
+
+def _expire(request: rq.ExpireRequest, runner) -> int:
+    from .command.expire import NoPolicy, expire, resolve_policy
+    from .command.expire_text import render
+
+    repo = _repository(request)
+    try:
+        days, warning = resolve_policy(repo, request.days)
+    except NoPolicy as e:
+        print(f"walvault: nothing expired: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
+    if warning:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
+    as_of = rq.as_of_time(request.as_of) if request.as_of else None
+    result = expire(repo, days, as_of=as_of, apply=request.apply, wait=request.wait)
+    for warning in result.warnings:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        print("\n".join(render(result)))
+    return EXIT_FINDINGS if any(s.stopped for s in result.sources) else EXIT_OK
+
+
+def _policy(request: rq.PolicyRequest, runner) -> int:
+    from .command.expire import check_days, stored_policy
+
+    repo = _repository(request)  # a typo in --repo must not leave a repository holding only a policy
+    if request.days is not None:  # both files are written: this is also how a damaged one is mended
+        policy = repo.set_policy(check_days(request.days))
+    else:
+        policy, warning = stored_policy(repo)
+        if warning:
+            print(f"walvault: warning: {warning}", file=sys.stderr)
+    if request.json:
+        print_json({"policy": policy})
+    elif policy is None:
+        print("no retention policy stored: expire needs --days")
+    else:
+        print(f"retention policy: keep every point of the last {policy['days']} days (set {policy['set']} by "
+              f"{policy['by']})")
+    return EXIT_OK
+
+
+def _drill(request: rq.DrillRequest, runner) -> int:
+    from .command.drill import drill
+
+    result = drill(_repository(request), request.backup)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        print(f"drill of backup {result.backup} ({result.family} {result.instance}): {result.status.upper()}")
+        for check in result.checks:
+            print(f"  {check}")
+        if result.problem:
+            print(f"  problem: {result.problem}")
+    return EXIT_OK if result.status == "ok" else EXIT_FINDINGS
+
+
+def _backups(request: rq.BackupsRequest, runner) -> int:
+    from .command.repo_verify import list_backups
+
+    backups = list_backups(_repository(request))
+    if request.json:
+        print_json({"backups": backups})
+        return EXIT_OK
+    for b in backups:
+        parent = f" <- {b['parent']}" if b["parent"] else ""
+        size = f"{b['files']} files, {b['bytes']:,} bytes ({b['stored_bytes']:,} stored)" if b["files"] is not None else ""
+        drill = b.get("drill")
+        drilled = ""
+        if drill:
+            drilled = f"  {'DRILL FAILED' if drill['status'] == 'failed' else 'drill ' + drill['status']} {drill['time']}"
+        print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
+              f"{b['position'] or ''}{parent}{drilled}")
+    if not backups:
+        print("no backups")
+    return EXIT_OK
+
+
+def _restore(request: rq.RestoreRequest, runner) -> int:
+    from .command.restore import restore
+
+    repo = _repository(request)
+    result = restore(repo, request.backup, request.target, to=request.to, progress=request.progress)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        for note in result.notes:
+            print(f"note: {note}")
+        print(f"restored backup {result.backup} into {result.target}: {result.files} files, {result.bytes:,} bytes"
+              + (f" ({result.reused} kept from an interrupted run)" if result.reused else ""))
+        if result.point:
+            print(f"point in time: {result.point}")
+    return EXIT_OK
+
+
+COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequest: _rotate,
+            rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
+            rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
+            rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
+            rq.RestoreRequest: _restore}
