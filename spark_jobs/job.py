@@ -40,7 +40,7 @@ def run(spark, job: str, plan: dict) -> int:
 def _run(request, spark) -> int:
     import dataclasses
 
-    from walcore.frontend import refused, run
+    from walcore.frontend import EXIT_CANNOT_CHECK, refused, run
     from walcore.requests import connect_with_password
 
     from .runner import SparkRunner
@@ -48,7 +48,11 @@ def _run(request, spark) -> int:
     if (code := refused(request)) is not None:
         return code
     if getattr(request, "connect", None):
-        request = dataclasses.replace(request, connect=connect_with_password(request.connect, None))
+        try:
+            request = dataclasses.replace(request, connect=connect_with_password(request.connect, None))
+        except ValueError as e:
+            print(f"walvault: {e}", file=sys.stderr)
+            return EXIT_CANNOT_CHECK
     return run(request, SparkRunner(spark))
 
 
