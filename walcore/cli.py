@@ -355,7 +355,8 @@ def _connect_uri(args) -> str:
 
 
 def _verify(args) -> int:
-    from .command.verify import Ledger, verify_paths
+    from .command.verify import Ledger
+    from .scan_paths import verify_paths
 
     progress = _progress(args)
     repo = _repository(args) if getattr(args, "repo", None) else None
@@ -534,7 +535,8 @@ def _archive(args) -> int:
 
 
 def _backup(args) -> int:
-    from .command.backup import backup, plan_for
+    from .command.backup import backup
+    from .family import plan_for
 
     plan_for(args.source, check_only=True)
     repo = _repository(args)
@@ -554,8 +556,8 @@ def _backup(args) -> int:
 
 
 def _snapshot(args) -> int:
-    from .command.backup import plan_for
     from .command.snapshot import snapshot
+    from .family import plan_for
 
     plan_for(args.source, check_only=True)  # a wrong SOURCE is said first
     repo = _repository(args)
@@ -579,8 +581,7 @@ def _snapshot(args) -> int:
 
 
 def _expire(args) -> int:
-    from .command.expire import NoPolicy, expire, resolve_policy
-    from .command.expire_text import render
+    from .command.expire import NoPolicy, expire, render, resolve_policy
 
     repo = _repository(args)
     try:

@@ -270,9 +270,8 @@ class WalvaultConfirmOperator(_SourceOperator):
     def execute(self, context):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from walcore.command.backup import plan_for
-        from walcore.command.expire import confirm
-        from walcore.command.expire_text import render_source
+        from walcore.command.expire import confirm, render_source
+        from walcore.family import plan_for
 
         config = self.load_config()
         source = config.source(self.source)
@@ -310,8 +309,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.confirmed = confirmed
 
     def execute(self, context):
-        from walcore.command.expire import check_days, expire
-        from walcore.command.expire_text import render
+        from walcore.command.expire import check_days, expire, render
 
         config = self.load_config()
         repo = self.repository(config)

@@ -25,12 +25,10 @@ from pathlib import Path
 
 from ..fsutil import file_sha256
 from ..repository import Repository, SourceChanged, utc_now
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, complete_name, load_record, source_key
 from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
-from ..repository.storage import UnsafeName
-from .backup import Progress
+from .common import Progress
 
-RECORD_SUFFIX = ".json"
-EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 VERSIONED_KINDS = ("compacted", "catalog", "manifest")
 # How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
 # --wait: archiving is scheduled often, and an expiry takes minutes).
@@ -65,73 +63,10 @@ class _Item:
     root: Path  # the source directory the name is relative to
 
 
-def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntry | None]:
-    """Every archive record of a source (None for one that cannot be read)."""
-    prefix = f"{repo.source_dir(family, instance)}/archive"
-    out = []
-    for name in repo.storage.list(prefix):
-        if name.endswith(".zst" + RECORD_SUFFIX):
-            out.append(_load_record(repo, name))
-    return out
-
-
-def _load_record(repo: Repository, name: str) -> FileEntry | None:
-    loaded = _load_raw(repo, name)
-    return loaded and loaded[0]
-
-
-def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
-    try:
-        record = decode_checked(repo.storage.read_bytes(name), name)
-        return FileEntry.from_json(record), record
-    except (FileNotFoundError, ManifestError, UnsafeName):
-        return None
-
-
-def source_archive(repo: Repository, family: str, instance: str, source: dict,
-                   root: Path | None = None) -> list[FileEntry | None]:
-    """The archive records of one source directory (`source`: a manifest's host and path), None for one that
-    cannot be read. A copy of the directory shares the instance, and its files are another history's — but for
-    those it holds too (`root`: the directory, when at hand: the same name, size and SHA-256), archived once from
-    wherever they were first. A record that does not say where it came from (an older walvault's, with a relative
-    path) counts only while no record names another directory."""
-    prefix = f"{repo.source_dir(family, instance)}/archive"
-    own, unknown, other = [], [], False
-    for name in repo.storage.list(prefix):
-        if not name.endswith(".zst" + RECORD_SUFFIX):
-            continue
-        loaded = _load_raw(repo, name)
-        origin = loaded and _record_origin(*loaded)
-        if loaded is None:
-            own.append(None)
-        elif origin is None:
-            unknown.append(loaded[0])
-        elif origin[1] == source.get("path") and origin[0] in (None, source.get("host")) or _holds(root, loaded[0]):
-            own.append(loaded[0])
-        else:
-            other = True
-    return own if other else own + unknown
-
-
-def _holds(root: Path | None, entry: FileEntry) -> bool:
-    if root is None or not (root / entry.name).is_file() or (root / entry.name).stat().st_size != entry.size:
-        return False
-    return file_sha256(root / entry.name) == entry.sha256
-
-
-def _record_origin(entry: FileEntry, record: dict) -> tuple | None:
-    if isinstance(record.get("source_dir"), str):
-        return record.get("host"), record["source_dir"]
-    source = record.get("source")
-    if not isinstance(source, str) or not os.path.isabs(source) or not source.endswith("/" + entry.name):
-        return None
-    return record.get("host"), source[:-len(entry.name) - 1]
-
-
 def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=None,
             progress: bool = False) -> ArchiveResult:
     from ..runner import LocalRunner
-    from .verify import verify_paths
+    from ..scan_paths import verify_paths
 
     runner = runner or LocalRunner()
     result = ArchiveResult()
@@ -239,33 +174,9 @@ def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
 
 
 def _limestone_instance(d) -> str:
-    import hashlib
+    from ..limestone.layout import path_instance
 
-    return d.manifest.instance_uuid or "path-" + hashlib.sha256(os.fsencode(os.path.realpath(d.path))).hexdigest()[:16]
-
-
-def _complete_name(repo: Repository, family: str, instance: str) -> str:
-    return f"{repo.source_dir(family, instance)}/archive-complete.json"
-
-
-def archive_complete(repo: Repository, family: str, instance: str, source: dict | None = None) -> int | None:
-    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded); with
-    `source` (a manifest's host and path), up to which that directory's are: two directories of one instance (a
-    copy) are archived apart."""
-    try:
-        record = decode_checked(repo.storage.read_bytes(_complete_name(repo, family, instance)), "archive-complete")
-    except (FileNotFoundError, ManifestError):
-        return None
-    epoch = record.get("epoch") if isinstance(record.get("epoch"), int) else None
-    per = record.get("sources")
-    if source is None or not isinstance(per, dict):  # recorded by an older walvault: for the instance
-        return epoch
-    found = per.get(_source_key(source.get("host"), source.get("path")))
-    return found if isinstance(found, int) else 0
-
-
-def _source_key(host, path) -> str:
-    return f"{host}:{path}"
+    return d.manifest.instance_uuid or path_instance(Path(d.path))
 
 
 def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
@@ -285,14 +196,14 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
             continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
         complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
         instance = _limestone_instance(d)
-        name = _complete_name(repo, "limestone", instance)
+        name = complete_name(repo, "limestone", instance)
         try:
             before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
         except (FileNotFoundError, ManifestError):
             before = {}
         epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
         per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
-        key = _source_key(socket.gethostname(), str(root.resolve()))
+        key = source_key(socket.gethostname(), str(root.resolve()))
         if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
             continue
         per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete
@@ -308,7 +219,7 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     if item.kind in VERSIONED_KINDS:
         name = f"{name}@{digest()[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
-    existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
+    existing = load_record(repo, record_name) if repo.storage.exists(record_name) else None
     tombstoned = False
     if existing is None:  # retention may have deleted this name: the same bytes are not stored again, and other
         existing = _tombstone(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}")  # bytes are another history's: a conflict
@@ -353,7 +264,7 @@ def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: _
     data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path),
                            "host": socket.gethostname(), "source_dir": str(item.root.resolve())})
     if not repo.storage.create(record_name, data):
-        found = _load_record(repo, record_name)
+        found = load_record(repo, record_name)
         if found is None:  # a damaged record (archive took it for none): replaced, under the lease just proven
             repo.storage.write_bytes(record_name, data)
         elif (found.stored, found.sha256, found.stored_sha256) != (entry.stored, entry.sha256, entry.stored_sha256):
@@ -396,7 +307,7 @@ def _verdict_record(item: _Item) -> dict:
 
 def _range(item: _Item) -> dict:
     if item.family == "tarantool":
-        from .backup_tarantool import file_range
+        from ..tarantool.times import file_range
 
         return file_range(item.verdict, item.path)
     return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}

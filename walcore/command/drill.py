@@ -18,9 +18,11 @@ from pathlib import Path
 from ..findings import Refused
 from ..fsutil import owned_tempdir
 from ..repository import Repository, utc_now, walvault_version
-from ..repository.manifest import BackupManifest, ManifestError, decode_checked, encode_checked
+from ..repository.drill import DRILL_NAME
+from ..repository.manifest import BackupManifest, encode_checked
+from ..repository.materialize import wal_dir_of
+from ..restore_set import restore_into
 
-DRILL_NAME = "drill.json"
 _START = """
 local json = require('json')
 local cfg = json.decode(arg[1])
@@ -50,8 +52,6 @@ class DrillResult:
 def drill(repo: Repository, backup_id: str) -> DrillResult:
     """Restore the backup into a scratch directory (a killed drill's is removed by the next), prove it, record the
     verdict."""
-    from .restore import restore
-
     found = repo.find(backup_id)
     m = found.manifest
     result = DrillResult(m.id, m.family, m.instance, "ok")
@@ -59,7 +59,7 @@ def drill(repo: Repository, backup_id: str) -> DrillResult:
     try:
         target = work / "restore"
         try:
-            restored = restore(repo, m.id, target)
+            restored = restore_into(repo, m.id, target)
             result.checks.append(f"restored {restored.files} files, {restored.bytes:,} bytes, every hash checked")
             if m.family == "tarantool":
                 _prove_tarantool(m, target, work, result)
@@ -74,14 +74,6 @@ def drill(repo: Repository, backup_id: str) -> DrillResult:
     return result
 
 
-def last_drill(repo: Repository, family: str, instance: str, backup_id: str) -> dict | None:
-    try:
-        data = repo.storage.read_bytes(f"{repo.backup_dir(family, instance, backup_id)}/{DRILL_NAME}")
-        return decode_checked(data, DRILL_NAME)
-    except (FileNotFoundError, ManifestError):
-        return None
-
-
 def _prove_tarantool(m: BackupManifest, target: Path, work: Path, result: DrillResult) -> None:
     binary = shutil.which("tarantool")
     if binary is None:
@@ -91,8 +83,6 @@ def _prove_tarantool(m: BackupManifest, target: Path, work: Path, result: DrillR
     xlogs = sorted(target.rglob("*.xlog"))
     vylogs = sorted(target.rglob("*.vylog"))
     memtx = snaps[-1].parent if snaps else target
-    from .restore_pitr import wal_dir_of
-
     cfg = {"memtx_dir": str(memtx), "wal_dir": str(xlogs[-1].parent if xlogs else target / wal_dir_of(m)),
            "vinyl_dir": str(vylogs[-1].parent if vylogs else memtx), "work_dir": str(target),
            "log": str(work / "tarantool.log")}

@@ -32,18 +32,19 @@ import math
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import Refused
 from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
 from ..tarantool.meta import vclock_from_json, vclock_leq
-from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
-from .backup import STALE_TEMPORARY
+from .common import STALE_TEMPORARY
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
@@ -359,7 +360,7 @@ def backup_time(family: str, m: BackupManifest) -> float:
     """When the point a backup restores to was written, by the log's own time: a Tarantool backup's newest row (or
     its snapshot's), a limestone snapshot's newest folded file, the newest rotation among a limestone backup's
     files; the backup's finish time where the log says nothing (a limestone backup of active files only)."""
-    from .snapshot import rotation_time
+    from ..limestone.layout import rotation_time
 
     if family == "tarantool":
         times = [e.range["time"][1] for e in m.files if e.kind == "xlog" and e.range.get("time")]
@@ -437,7 +438,7 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
                   shared: str | None, *, orphans: bool) -> None:
     """The archive's part of the plan: what `anchor` covers goes (none: nothing does); `shared` says why nothing of
     it expires (two sources share the instance); `orphans`: the instance is covered, so garbage goes."""
-    from .snapshot import rotation_time
+    from ..limestone.layout import rotation_time
 
     family, instance = plan.family, plan.instance
     base = f"{repo.source_dir(family, instance)}/archive"
@@ -526,16 +527,15 @@ def _row_time(repo: Repository, entry: FileEntry) -> float | None:
     import shutil
 
     from ..fsutil import owned_tempdir
-    from ..tarantool.times import row_times
-    from .backup import Progress
-    from .backup_tarantool import _snapshot_time
-    from .restore import materialize
+    from ..repository.materialize import materialize
+    from ..tarantool.times import row_times, snapshot_time
+    from .common import Progress
 
     scratch = owned_tempdir("walvault-expire-")
     try:
         materialize(repo, [("file", entry)], scratch, Progress(1, 0, False, "read"))
         if entry.kind == "snap":
-            return _snapshot_time(scratch / "file")
+            return snapshot_time(scratch / "file")
         times = row_times(scratch / "file")
         return times[1] if times else None
     finally:
@@ -651,3 +651,40 @@ def _delete(repo: Repository, plan: SourcePlan, item: Item, lease) -> None:
     for name in storage.list(item.path):
         if name not in plan.referenced:
             storage.remove(name)
+
+
+# How an expiry's plan or result is said, by the CLI (`walvault expire`) and the Airflow tasks alike: per source its
+# anchor or why it is uncovered, each deletion and its reason, what is kept and why.
+APPLY_HINT = "run with --apply to carry it out"
+
+
+def render_source(s: SourcePlan) -> list[str]:
+    anchor = s.anchor
+    lines = [f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
+                                             if anchor else "UNCOVERED: no verified snapshot at or before the "
+                                             "window's start; nothing of it is deleted")]
+    if len(s.identities) > 1:  # a copy of the source beside it: each source identity has its own anchor
+        lines += [f"  source {i['host']}:{i['path']}: " + (f"anchor {i['anchor']['name']}" if i["anchor"] else "UNCOVERED")
+                  for i in s.identities]
+    lines += [f"  {'deleted' if n < s.deleted else 'delete'}  {item.path}: {item.reason}"
+              for n, item in enumerate(s.delete)]
+    kept = sorted(Counter(k["reason"] for k in s.keep).items(), key=lambda kv: -kv[1])
+    lines.append(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in kept))
+    if s.blocked:
+        lines.append(f"  blocked: {s.blocked}")
+    if s.stopped:
+        lines.append(f"  STOPPED: {s.stopped}")
+    return lines
+
+
+def render(result: ExpireResult, apply_hint: str = APPLY_HINT) -> list[str]:
+    """The whole report; `apply_hint`: how to carry out a plan (the CLI's flag, or a DAG's way)."""
+    lines = [f"policy: keep every point of the last {result.days} days, as of {iso(result.as_of)}"]
+    for s in result.sources:
+        lines += render_source(s)
+    if result.applied:
+        lines.append(f"{result.deleted} deleted" + (f"; audit log {result.audit}" if result.audit else ""))
+    else:
+        lines.append(f"plan only: {sum(len(s.delete) for s in result.sources)} to delete, nothing was changed "
+                     f"({apply_hint})")
+    return lines

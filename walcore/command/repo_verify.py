@@ -11,12 +11,12 @@ from pathlib import PurePosixPath
 
 from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
+from ..repository.archive import RECORD_SUFFIX, load_record
+from ..repository.drill import last_drill
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
 from ..runner import LocalRunner, run_all
-from .archive import RECORD_SUFFIX, _load_record
-from .backup import Progress
-from .verify import recorded_verdict
+from .common import Progress, recorded_verdict
 
 
 @dataclass
@@ -197,7 +197,7 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
     """The archive's object names, and each record's entry (None: unreadable)."""
     names = repo.storage.list(f"{repo.source_dir(family, instance)}/archive")
-    return names, {n: _load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
+    return names, {n: load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
 
 
 def _verify_archive(family: str, instance: str, names: list[str], records: dict[str, FileEntry | None],
@@ -229,8 +229,6 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
 
 def list_backups(repo: Repository) -> list[dict]:
     """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None)."""
-    from .drill import last_drill
-
     out = []
     for r in repo.backups():
         m = r.manifest
