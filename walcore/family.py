@@ -1,10 +1,73 @@
-"""The database families walvault knows (Tarantool, limestone): which one a source directory is, and its plan."""
+"""The database families walvault knows (as WAL-G's internal/databases/*): what each one does its own way behind
+one interface (plan a backup, archive items, position order and coverage, snapshots, point restore, prove a
+restore), so that the commands say `family_named(name).…` and never `if family == …`. Implemented by
+walcore.tarantool.family and walcore.limestone.family."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+from .command.common import ArchiveItem
 from .findings import Refused
+from .repository import Repository
+from .repository.manifest import BackupManifest, FileEntry
+
+
+class Family(Protocol):
+    name: str
+    uses_ledger: bool  # whether a verdict on a sealed file's bytes holds wherever they are (the ledger keeps it)
+
+    def plan(self, source: Path, connect: str | None, *, snapshot: bool):
+        """The plan of a backup of a source directory of the family: what to store and how to verify it."""
+
+    def archive_items(self, report, result) -> list[ArchiveItem]:
+        """The family's sealed files of a verified report (scan_paths.Report) to archive; the others go to the
+        result's (command.archive.ArchiveResult) not_sealed or refused."""
+
+    def archived_verification(self, item: ArchiveItem) -> dict:
+        """The verdict an archived file's record keeps."""
+
+    def archived_range(self, item: ArchiveItem) -> dict:
+        """An archived file's range in the log, as its record keeps it."""
+
+    def position_key(self, m: BackupManifest) -> tuple:
+        """Orders backups: by log position first, the finish time only between two at the same position."""
+
+    def snapshot_of(self, m: BackupManifest) -> tuple[object, float] | None:
+        """(position, time) of the verified snapshot a backup holds, or None."""
+
+    def snapshot_rank(self, position) -> int:
+        """Orders snapshots' positions: which reaches furthest in the log."""
+
+    def describe_position(self, position) -> dict:
+        """A snapshot's position as reports say it."""
+
+    def backup_time(self, m: BackupManifest) -> float:
+        """When the point a backup restores to was written, by the log's own time where the log says it."""
+
+    def coverage(self, anchor: BackupManifest) -> Callable[[FileEntry], tuple[bool, int]]:
+        """Judges archived files: whether the anchor's snapshot covers a file's whole range, and its rank in the
+        log."""
+
+    def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
+        """When an archived file's log ends, by the log's own time (None: it does not say)."""
+
+    def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
+                      progress: bool) -> tuple[int, dict, list, list[str]]:
+        """A restore to the point `to` written into `staging`: (files reused, the point reached, the (name, entry)
+        written, notes)."""
+
+    def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
+        """Prove a restore of the backup in `target` (`work`: a scratch directory); what was proven, or Refused."""
+
+
+def family_named(name: str) -> Family:
+    from .limestone.family import Limestone
+    from .tarantool.family import Tarantool
+
+    return {"tarantool": Tarantool, "limestone": Limestone}[name]()
 
 
 def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False, check_only: bool = False):
@@ -21,13 +84,4 @@ def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False
         raise Refused(f"{source} is neither a Tarantool data dir nor a limestone log directory", "cannot_check")
     if check_only:
         return None
-    if limestone:
-        if connect:
-            raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
-                          "online-backup copy or a stopped datastore", "cannot_check")
-        from .limestone.backup_plan import LimestonePlan
-
-        return LimestonePlan(source)
-    from .tarantool.backup_plan import TarantoolPlan
-
-    return TarantoolPlan(source, connect, snapshot=snapshot)
+    return family_named("limestone" if limestone else "tarantool").plan(source, connect, snapshot=snapshot)

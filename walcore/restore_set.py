@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .command.common import Progress
+from .family import family_named
 from .findings import Refused
 from .fsutil import fsync_dir
 from .repository import ObjectDamaged, Repository, RepositoryError
-from .repository.manifest import BackupManifest
 from .repository.materialize import (STAGING_MARK, fsync_tree, layout_name, materialize, reuse_staging, staging_dir,
                                      wal_dir_of)
 
@@ -43,19 +43,6 @@ def _find(repo: Repository, backup_id: str):
         if len(unusable) == 1:
             raise Refused(f"backup {backup_id} cannot be restored: {unusable[0].problem}", "damaged") from None
         raise
-
-
-def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dict) -> list[str]:
-    """A vclock point that leaves out a component the log has stops before that component's first row: say so."""
-    from .tarantool.pitr import parse_point
-
-    point = parse_point(to)
-    if point.vclock is None:
-        return []
-    has = {int(c) for vclock in (point_info.get("vclock") or {}, manifest.position.get("vclock") or {})
-           for c, lsn in vclock.items() if lsn}
-    return [f"the point names no component {c}: taken as 0, so the restore stops before its first row"
-            + (" (component 0 counts local-space rows)" if c == 0 else "") for c in sorted(has - set(point.vclock))]
 
 
 def restore_into(repo: Repository, backup_id: str, target: Path, to: str | None = None,
@@ -95,15 +82,10 @@ def _restore(repo: Repository, record, backup_id: str, target: Path, to: str | N
             reused = materialize(repo, entries, staging, tracker)
             if manifest.family == "tarantool" and manifest.type == "snapshot":
                 (staging / wal_dir_of(manifest)).mkdir(parents=True, exist_ok=True)  # Tarantool needs it there
-        elif manifest.family == "tarantool":
-            from .restore_pitr import tarantool_point
-
-            reused, point_info, entries = tarantool_point(repo, manifest, to, staging, progress)
-            notes += _components_taken_as_zero(to, manifest, point_info)
         else:
-            from .restore_pitr import limestone_point
-
-            reused, point_info, entries = limestone_point(repo, manifest, to, staging, progress)
+            reused, point_info, entries, point_notes = family_named(manifest.family).point_restore(
+                repo, manifest, to, staging, progress)
+            notes += point_notes
         (staging / STAGING_MARK).unlink()
         fsync_tree(staging)
         if target.exists():

@@ -16,20 +16,21 @@ bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is r
 from __future__ import annotations
 
 import functools
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..family import family_named
 from ..fsutil import file_sha256
-from ..repository import Repository, SourceChanged, utc_now
+from ..limestone.layout import REWRITTEN_KINDS, dir_instance
+from ..repository import FAMILIES, Repository, SourceChanged, utc_now
 from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, complete_name, load_record, source_key
 from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
-from .common import Progress
+from .common import ArchiveItem, Progress
 
-VERSIONED_KINDS = ("compacted", "catalog", "manifest")
+
 # How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
 # --wait: archiving is scheduled often, and an expiry takes minutes).
 ARCHIVE_WAIT = 600.0
@@ -52,17 +53,6 @@ class ArchiveResult:
         return dict(self.__dict__)
 
 
-@dataclass
-class _Item:
-    path: Path
-    family: str
-    instance: str
-    name: str
-    kind: str
-    verdict: object
-    root: Path  # the source directory the name is relative to
-
-
 def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=None,
             progress: bool = False) -> ArchiveResult:
     from ..runner import LocalRunner
@@ -71,9 +61,9 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     runner = runner or LocalRunner()
     result = ArchiveResult()
     report = verify_paths([Path(s) for s in sources], runner=runner, progress=progress)
-    items = _tarantool_items(report, result) + _limestone_items(report, result)
+    items = [i for name in FAMILIES for i in family_named(name).archive_items(report, result)]
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
-    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", _limestone_instance(d))
+    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", dir_instance(d))
                                                                  for d in report.dirs if d.manifest is not None})
     with ExitStack() as stack:
         leases = {source: stack.enter_context(repo.archive_lease(*source, "archive", wait=ARCHIVE_WAIT))
@@ -85,98 +75,6 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
-
-
-def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
-    from ..tarantool.layout import kind_of
-
-    files = {f.path: f for f in report.files if f.to_json()["family"] == "tarantool"}
-    chains = {c.path: c for c in report.chains}
-    items = []
-    newest = set()
-    for chain in chains.values():
-        if chain.xlogs:
-            newest.add(chain.xlogs[-1])
-    instance_of_dir: dict[str, str] = {}
-    for f in files.values():
-        if f.instance:
-            instance_of_dir.setdefault(str(Path(f.path).parent), f.instance)
-    vylogs: dict[Path, list] = {}  # the newest vylog of each vinyl dir is still written to
-    for f in files.values():
-        if f.kind == "vylog":
-            vylogs.setdefault(Path(f.path).parent, []).append(f)
-    for group in vylogs.values():
-        newest.add(max(group, key=lambda f: Path(f.path).name).path)
-    for f in files.values():
-        path = Path(f.path)
-        if f.status == "in_progress" or path.name.endswith(".inprogress"):
-            result.not_sealed.append(f.path)
-            continue
-        if f.path in newest:
-            result.not_sealed.append(f.path)
-            continue
-        if f.status == "damaged":
-            result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
-            continue
-        if f.status != "ok":
-            result.not_sealed.append(f.path)
-            continue
-        root = _data_root(path, f.kind)
-        instance = f.instance or instance_of_dir.get(str(root)) or _instance_near(root, files)
-        if instance is None:
-            result.refused.append({"path": f.path, "findings": [{"code": "no_instance", "offset": None,
-                                   "message": "no file beside it names its instance"}]})
-            continue
-        items.append(_Item(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
-                           kind_of(path)[0], f, root))
-    return items
-
-
-def _data_root(path: Path, kind: str) -> Path:
-    """The data dir a file belongs to: memtx/, wal/ and vinyl/ side by side count as one, their parent."""
-    d = path.parent
-    if kind in ("run", "index"):
-        d = d.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
-    if d.name in ("memtx", "wal", "vinyl") and any((d.parent / n).is_dir() for n in ("memtx", "wal", "vinyl")
-                                                  if n != d.name):
-        return d.parent
-    return d
-
-
-def _instance_near(root: Path, files: dict) -> str | None:
-    for f in files.values():
-        if f.instance and Path(f.path).is_relative_to(root):
-            return f.instance
-    return None
-
-
-def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
-    items = []
-    sealed = ("pwal_rotated", "epoch_rotated", "blob") + VERSIONED_KINDS
-    for d in report.dirs:
-        root = Path(d.path)
-        if d.status == "cannot_check" or d.manifest is None:
-            result.refused.append({"path": d.path, "findings": [x.to_json() for x in d.findings]})
-            continue
-        instance = _limestone_instance(d)
-        for f in report.files:
-            if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
-                continue
-            if f.kind not in sealed:
-                result.not_sealed.append(f.path)
-                continue
-            if f.status == "damaged":
-                result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
-                continue
-            items.append(_Item(Path(f.path), "limestone", instance, Path(os.path.relpath(f.path, root)).as_posix(),
-                               f.kind, f, root))
-    return items
-
-
-def _limestone_instance(d) -> str:
-    from ..limestone.layout import path_instance
-
-    return d.manifest.instance_uuid or path_instance(Path(d.path))
 
 
 def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
@@ -195,7 +93,7 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
         if any(f.epoch_range is None for f in left):
             continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
         complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
-        instance = _limestone_instance(d)
+        instance = dir_instance(d)
         name = complete_name(repo, "limestone", instance)
         try:
             before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
@@ -212,11 +110,11 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
                                                        "sources": per, "updated": utc_now()}))
 
 
-def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
+def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
     name = item.name
-    if item.kind in VERSIONED_KINDS:
+    if item.kind in REWRITTEN_KINDS:
         name = f"{name}@{digest()[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = load_record(repo, record_name) if repo.storage.exists(record_name) else None
@@ -238,16 +136,17 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
         result.refused.append({"path": str(item.path), "findings": [{"code": "changed", "offset": None,
                                                                      "message": str(e)}]})
         return
-    verdict = _verdict_record(item)
+    fam = family_named(item.family)
+    verdict = fam.archived_verification(item)
     entry = FileEntry(name=item.name, kind=item.kind, size=stored.size, sha256=stored.sha256, stored=object_name,
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
-                      mutable=False, range=_range(item), verification=verdict)
+                      mutable=False, range=fam.archived_range(item), verification=verdict)
     lease.confirm()
     if problem := _commit_record(repo, record_name, entry, item):
         result.refused.append({"path": str(item.path), "findings": [{"code": "not_committed", "offset": None,
                                                                      "message": problem}]})
         return
-    if item.family == "tarantool" and verdict.get("status") == "ok":
+    if fam.uses_ledger and verdict.get("status") == "ok":
         repo.ledger_put("tarantool", item.instance, stored.sha256, verdict)
     if existing is not None:
         result.conflicts.append({"path": str(item.path), "archived_sha256": existing.sha256,
@@ -257,7 +156,7 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     tracker.advance(stored.size)
 
 
-def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: _Item) -> str | None:
+def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: ArchiveItem) -> str | None:
     """Create the record of a stored object, exclusively; then make sure the object it names is still the one
     stored (an expiry that took it for an orphan meanwhile removed it: the record goes too). None when committed,
     else why not."""
@@ -293,22 +192,3 @@ def _tombstone(repo: Repository, name: str) -> _Expired | None:
     except (FileNotFoundError, ManifestError):
         return None
     return _Expired(record.get("size"), record.get("sha256"))
-
-
-def _verdict_record(item: _Item) -> dict:
-    if item.family == "tarantool":
-        from ..tarantool.backup_set import verdict_record
-
-        return {**verdict_record(item.verdict), "checked_by": "scan"}
-    record = item.verdict.to_json()
-    del record["path"]
-    return {**record, "checked_by": "scan"}
-
-
-def _range(item: _Item) -> dict:
-    if item.family == "tarantool":
-        from ..tarantool.times import file_range
-
-        return file_range(item.verdict, item.path)
-    return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
-

@@ -39,6 +39,19 @@ class Candidate:
     spooled: bool = False  # its bytes are a copy on this machine (the newest xlog): stored from here
 
 
+@dataclass
+class ArchiveItem:
+    """A sealed file of a source to archive: where it is, its source and name there, and its verdict."""
+
+    path: Path
+    family: str
+    instance: str
+    name: str
+    kind: str
+    verdict: object
+    root: Path  # the source directory the name is relative to
+
+
 class Progress:
     """files, bytes and rate on stderr, every few seconds, when enabled."""
 

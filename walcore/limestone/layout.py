@@ -20,6 +20,10 @@ ROTATED_EPOCH = re.compile(r"epoch\.\d{14}\.\d+")  # what limestone names a rota
 
 # Work and derived parts limestone rebuilds itself: never backed up, not checked.
 DERIVED = ("data", "compaction_temp", "ctrl")
+
+
+# Rewritten in place by limestone: each content is another version of the file.
+REWRITTEN_KINDS = ("compacted", "catalog", "manifest")
 _ROTATION_MS = re.compile(r"(?:pwal_\d{4}|epoch)\.(\d{14})\.\d+")
 
 
@@ -117,3 +121,8 @@ def rotation_time(name: str) -> float | None:
 def path_instance(root: Path) -> str:
     """The instance of a directory whose manifest names none: derived from its real path."""
     return "path-" + hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:16]
+
+
+def dir_instance(d) -> str:
+    """The instance of a checked directory (a LimestoneDir): its manifest's, else derived from its path."""
+    return d.manifest.instance_uuid or path_instance(Path(d.path))
