@@ -53,8 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from walcore.command.archive import load_archived
 from walcore.repository import Repository
+from walcore.repository.archive import load_archived
 from walcore.tarantool.writer import generate_wal
 from walvault_provider.local import environment, migrate
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import walcore.command.verify as verify_mod
+import walcore.scan_paths as verify_mod
 from conftest import (REPO, SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
                       walvault_command)
 from tarantool_bytes import framing

@@ -203,7 +203,7 @@ def test_the_teardown_stops_a_running_job_before_its_directory_goes_and_records_
     the committed backup, removes the directories, and fails (the run was stopped under a job)."""
     import psutil
 
-    from walcore.command.backup import plan_for
+    from walcore.family import plan_for
     from walcore.repository import Repository
     from walvault_provider.spark import StoppedJobs, clean_up, work_dir, write_plan
 

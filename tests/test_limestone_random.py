@@ -43,7 +43,7 @@ from walcore.limestone.scan import scan_pwal
 from walcore.limestone.writer import LogDir
 from walcore.command.repair import RepairRefused, apply_repair, plan_repair
 from walcore.command.state import StateRefused, directory_state
-from walcore.command.verify import verify_paths
+from walcore.scan_paths import verify_paths
 
 
 pytestmark = pytest.mark.usefixtures("scan_core")  # each test on both scan cores

@@ -27,7 +27,7 @@ from conftest import LIMESTONE_FIXTURES, S3_CREDENTIALS, TARANTOOL_FIXTURES, cop
 
 from walcore.cli import main as cli_main
 from walcore.command.state import directory_state
-from walcore.command.verify import verify_paths
+from walcore.scan_paths import verify_paths
 from walcore.repository import Repository
 from walcore.runner import LocalRunner
 from walcore.tarantool.writer import generate_wal
@@ -108,7 +108,7 @@ def test_verify_job_prints_what_verify_prints(spark, tmp_path, as_json):
 
 @pytest.mark.parametrize("damage_at", ["start", "middle", "end"])
 def test_verify_job_cuts_big_files_into_ranges_and_merges_them_exactly(spark, tmp_path, monkeypatch, damage_at):
-    import walcore.command.verify as verify_mod
+    import walcore.scan_paths as verify_mod
 
     files = generate_wal(tmp_path / "wal", target_bytes=10 << 20, file_bytes=10 << 20)
     big = max(files, key=lambda p: p.stat().st_size)
@@ -305,7 +305,7 @@ def test_backup_job_of_limestone_equals_backup(spark, tmp_path):
 
 
 def test_task_failing_on_one_file_fails_the_job_without_a_manifest(spark, tmp_path, monkeypatch):
-    from walcore.command import backup_tarantool
+    from walcore.tarantool import backup_plan as backup_tarantool
 
     source = tarantool_copy(tmp_path)
     victim = sorted((source / "wal").glob("*.xlog"))[-2]  # sealed, in the set

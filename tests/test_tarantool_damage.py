@@ -20,12 +20,12 @@ import pytest
 
 from tarantool_bytes import (EOF_MAGIC, HEADER, ROW_MAGIC, ZROW_MAGIC, Blk, Framing, RawRow, block_rows, count_rows,
                              framing, replace_payload, split_rows)
-import walcore.command.verify as wverify
+import walcore.scan_paths as wverify
 from walcore.runner import LocalRunner
 from walcore.tarantool.meta import parse_meta
 from walcore.tarantool.writer import TarantoolWriter, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.command.verify import verify_paths
+from walcore.scan_paths import verify_paths
 
 # Every test once on each scan core (compiled and pure-Python reference).
 pytestmark = pytest.mark.usefixtures("scan_core")

@@ -22,7 +22,7 @@ from walcore.tarantool.meta import MAX_META_SIZE, encode_meta, format_vclock, pa
 from walcore.tarantool.row import RowWalker, summarize_rows
 from walcore.tarantool.writer import dml_header, encode_row, generate_wal
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.command.verify import verify_paths
+from walcore.scan_paths import verify_paths
 
 # Every test once on each scan core (compiled and pure-Python reference).
 pytestmark = pytest.mark.usefixtures("scan_core")

@@ -22,7 +22,7 @@ from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
 from walcore.tarantool.row import GROUP_ID, REPLICA_ID, ROW_TYPES, SPACE_ID, TIMESTAMP, TSN, TYPE, RowWalker
 from walcore.tarantool.writer import TarantoolWriter, dml_header, file_name
 from walcore.tarantool.xlog import read_rows, scan_file
-from walcore.command.verify import verify_paths
+from walcore.scan_paths import verify_paths
 
 # Every test once on each scan core (compiled and pure-Python reference).
 pytestmark = [require_tarantool, pytest.mark.usefixtures("scan_core")]

@@ -75,7 +75,8 @@ def _repository(request):
 
 
 def _verify(request: rq.VerifyRequest, runner) -> int:
-    from .command.verify_report import verify_backups, verify_sources
+    from .command.repo_verify import verify_backups
+    from .command.verify import verify_sources
 
     if request.repo and not request.paths:
         report = verify_backups(request, runner=runner, show=lambda r: _show_repository_report(request, r))
@@ -257,7 +258,8 @@ def _archive(request: rq.ArchiveRequest, runner) -> int:
 
 
 def _backup(request: rq.BackupRequest, runner) -> int:
-    from .command.backup import backup, plan_for
+    from .command.backup import backup
+    from .family import plan_for
 
     plan_for(request.source, check_only=True)
     repo = _repository(request)
@@ -277,8 +279,8 @@ def _backup(request: rq.BackupRequest, runner) -> int:
 
 
 def _snapshot(request: rq.SnapshotRequest, runner) -> int:
-    from .command.backup import plan_for
     from .command.snapshot import snapshot
+    from .family import plan_for
 
     plan_for(request.source, check_only=True)  # a wrong SOURCE is said first
     repo = _repository(request)
@@ -302,8 +304,7 @@ def _snapshot(request: rq.SnapshotRequest, runner) -> int:
 
 
 def _expire(request: rq.ExpireRequest, runner) -> int:
-    from .command.expire import NoPolicy, expire, resolve_policy
-    from .command.expire_text import render
+    from .command.expire import NoPolicy, expire, render, resolve_policy
 
     repo = _repository(request)
     try:

@@ -270,8 +270,7 @@ class WalvaultConfirmOperator(_SourceOperator):
     def execute(self, context):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from walcore.command.expire import confirm
-        from walcore.command.expire_text import render_source
+        from walcore.command.expire import confirm, render_source
 
         config = self.load_config()
         source = config.source(self.source)
@@ -320,8 +319,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.confirmed = confirmed
 
     def execute(self, context):
-        from walcore.command.expire import check_days, expire
-        from walcore.command.expire_text import render
+        from walcore.command.expire import check_days, expire, render
 
         only = None
         if self.confirmed != EVERY_SOURCE:

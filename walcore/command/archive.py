@@ -16,22 +16,21 @@ bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is r
 from __future__ import annotations
 
 import functools
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..family import family_named
 from ..fsutil import file_sha256
-from ..repository import Repository, SourceChanged, utc_now
+from ..limestone.layout import REWRITTEN_KINDS, dir_instance
+from ..repository import FAMILIES, Repository, SourceChanged, utc_now
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, complete_name, load_record, source_key
 from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
-from ..repository.storage import UnsafeName
-from .backup import Progress
+from .common import ArchiveItem, Progress
 
-RECORD_SUFFIX = ".json"
-EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
-VERSIONED_KINDS = ("compacted", "catalog", "manifest")
+
 # How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
 # --wait: archiving is scheduled often, and an expiry takes minutes).
 ARCHIVE_WAIT = 600.0
@@ -54,91 +53,17 @@ class ArchiveResult:
         return dict(self.__dict__)
 
 
-@dataclass
-class _Item:
-    path: Path
-    family: str
-    instance: str
-    name: str
-    kind: str
-    verdict: object
-    root: Path  # the source directory the name is relative to
-
-
-def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntry | None]:
-    """Every archive record of a source (None for one that cannot be read)."""
-    prefix = f"{repo.source_dir(family, instance)}/archive"
-    out = []
-    for name in repo.storage.list(prefix):
-        if name.endswith(".zst" + RECORD_SUFFIX):
-            out.append(_load_record(repo, name))
-    return out
-
-
-def _load_record(repo: Repository, name: str) -> FileEntry | None:
-    loaded = _load_raw(repo, name)
-    return loaded and loaded[0]
-
-
-def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
-    try:
-        record = decode_checked(repo.storage.read_bytes(name), name)
-        return FileEntry.from_json(record), record
-    except (FileNotFoundError, ManifestError, UnsafeName):
-        return None
-
-
-def source_archive(repo: Repository, family: str, instance: str, source: dict,
-                   root: Path | None = None) -> list[FileEntry | None]:
-    """The archive records of one source directory (`source`: a manifest's host and path), None for one that
-    cannot be read. A copy of the directory shares the instance, and its files are another history's — but for
-    those it holds too (`root`: the directory, when at hand: the same name, size and SHA-256), archived once from
-    wherever they were first. A record that does not say where it came from (an older walvault's, with a relative
-    path) counts only while no record names another directory."""
-    prefix = f"{repo.source_dir(family, instance)}/archive"
-    own, unknown, other = [], [], False
-    for name in repo.storage.list(prefix):
-        if not name.endswith(".zst" + RECORD_SUFFIX):
-            continue
-        loaded = _load_raw(repo, name)
-        origin = loaded and _record_origin(*loaded)
-        if loaded is None:
-            own.append(None)
-        elif origin is None:
-            unknown.append(loaded[0])
-        elif origin[1] == source.get("path") and origin[0] in (None, source.get("host")) or _holds(root, loaded[0]):
-            own.append(loaded[0])
-        else:
-            other = True
-    return own if other else own + unknown
-
-
-def _holds(root: Path | None, entry: FileEntry) -> bool:
-    if root is None or not (root / entry.name).is_file() or (root / entry.name).stat().st_size != entry.size:
-        return False
-    return file_sha256(root / entry.name) == entry.sha256
-
-
-def _record_origin(entry: FileEntry, record: dict) -> tuple | None:
-    if isinstance(record.get("source_dir"), str):
-        return record.get("host"), record["source_dir"]
-    source = record.get("source")
-    if not isinstance(source, str) or not os.path.isabs(source) or not source.endswith("/" + entry.name):
-        return None
-    return record.get("host"), source[:-len(entry.name) - 1]
-
-
 def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=None,
             progress: bool = False) -> ArchiveResult:
     from ..runner import LocalRunner
-    from .verify import verify_paths
+    from ..scan_paths import verify_paths
 
     runner = runner or LocalRunner()
     result = ArchiveResult()
     report = verify_paths([Path(s) for s in sources], runner=runner, progress=progress)
-    items = _tarantool_items(report, result) + _limestone_items(report, result)
+    items = [i for name in FAMILIES for i in family_named(name).archive_items(report, result)]
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
-    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", _limestone_instance(d))
+    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", dir_instance(d))
                                                                  for d in report.dirs if d.manifest is not None})
     with ExitStack() as stack:
         leases = {source: stack.enter_context(repo.archive_lease(*source, "archive", wait=ARCHIVE_WAIT))
@@ -150,122 +75,6 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
-
-
-def _tarantool_items(report, result: ArchiveResult) -> list[_Item]:
-    from ..tarantool.layout import kind_of
-
-    files = {f.path: f for f in report.files if f.to_json()["family"] == "tarantool"}
-    chains = {c.path: c for c in report.chains}
-    items = []
-    newest = set()
-    for chain in chains.values():
-        if chain.xlogs:
-            newest.add(chain.xlogs[-1])
-    instance_of_dir: dict[str, str] = {}
-    for f in files.values():
-        if f.instance:
-            instance_of_dir.setdefault(str(Path(f.path).parent), f.instance)
-    vylogs: dict[Path, list] = {}  # the newest vylog of each vinyl dir is still written to
-    for f in files.values():
-        if f.kind == "vylog":
-            vylogs.setdefault(Path(f.path).parent, []).append(f)
-    for group in vylogs.values():
-        newest.add(max(group, key=lambda f: Path(f.path).name).path)
-    for f in files.values():
-        path = Path(f.path)
-        if f.status == "in_progress" or path.name.endswith(".inprogress"):
-            result.not_sealed.append(f.path)
-            continue
-        if f.path in newest:
-            result.not_sealed.append(f.path)
-            continue
-        if f.status == "damaged":
-            result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
-            continue
-        if f.status != "ok":
-            result.not_sealed.append(f.path)
-            continue
-        root = _data_root(path, f.kind)
-        instance = f.instance or instance_of_dir.get(str(root)) or _instance_near(root, files)
-        if instance is None:
-            result.refused.append({"path": f.path, "findings": [{"code": "no_instance", "offset": None,
-                                   "message": "no file beside it names its instance"}]})
-            continue
-        items.append(_Item(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
-                           kind_of(path)[0], f, root))
-    return items
-
-
-def _data_root(path: Path, kind: str) -> Path:
-    """The data dir a file belongs to: memtx/, wal/ and vinyl/ side by side count as one, their parent."""
-    d = path.parent
-    if kind in ("run", "index"):
-        d = d.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
-    if d.name in ("memtx", "wal", "vinyl") and any((d.parent / n).is_dir() for n in ("memtx", "wal", "vinyl")
-                                                  if n != d.name):
-        return d.parent
-    return d
-
-
-def _instance_near(root: Path, files: dict) -> str | None:
-    for f in files.values():
-        if f.instance and Path(f.path).is_relative_to(root):
-            return f.instance
-    return None
-
-
-def _limestone_items(report, result: ArchiveResult) -> list[_Item]:
-    items = []
-    sealed = ("pwal_rotated", "epoch_rotated", "blob") + VERSIONED_KINDS
-    for d in report.dirs:
-        root = Path(d.path)
-        if d.status == "cannot_check" or d.manifest is None:
-            result.refused.append({"path": d.path, "findings": [x.to_json() for x in d.findings]})
-            continue
-        instance = _limestone_instance(d)
-        for f in report.files:
-            if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
-                continue
-            if f.kind not in sealed:
-                result.not_sealed.append(f.path)
-                continue
-            if f.status == "damaged":
-                result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
-                continue
-            items.append(_Item(Path(f.path), "limestone", instance, Path(os.path.relpath(f.path, root)).as_posix(),
-                               f.kind, f, root))
-    return items
-
-
-def _limestone_instance(d) -> str:
-    import hashlib
-
-    return d.manifest.instance_uuid or "path-" + hashlib.sha256(os.fsencode(os.path.realpath(d.path))).hexdigest()[:16]
-
-
-def _complete_name(repo: Repository, family: str, instance: str) -> str:
-    return f"{repo.source_dir(family, instance)}/archive-complete.json"
-
-
-def archive_complete(repo: Repository, family: str, instance: str, source: dict | None = None) -> int | None:
-    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded); with
-    `source` (a manifest's host and path), up to which that directory's are: two directories of one instance (a
-    copy) are archived apart."""
-    try:
-        record = decode_checked(repo.storage.read_bytes(_complete_name(repo, family, instance)), "archive-complete")
-    except (FileNotFoundError, ManifestError):
-        return None
-    epoch = record.get("epoch") if isinstance(record.get("epoch"), int) else None
-    per = record.get("sources")
-    if source is None or not isinstance(per, dict):  # recorded by an older walvault: for the instance
-        return epoch
-    found = per.get(_source_key(source.get("host"), source.get("path")))
-    return found if isinstance(found, int) else 0
-
-
-def _source_key(host, path) -> str:
-    return f"{host}:{path}"
 
 
 def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
@@ -284,15 +93,15 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
         if any(f.epoch_range is None for f in left):
             continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
         complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
-        instance = _limestone_instance(d)
-        name = _complete_name(repo, "limestone", instance)
+        instance = dir_instance(d)
+        name = complete_name(repo, "limestone", instance)
         try:
             before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
         except (FileNotFoundError, ManifestError):
             before = {}
         epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
         per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
-        key = _source_key(socket.gethostname(), str(root.resolve()))
+        key = source_key(socket.gethostname(), str(root.resolve()))
         if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
             continue
         per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete
@@ -301,14 +110,14 @@ def _record_complete(repo: Repository, report, result: ArchiveResult, leases: di
                                                        "sources": per, "updated": utc_now()}))
 
 
-def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
+def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
     name = item.name
-    if item.kind in VERSIONED_KINDS:
+    if item.kind in REWRITTEN_KINDS:
         name = f"{name}@{digest()[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
-    existing = _load_record(repo, record_name) if repo.storage.exists(record_name) else None
+    existing = load_record(repo, record_name) if repo.storage.exists(record_name) else None
     tombstoned = False
     if existing is None:  # retention may have deleted this name: the same bytes are not stored again, and other
         existing = _tombstone(repo, f"{base}/{name}.zst{EXPIRED_SUFFIX}")  # bytes are another history's: a conflict
@@ -327,16 +136,17 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
         result.refused.append({"path": str(item.path), "findings": [{"code": "changed", "offset": None,
                                                                      "message": str(e)}]})
         return
-    verdict = _verdict_record(item)
+    fam = family_named(item.family)
+    verdict = fam.archived_verification(item)
     entry = FileEntry(name=item.name, kind=item.kind, size=stored.size, sha256=stored.sha256, stored=object_name,
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
-                      mutable=False, range=_range(item), verification=verdict)
+                      mutable=False, range=fam.archived_range(item), verification=verdict)
     lease.confirm()
     if problem := _commit_record(repo, record_name, entry, item):
         result.refused.append({"path": str(item.path), "findings": [{"code": "not_committed", "offset": None,
                                                                      "message": problem}]})
         return
-    if item.family == "tarantool" and verdict.get("status") == "ok":
+    if fam.uses_ledger and verdict.get("status") == "ok":
         repo.ledger_put("tarantool", item.instance, stored.sha256, verdict)
     if existing is not None:
         result.conflicts.append({"path": str(item.path), "archived_sha256": existing.sha256,
@@ -346,14 +156,14 @@ def _store(repo: Repository, item: _Item, result: ArchiveResult, level: int, tra
     tracker.advance(stored.size)
 
 
-def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: _Item) -> str | None:
+def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: ArchiveItem) -> str | None:
     """Create the record of a stored object, exclusively; then make sure the object it names is still the one
     stored (an expiry that took it for an orphan meanwhile removed it: the record goes too). None when committed,
     else why not."""
     data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path),
                            "host": socket.gethostname(), "source_dir": str(item.root.resolve())})
     if not repo.storage.create(record_name, data):
-        found = _load_record(repo, record_name)
+        found = load_record(repo, record_name)
         if found is None:  # a damaged record (archive took it for none): replaced, under the lease just proven
             repo.storage.write_bytes(record_name, data)
         elif (found.stored, found.sha256, found.stored_sha256) != (entry.stored, entry.sha256, entry.stored_sha256):
@@ -382,22 +192,3 @@ def _tombstone(repo: Repository, name: str) -> _Expired | None:
     except (FileNotFoundError, ManifestError):
         return None
     return _Expired(record.get("size"), record.get("sha256"))
-
-
-def _verdict_record(item: _Item) -> dict:
-    if item.family == "tarantool":
-        from ..tarantool.backup_set import verdict_record
-
-        return {**verdict_record(item.verdict), "checked_by": "scan"}
-    record = item.verdict.to_json()
-    del record["path"]
-    return {**record, "checked_by": "scan"}
-
-
-def _range(item: _Item) -> dict:
-    if item.family == "tarantool":
-        from .backup_tarantool import file_range
-
-        return file_range(item.verdict, item.path)
-    return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
-

@@ -32,18 +32,18 @@ import math
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..family import Family, family_named
 from ..findings import Refused
 from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
-from ..tarantool.meta import vclock_from_json, vclock_leq
-from .archive import EXPIRED_SUFFIX, RECORD_SUFFIX
-from .backup import STALE_TEMPORARY
+from .common import STALE_TEMPORARY
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
@@ -264,6 +264,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
     identity backs it up."""
     plan = SourcePlan(family, instance)
+    fam = family_named(family)
     records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
@@ -275,20 +276,20 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
         identities.setdefault(m.identity, []).append(m)
     anchors: dict[tuple, BackupManifest | None] = {}
     kept: dict[str, str] = {}
-    for identity, own in sorted(identities.items(), key=lambda i: max(_position_key(family, m) for m in i[1])):
-        anchor = _anchor(family, [m for m in own if restorable[m.id]], window_start)
+    for identity, own in sorted(identities.items(), key=lambda i: max(fam.position_key(m) for m in i[1])):
+        anchor = _anchor(fam, [m for m in own if restorable[m.id]], window_start)
         anchors[identity] = anchor
         plan.identities.append({"host": identity[2], "path": identity[3],
-                                "anchor": _describe_anchor(family, anchor) if anchor is not None else None})
-        for backup_id, why in _keep_backups(family, own, restorable, anchor, window_start, repo).items():
+                                "anchor": _describe_anchor(fam, anchor) if anchor is not None else None})
+        for backup_id, why in _keep_backups(fam, own, restorable, anchor, window_start, repo).items():
             kept.setdefault(backup_id, why)
     # The identity of the newest backup speaks for the instance where one anchor is shown.
     shown = next((a for a in reversed(list(anchors.values())) if a is not None), None)
     if shown is not None:
-        plan.anchor = _describe_anchor(family, shown)
+        plan.anchor = _describe_anchor(fam, shown)
     plan.anchor_files = [e for a in anchors.values() if a is not None for e in a.files]
     referenced = {e.stored for m in manifests if m.id in kept for e in m.files}
-    for m in sorted(manifests, key=lambda m: _position_key(family, m), reverse=True):
+    for m in sorted(manifests, key=lambda m: fam.position_key(m), reverse=True):
         prefix = repo.backup_dir(family, instance, m.id)
         anchor = anchors[m.identity]
         if m.id in kept:
@@ -300,7 +301,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
                                     "of its source before it, and no kept backup's parent", {"position": m.position},
-                                    _describe_anchor(family, anchor), (0, len(plan.delete)), backup_id=m.id,
+                                    _describe_anchor(fam, anchor), (0, len(plan.delete)), backup_id=m.id,
                                     fingerprint=_manifest_bytes(repo, prefix)))
     for r in records:
         if not r.complete and shown is not None:  # an uncovered source is left as it is, garbage included
@@ -330,71 +331,21 @@ def _restorable(repo: Repository, m: BackupManifest, stored: set[str]) -> bool:
     return all(e.stored in stored for e in m.files)
 
 
-def _position_key(family: str, m: BackupManifest) -> tuple:
-    """Log position first; the finish time only orders two backups at the same position."""
-    if family == "limestone":
-        return (m.position.get("epoch", 0), m.finished, m.id)
-    return (sum(vclock_from_json(m.position.get("vclock")).values()), m.finished, m.id)
-
-
-def _snapshot_of(family: str, m: BackupManifest) -> tuple[object, float] | None:
-    """(position, time) of the verified snapshot a backup holds, or None. A limestone snapshot is one only from
-    `walvault snapshot` (a compacted file covering named files); a limestone backup holds the log itself."""
-    snap = m.checks.get("snapshot")
-    if not isinstance(snap, dict):
-        return None
-    if family == "limestone":
-        if m.type != "snapshot" or snap.get("epoch") is None:
-            return None
-        taken = snap.get("time")
-        return int(snap["epoch"]), float(taken) if taken is not None else stamp_seconds(m.started)
-    if snap.get("vclock") is None:
-        return None
-    taken = snap.get("time")
-    # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
-    return vclock_from_json(snap["vclock"]), float(taken) if taken is not None else stamp_seconds(m.started) + 1
-
-
-def backup_time(family: str, m: BackupManifest) -> float:
-    """When the point a backup restores to was written, by the log's own time: a Tarantool backup's newest row (or
-    its snapshot's), a limestone snapshot's newest folded file, the newest rotation among a limestone backup's
-    files; the backup's finish time where the log says nothing (a limestone backup of active files only)."""
-    from .snapshot import rotation_time
-
-    if family == "tarantool":
-        times = [e.range["time"][1] for e in m.files if e.kind == "xlog" and e.range.get("time")]
-        if all("time" in e.range for e in m.files if e.kind == "xlog"):
-            snap = _snapshot_of(family, m)
-            times += [snap[1]] if snap else []
-            if times:
-                return max(times)
-    elif m.type == "snapshot":
-        return _snapshot_of(family, m)[1]
-    elif times := [t for t in (rotation_time(e.name) for e in m.files) if t is not None]:
-        return max(times)
-    return stamp_seconds(m.finished)
-
-
-def _snapshot_rank(family: str, position) -> int:
-    return position if family == "limestone" else sum(position.values())
-
-
-def _anchor(family: str, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
+def _anchor(fam: Family, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
     candidates = []
     for m in manifests:
-        snap = _snapshot_of(family, m)
+        snap = fam.snapshot_of(m)
         if snap is not None and snap[1] <= window_start:
-            candidates.append((_snapshot_rank(family, snap[0]), m.finished, m.id, m))
+            candidates.append((fam.snapshot_rank(snap[0]), m.finished, m.id, m))
     return max(candidates, key=lambda c: c[:3])[3] if candidates else None
 
 
-def _describe_anchor(family: str, m: BackupManifest) -> dict:
-    position, taken = _snapshot_of(family, m)
-    pos = {"epoch": position} if family == "limestone" else {"vclock": {str(k): v for k, v in sorted(position.items())}}
-    return {"name": m.id, "position": pos, "time": iso(taken)}
+def _describe_anchor(fam: Family, m: BackupManifest) -> dict:
+    position, taken = fam.snapshot_of(m)
+    return {"name": m.id, "position": fam.describe_position(position), "time": iso(taken)}
 
 
-def _keep_backups(family: str, manifests: list[BackupManifest], restorable: dict[str, bool],
+def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict[str, bool],
                   anchor: BackupManifest | None, window_start: float, repo: Repository) -> dict[str, str]:
     kept: dict[str, str] = {}
 
@@ -403,15 +354,15 @@ def _keep_backups(family: str, manifests: list[BackupManifest], restorable: dict
             kept[m.id] = why
 
     for m in manifests:
-        if backup_time(family, m) >= window_start:
+        if fam.backup_time(m) >= window_start:
             keep(m, "inside the window")
-    before = [m for m in manifests if backup_time(family, m) < window_start and restorable[m.id]]
-    keep(max(before, key=lambda m: _position_key(family, m), default=None), "the newest backup before the window")
+    before = [m for m in manifests if fam.backup_time(m) < window_start and restorable[m.id]]
+    keep(max(before, key=lambda m: fam.position_key(m), default=None), "the newest backup before the window")
     keep(anchor, "the anchor: the newest verified snapshot at or before the window's start")
     usable = [m for m in manifests if restorable[m.id]]
-    keep(max(usable, key=lambda m: _position_key(family, m), default=None),
+    keep(max(usable, key=lambda m: fam.position_key(m), default=None),
          "the newest restorable backup of the source")
-    keep(max((m for m in usable if m.type != "snapshot"), key=lambda m: _position_key(family, m), default=None),
+    keep(max((m for m in usable if m.type != "snapshot"), key=lambda m: fam.position_key(m), default=None),
          "the newest restorable full or incremental backup of the source")
     for m in manifests:
         if m.id in kept:
@@ -437,15 +388,12 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
                   shared: str | None, *, orphans: bool) -> None:
     """The archive's part of the plan: what `anchor` covers goes (none: nothing does); `shared` says why nothing of
     it expires (two sources share the instance); `orphans`: the instance is covered, so garbage goes."""
-    from .snapshot import rotation_time
-
     family, instance = plan.family, plan.instance
+    fam = family_named(family)
     base = f"{repo.source_dir(family, instance)}/archive"
     names = repo.storage.list(base)
     records = {n for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
-    snap = _snapshot_of(family, anchor) if anchor is not None else None
-    detached = set(anchor.checks["snapshot"].get("detached", [])) if anchor is not None and family == "limestone" \
-        else set()
+    judge = fam.coverage(anchor) if anchor is not None else None  # an anchor is a backup holding a snapshot
     present = set(names)
     for name in names:
         if not orphans or not name.endswith(".zst") or name + RECORD_SUFFIX in records:
@@ -481,19 +429,16 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
             plan.keep.append({"path": path, "kind": entry.kind,
                               "reason": "retention deletes log files only (WAL, epoch and snapshot files)"})
             continue
-        if snap is None:
+        if judge is None:
             plan.keep.append({"path": path, "kind": entry.kind,
                               "reason": "no verified snapshot at or before the window's start covers this source"})
             continue
-        covered, rank = _covered(family, entry, snap[0], detached)
+        covered, rank = judge(entry)
         if not covered:
             plan.keep.append({"path": path, "kind": entry.kind, "reason": f"not covered by {anchor.id}: needed to "
                               "replay the log from the anchor"})
             continue
-        if family == "limestone":
-            ends = rotation_time(entry.name)
-        else:
-            ends = _row_time(repo, entry)
+        ends = fam.log_end(repo, entry)
         if ends is None:
             ends = stamp_seconds(obj["archived"]) if isinstance(obj.get("archived"), str) else None
         if ends is None or ends >= window_start:
@@ -503,43 +448,6 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
         plan.delete.append(Item(path, entry.kind, f"covered by {anchor.id} and ended before the window "
                                 f"({iso(ends)})", {**entry.range, "ends": iso(ends)}, plan.anchor, (2, rank, path),
                                 record=record_name, fingerprint=raw))
-
-
-def _covered(family: str, entry: FileEntry, position, detached: set[str]) -> tuple[bool, int]:
-    """Whether the anchor's position covers the file's whole range, and the file's rank in the log."""
-    if family == "limestone":
-        epochs = entry.range.get("epochs") or [0, 0]
-        if entry.kind == "pwal_rotated":
-            return Path(entry.name).name in detached, epochs[1]
-        return epochs[1] <= position, epochs[1]
-    vclock = entry.range.get("vclock")
-    if not vclock:
-        return False, 0
-    end = vclock_from_json(vclock[1])
-    return vclock_leq(end, position), sum(end.values())
-
-
-def _row_time(repo: Repository, entry: FileEntry) -> float | None:
-    """The time of the file's last row: from its record, or (a record of an older walvault) from its bytes."""
-    if "time" in entry.range:
-        return entry.range["time"][1] if entry.range["time"] else None
-    import shutil
-
-    from ..fsutil import owned_tempdir
-    from ..tarantool.times import row_times
-    from .backup import Progress
-    from .backup_tarantool import _snapshot_time
-    from .restore import materialize
-
-    scratch = owned_tempdir("walvault-expire-")
-    try:
-        materialize(repo, [("file", entry)], scratch, Progress(1, 0, False, "read"))
-        if entry.kind == "snap":
-            return _snapshot_time(scratch / "file")
-        times = row_times(scratch / "file")
-        return times[1] if times else None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _age(repo: Repository, name: str) -> float:
@@ -651,3 +559,40 @@ def _delete(repo: Repository, plan: SourcePlan, item: Item, lease) -> None:
     for name in storage.list(item.path):
         if name not in plan.referenced:
             storage.remove(name)
+
+
+# How an expiry's plan or result is said, by the CLI (`walvault expire`) and the Airflow tasks alike: per source its
+# anchor or why it is uncovered, each deletion and its reason, what is kept and why.
+APPLY_HINT = "run with --apply to carry it out"
+
+
+def render_source(s: SourcePlan) -> list[str]:
+    anchor = s.anchor
+    lines = [f"{s.family} {s.instance}: " + (f"anchor {anchor['name']} at {anchor['position']} ({anchor['time']})"
+                                             if anchor else "UNCOVERED: no verified snapshot at or before the "
+                                             "window's start; nothing of it is deleted")]
+    if len(s.identities) > 1:  # a copy of the source beside it: each source identity has its own anchor
+        lines += [f"  source {i['host']}:{i['path']}: " + (f"anchor {i['anchor']['name']}" if i["anchor"] else "UNCOVERED")
+                  for i in s.identities]
+    lines += [f"  {'deleted' if n < s.deleted else 'delete'}  {item.path}: {item.reason}"
+              for n, item in enumerate(s.delete)]
+    kept = sorted(Counter(k["reason"] for k in s.keep).items(), key=lambda kv: -kv[1])
+    lines.append(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in kept))
+    if s.blocked:
+        lines.append(f"  blocked: {s.blocked}")
+    if s.stopped:
+        lines.append(f"  STOPPED: {s.stopped}")
+    return lines
+
+
+def render(result: ExpireResult, apply_hint: str = APPLY_HINT) -> list[str]:
+    """The whole report; `apply_hint`: how to carry out a plan (the CLI's flag, or a DAG's way)."""
+    lines = [f"policy: keep every point of the last {result.days} days, as of {iso(result.as_of)}"]
+    for s in result.sources:
+        lines += render_source(s)
+    if result.applied:
+        lines.append(f"{result.deleted} deleted" + (f"; audit log {result.audit}" if result.audit else ""))
+    else:
+        lines.append(f"plan only: {sum(len(s.delete) for s in result.sources)} to delete, nothing was changed "
+                     f"({apply_hint})")
+    return lines

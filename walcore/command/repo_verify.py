@@ -1,22 +1,23 @@
 """`verify --repo`: re-hash every stored object, scan the Tarantool files they hold (blocks, rows), check every
-manifest and chain, report what is missing or damaged (as pgBackRest's verify, and more). Nothing is written here (the command keeps its report: verify_report)."""
+manifest and chain, report what is missing or damaged (as pgBackRest's verify, and more). The command keeps its report (repository/report.py) after the verdict is out."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import PurePosixPath
 
 from ..fsutil import owned_tempdir
 from ..repository import ObjectDamaged, Repository, RepositoryError
+from ..repository.archive import RECORD_SUFFIX, load_record
+from ..repository.drill import last_drill
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
 from ..runner import LocalRunner, run_all
-from .archive import RECORD_SUFFIX, _load_record
-from .backup import Progress
-from .verify import recorded_verdict
+from .common import Progress, recorded_verdict
 
 
 @dataclass
@@ -197,7 +198,7 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
     """The archive's object names, and each record's entry (None: unreadable)."""
     names = repo.storage.list(f"{repo.source_dir(family, instance)}/archive")
-    return names, {n: _load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
+    return names, {n: load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
 
 
 def _verify_archive(family: str, instance: str, names: list[str], records: dict[str, FileEntry | None],
@@ -229,8 +230,6 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
 
 def list_backups(repo: Repository) -> list[dict]:
     """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None)."""
-    from .drill import last_drill
-
     out = []
     for r in repo.backups():
         m = r.manifest
@@ -246,3 +245,16 @@ def list_backups(repo: Repository) -> list[dict]:
                     "position": m.position, "drill": last_drill(repo, m.family, m.instance, m.id),
                     **({"problem": r.problem} if r.problem else {})})
     return out
+
+
+def verify_backups(request, *, runner, show) -> object:
+    """Verify the repository of `request.repo`, or its backup `request.backup`; `show(report)` is called with the
+    verdict, before the report is kept."""
+    from ..repository.report import keep, write_repository_report
+
+    repo = Repository(request.repo, request.repo_options)
+    started = time.time()
+    report = verify_repository(repo, request.backup, runner=runner, full=request.full, progress=request.progress)
+    show(report)
+    keep(repo, write_repository_report, report, request.backup, started, runner.name)
+    return report

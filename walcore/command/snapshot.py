@@ -16,30 +16,23 @@ It is stored as a backup of type `snapshot` (id `YYYYMMDD-HHMMSSS`): the same ma
 
 from __future__ import annotations
 
-import re
 import socket
 import shutil
 from pathlib import Path
 
+from ..family import plan_for
 from ..findings import Refused
 from ..fsutil import owned_tempdir, write_atomic
 from ..limestone.catalog import CATALOG_NAME, parse_catalog
 from ..repository import Repository
+from ..repository.archive import source_archive
 from ..repository.manifest import BackupManifest, FileEntry
-from .backup import BackupResult, Progress, plan_for, store_set
-
-_ROTATION_MS = re.compile(r"(?:pwal_\d{4}|epoch)\.(\d{14})\.\d+")
+from ..repository.materialize import materialize
+from .common import BackupResult, Progress, store_set
 
 
 class NothingNew(Refused):
     """No archived file is left to fold: the newest snapshot still covers the log (not a failure of the log)."""
-
-
-def rotation_time(name: str) -> float | None:
-    """When limestone rotated a file, from its name (`pwal_NNNN.<ms14>.<n>`, `epoch.<ms14>.<E>`): the log's own
-    time for retention (every entry in it was written before)."""
-    m = _ROTATION_MS.fullmatch(Path(name).name)
-    return int(m.group(1)) / 1000 if m else None
 
 
 def snapshot(source: Path, repo: Repository, *, connect: str | None = None, level: int = 3, runner=None,
@@ -64,20 +57,19 @@ def _newest_snapshot(records: list) -> BackupManifest | None:
 
 
 def _limestone(source: Path, repo: Repository, *, level: int, runner, progress: bool, wait: float) -> BackupResult:
+    from ..limestone.backup_plan import LimestonePlan
     from ..limestone.check import prepare
     from ..limestone.compact import compact
     from ..limestone.epoch import EPOCH_NAME
+    from ..limestone.layout import path_instance, rotation_time
     from ..limestone.writer import durable_epoch
-    from .archive import source_archive
-    from .backup_limestone import LimestonePlan, _path_instance
-    from .restore import materialize
 
     source_plan = prepare(source)  # read once: the manifest, the durable epoch, limestone's own catalog
     report = source_plan.report
     manifest = report.manifest
     if manifest is None:
         raise Refused(f"{source}: limestone cannot read its manifest", "cannot_check")
-    instance = manifest.instance_uuid or _path_instance(source)
+    instance = manifest.instance_uuid or path_instance(source)
     manifest_bytes = (source / "limestone-manifest.json").read_bytes()
     with repo.lease("limestone", instance, "snapshot", wait=wait) as lease:
         # A copy of the directory shares the instance: only this directory's archived files and snapshots count.

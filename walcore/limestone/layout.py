@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -15,8 +16,15 @@ from .manifest import MANIFEST_NAME
 
 BLOB_NAME = re.compile(r"[0-9a-f]{16}\.blob")
 ROTATED_EPOCH = re.compile(r"epoch\.\d{14}\.\d+")  # what limestone names a rotated epoch file
+
+
 # Work and derived parts limestone rebuilds itself: never backed up, not checked.
 DERIVED = ("data", "compaction_temp", "ctrl")
+
+
+# Rewritten in place by limestone: each content is another version of the file.
+REWRITTEN_KINDS = ("compacted", "catalog", "manifest")
+_ROTATION_MS = re.compile(r"(?:pwal_\d{4}|epoch)\.(\d{14})\.\d+")
 
 
 def is_limestone_dir(path: Path) -> bool:
@@ -101,3 +109,20 @@ def rotated_name(root: Path, name: str, now_ms: int) -> str:
     while (root / f"{name}.{now_ms:014d}.{n}").exists():
         n += 1
     return f"{name}.{now_ms:014d}.{n}"
+
+
+def rotation_time(name: str) -> float | None:
+    """When limestone rotated a file, from its name (`pwal_NNNN.<ms14>.<n>`, `epoch.<ms14>.<E>`): the log's own
+    time for retention (every entry in it was written before)."""
+    m = _ROTATION_MS.fullmatch(Path(name).name)
+    return int(m.group(1)) / 1000 if m else None
+
+
+def path_instance(root: Path) -> str:
+    """The instance of a directory whose manifest names none: derived from its real path."""
+    return "path-" + hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:16]
+
+
+def dir_instance(d) -> str:
+    """The instance of a checked directory (a LimestoneDir): its manifest's, else derived from its path."""
+    return d.manifest.instance_uuid or path_instance(Path(d.path))

@@ -64,3 +64,32 @@ def _block_times(f, pos: int, path) -> tuple[float, float] | None:
     except RowError as e:
         raise ValueError(f"{path}: block at {pos}: {e}") from None
     return (min(stamps), max(stamps)) if stamps else None
+
+
+def snapshot_time(path: Path) -> float | None:
+    """When the checkpoint was taken: every row of a snapshot carries that time (a point-in-time restore picks
+    its base by it)."""
+    from .xlog import read_rows
+
+    for _pos, row in read_rows(path):
+        stamp = row.header.get(TIMESTAMP)
+        return float(stamp) if isinstance(stamp, (int, float)) else None
+    return None
+
+
+def file_range(f, path: Path) -> dict:
+    """A file's range in the log: its vclock from and to, and for an xlog or a snapshot the time of its rows
+    (what retention judges it by)."""
+    if f.vclock is None:
+        return {}
+    end = f.end_vclock() if f.kind == "xlog" else f.vclock
+    out = {"vclock": [{str(k): v for k, v in sorted(f.vclock.items())}, {str(k): v for k, v in sorted(end.items())}]}
+    if f.kind == "xlog":
+        try:
+            out["time"] = row_times(path, stop=f.size, edges=f.edge_blocks)
+        except (OSError, ValueError):  # changed since it was checked: judged by its archive time instead
+            out["time"] = None
+    elif f.kind == "snap":
+        taken = snapshot_time(path)
+        out["time"] = None if taken is None else [taken, taken]
+    return out

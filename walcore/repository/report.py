@@ -13,8 +13,8 @@ import os
 import time
 import uuid
 
-from ..repository import Repository, utc_now, walvault_version
-from ..repository.manifest import encode_checked
+from . import Repository, RepositoryError, utc_now, walvault_version
+from .manifest import encode_checked
 
 SUMMARY = "summary.json"
 FILES = "files.parquet"
@@ -103,68 +103,21 @@ def write_repository_report(repo: Repository, report, backup: str | None, starte
     return _write(repo, started, rows, summary)
 
 
-# -- the verify command: its verdict, then its report kept (with a repository), whichever front end asked
-
-
-def verify_sources(request, *, runner, show) -> object:
-    """Verify `request.paths`; `show(report)` is called with the verdict, before the report is kept (with
-    `request.repo`). Refused (cannot check) when a path holds no WAL file: an empty or wrong directory must not
-    pass for an intact one."""
-    from pathlib import Path
-
-    from ..findings import Refused
-    from .verify import Ledger, verify_paths
-
-    repo = Repository(request.repo, request.repo_options) if request.repo else None
-    started = time.time()
-    report = verify_paths(request.paths, runner=runner, progress=request.progress,
-                          ledger=Ledger(repo, full=request.full) if repo else None)
-    # Every path must hold a file that was checked (found under it, or under where it leads: a file reached twice
-    # is listed once, under the first path). A file of no kind (neither its name nor its meta says one) is not a
-    # WAL file.
-    checked = [f.path for f in report.files if f.status != "in_progress" and f.kind] + [d.path for d in report.dirs]
-    checked += [os.path.realpath(c) for c in checked]
-    if empty := [p for p in request.paths if not any(Path(c).is_relative_to(q) for c in checked
-                                                     for q in (p, os.path.realpath(p)))]:
-        raise Refused(f"no WAL files to check under {', '.join(map(str, empty))}", "cannot_check")
-    show(report)
-    if repo is not None:
-        for problem in report.ledger_problems:
-            _warn(f"warning: {problem}")
-        _keep(repo, write_source_report, report, [str(p) for p in request.paths], started, runner.name)
-    return report
-
-
-def verify_backups(request, *, runner, show) -> object:
-    """Verify the repository of `request.repo`, or its backup `request.backup`; `show(report)` is called with the
-    verdict, before the report is kept."""
-    from .repo_verify import verify_repository
-
-    repo = Repository(request.repo, request.repo_options)
-    started = time.time()
-    report = verify_repository(repo, request.backup, runner=runner, full=request.full, progress=request.progress)
-    show(report)
-    _keep(repo, write_repository_report, report, request.backup, started, runner.name)
-    return report
-
-
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     import sys
 
     print(f"walvault: {message}", file=sys.stderr)
 
 
-def _keep(repo: Repository, write, *args) -> None:
+def keep(repo: Repository, write, *args) -> None:
     """Keep a verification's report in the repository, after the verdict is out: a repository that cannot be
     written (a read-only mount) does not stop a verification, it is said."""
     import sys
-
-    from ..repository import RepositoryError
 
     sys.stdout.flush()
     try:
         where = write(repo, *args)
     except RepositoryError as e:
-        _warn(f"warning: the report was not kept: {e}")
+        warn(f"warning: the report was not kept: {e}")
         return
-    _warn(f"report written to {repo.display}/{where}")
+    warn(f"report written to {repo.display}/{where}")

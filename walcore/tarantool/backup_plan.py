@@ -1,5 +1,5 @@
-"""Backing up a Tarantool data dir: the set (tarantool.backup_set), the newest xlog spooled so that what is
-stored is what was verified, a running instance through box.backup.start()/stop(), the ledger."""
+"""The plan of a backup of a Tarantool data dir: the set (tarantool.backup_set), the newest xlog spooled so that
+what is stored is what was verified, a running instance through box.backup.start()/stop(), the ledger."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ import shutil
 import socket
 from pathlib import Path
 
+from ..command.common import LEDGER_VERDICTS, Candidate
 from ..findings import Refused
 from ..fsutil import owned_tempdir
 from ..repository import Repository
 from ..repository.manifest import BackupManifest
-from .backup import LEDGER_VERDICTS, Candidate
+from .times import file_range, snapshot_time
 
 
 class TarantoolPlan:
     family = "tarantool"
 
     def __init__(self, root: Path, connect: str | None, *, snapshot: bool = False):
-        from ..tarantool.backup_set import instance_of
+        from .backup_set import instance_of
 
         self.root, self.connect = root, connect
         self.snapshot = snapshot  # the checkpoint's files only: a snapshot that covers the log up to its vclock
@@ -34,7 +35,7 @@ class TarantoolPlan:
 
     def __enter__(self):
         if self.connect:
-            from ..tarantool.live import backup_session, take_snapshot
+            from .live import backup_session, take_snapshot
 
             if self.snapshot:
                 take_snapshot(self.connect)  # so that the checkpoint pinned next covers the log up to now
@@ -56,12 +57,12 @@ class TarantoolPlan:
     def _connect_display(self) -> str:
         if not self.connect:
             return ""
-        from ..tarantool.live import redact_uri
+        from .live import redact_uri
 
         return redact_uri(self.connect)
 
     def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
-        from ..tarantool.backup_set import select
+        from .backup_set import select
 
         since = None
         if parent is not None:
@@ -92,8 +93,8 @@ class TarantoolPlan:
         """The verdict on a copy of the newest xlog, cut after its last whole block when it ends inside one: a
         running instance was writing that block as it was copied, or a crash tore it (Tarantool discards such a
         tail too). Any other finding stays, and refuses the backup."""
-        from ..tarantool.check import file_verdict
-        from ..tarantool.xlog import scan_file
+        from .check import file_verdict
+        from .xlog import scan_file
 
         verdict = file_verdict(scan_file(copy))
         torn = [x for x in verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
@@ -107,8 +108,8 @@ class TarantoolPlan:
         return verdict
 
     def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
-        from ..tarantool.backup_set import judge, verdict_from_record
-        from .verify import scan_tarantool
+        from .backup_set import judge, verdict_from_record
+        from ..scan_paths import scan_tarantool
 
         unknown = []
         for c in candidates:
@@ -131,12 +132,12 @@ class TarantoolPlan:
             c.verdict.path = str(self._source_path(c))
             reports[c.verdict.path] = c.verdict
         checks = judge(self.set, reports)
-        checks["snapshot"]["time"] = _snapshot_time(self.set.snapshot.path)
+        checks["snapshot"]["time"] = snapshot_time(self.set.snapshot.path)
         if self.snapshot:
             checks["snapshot"]["wal_dir"] = self.wal_dir
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
-                from ..tarantool.backup_set import verdict_record
+                from .backup_set import verdict_record
 
                 repo.ledger_put("tarantool", self.instance, c.entry.sha256, verdict_record(c.verdict))
         return {"position": {"vclock": checks.pop("position")}, **checks}
@@ -145,7 +146,7 @@ class TarantoolPlan:
         return next(f.path for f in self.set.files if f.name == c.name)
 
     def verification(self, c: Candidate) -> dict:
-        from ..tarantool.backup_set import verdict_record
+        from .backup_set import verdict_record
 
         record = verdict_record(c.verdict)
         record["checked_by"] = getattr(c, "checked_by", "scan")
@@ -155,38 +156,6 @@ class TarantoolPlan:
     def source_info(self) -> dict:
         return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
                 "live": self.connect is not None, "connect": self._connect_display() or None}
-
-
-def _snapshot_time(path: Path) -> float | None:
-    """When the checkpoint was taken: every row of a snapshot carries that time (a point-in-time restore picks
-    its base by it)."""
-    from ..tarantool.row import TIMESTAMP
-    from ..tarantool.xlog import read_rows
-
-    for _pos, row in read_rows(path):
-        stamp = row.header.get(TIMESTAMP)
-        return float(stamp) if isinstance(stamp, (int, float)) else None
-    return None
-
-
-def file_range(f, path: Path) -> dict:
-    """A file's range in the log: its vclock from and to, and for an xlog or a snapshot the time of its rows
-    (what retention judges it by)."""
-    if f.vclock is None:
-        return {}
-    end = f.end_vclock() if f.kind == "xlog" else f.vclock
-    out = {"vclock": [{str(k): v for k, v in sorted(f.vclock.items())}, {str(k): v for k, v in sorted(end.items())}]}
-    if f.kind == "xlog":
-        from ..tarantool.times import row_times
-
-        try:
-            out["time"] = row_times(path, stop=f.size, edges=f.edge_blocks)
-        except (OSError, ValueError):  # changed since it was checked: judged by its archive time instead
-            out["time"] = None
-    elif f.kind == "snap":
-        taken = _snapshot_time(path)
-        out["time"] = None if taken is None else [taken, taken]
-    return out
 
 
 def _copy_prefix(src: Path, dst: Path) -> None:

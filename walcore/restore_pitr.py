@@ -5,17 +5,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..findings import Refused
-from ..fsutil import write_atomic
-from ..repository import Repository, stamp_seconds
-from ..repository.manifest import BackupManifest, FileEntry
-from ..tarantool.meta import vclock_from_json, vclock_leq
-from .backup import Progress
-from .restore import _layout_name, materialize
+from .command.common import Progress
+from .findings import Refused
+from .fsutil import write_atomic
+from .repository import Repository, stamp_seconds
+from .repository.manifest import BackupManifest, FileEntry
+from .repository.materialize import layout_name, materialize, wal_dir_of
+from .tarantool.meta import vclock_from_json, vclock_leq
 
 
 def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
-    from ..tarantool.pitr import PointError, cut_chain, parse_point
+    from .tarantool.pitr import PointError, cut_chain, parse_point
 
     try:
         point = parse_point(to)
@@ -43,7 +43,7 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     chain, fork = lineage.log_from(start)
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
     wal_dir = wal_dir_of(base)
-    entries = [(_layout_name(base, e), e) for e in base_files]
+    entries = [(layout_name(base, e), e) for e in base_files]
     log_dir = staging / ".walvault-log"
     log_entries = [(Path(e.name).name, e) for e in chain]
     tracker = Progress(len(entries) + len(chain), sum(e.size for _, e in entries + log_entries), progress,
@@ -78,7 +78,7 @@ class _Lineage:
     Where two candidates continue one step, the history is not placed past it."""
 
     def __init__(self, repo: Repository, newest: BackupManifest):
-        from .archive import load_archived, source_archive
+        from .repository.archive import load_archived, source_archive
 
         self.repo, self.newest = repo, newest
         self.chain = repo.chain(newest)
@@ -230,7 +230,7 @@ def _ends(e: FileEntry) -> dict[int, int]:
 
 
 def _text(vclock: dict[int, int]) -> str:
-    from ..tarantool.meta import format_vclock
+    from .tarantool.meta import format_vclock
 
     return format_vclock(vclock)
 
@@ -269,7 +269,7 @@ def _object_begins_with(repo: Repository, longer: FileEntry, shorter: FileEntry)
     has one), read streamed from the repository."""
     import hashlib
 
-    from ..tarantool.block import EOF_MAGIC
+    from .tarantool.block import EOF_MAGIC
 
     tail = EOF_MAGIC if shorter.verification.get("eof") else b""
     left = shorter.size - len(tail)
@@ -287,25 +287,15 @@ def _object_begins_with(repo: Repository, longer: FileEntry, shorter: FileEntry)
     return digest.hexdigest() == shorter.sha256
 
 
-def wal_dir_of(m: BackupManifest) -> Path:
-    """Where a Tarantool backup's log goes: where it keeps its xlogs; a snapshot holds none, so where its source
-    kept them (recorded), else beside its .snap."""
-    xlog = next((e.name for e in m.files if e.kind == "xlog"), None)
-    if xlog is not None:
-        return Path(xlog).parent
-    snap = m.checks.get("snapshot", {})
-    return Path(snap["wal_dir"]) if snap.get("wal_dir") else Path(snap["name"]).parent
-
-
 def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
     """The backup's files with `epoch` holding one durable record, the point. limestone cancels the snippets
     past it (2 -> 6, in place) when it starts. Refused past the backup's durable epoch, and below what the
     compacted file folds: limestone writes no epoch in it, so the state of an earlier epoch is not there."""
     import re
 
-    from ..limestone.check import prepare
-    from ..limestone.epoch import EPOCH_NAME
-    from ..limestone.writer import durable_epoch
+    from .limestone.check import prepare
+    from .limestone.epoch import EPOCH_NAME
+    from .limestone.writer import durable_epoch
 
     text = to.removeprefix("epoch:")
     if not re.fullmatch(r"[0-9]+", text):  # ASCII digits: str.isdigit() takes '²', which int() refuses
@@ -316,7 +306,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
     log: list[FileEntry] = []
     if epoch > reached:
         manifest, log = _limestone_log(repo, manifest, epoch)
-    entries = [(_layout_name(manifest, e), e) for e in manifest.files] + [(e.name, e) for e in log]
+    entries = [(layout_name(manifest, e), e) for e in manifest.files] + [(e.name, e) for e in log]
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
@@ -351,7 +341,7 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     archive still holds the whole log, and the archived files that carry the log from there (rotated pwal files
     neither in the base nor folded into its compacted file, and the blobs). Refused past what the archive holds
     whole: every channel's entries up to the point archived (what `archive` records), and durable."""
-    from .archive import EXPIRED_SUFFIX, archive_complete, source_archive
+    from .repository.archive import EXPIRED_SUFFIX, archive_complete, source_archive
 
     backups = [r.manifest for r in repo.source_backups("limestone", newest.instance)
                if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot"
@@ -413,7 +403,7 @@ def _channel_overlap(archived: list[FileEntry]) -> tuple[int, str, str, str] | N
 
 def _archived_detached(repo: Repository, archived: list[FileEntry]) -> set[str]:
     """Every DETACHED_PWAL name of the archived versions of the source's compaction catalog."""
-    from ..limestone.catalog import CatalogError, parse_catalog
+    from .limestone.catalog import CatalogError, parse_catalog
 
     out: set[str] = set()
     for e in archived:

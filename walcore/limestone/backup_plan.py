@@ -1,4 +1,4 @@
-"""Backing up a limestone log directory: every file limestone reads (never data/, compaction_temp/, ctrl/),
+"""The plan of a backup of a limestone log directory: every file limestone reads (never data/, compaction_temp/, ctrl/),
 refused while a limestone holds it or while it does not verify ok.
 
 From the choice of files to the end of the check, the backup holds limestone's own lock (flock LOCK_EX on the
@@ -11,10 +11,10 @@ import os
 import socket
 from pathlib import Path
 
+from ..command.common import Candidate
 from ..findings import Refused
 from ..repository import Repository
 from ..repository.manifest import BackupManifest
-from .backup import Candidate
 
 
 class LimestonePlan:
@@ -23,7 +23,8 @@ class LimestonePlan:
     def __init__(self, root: Path, *, origin: Path | None = None):
         """`origin`: the source directory a snapshot built in `root` (a scratch directory) stands for: its
         instance and path are the origin's."""
-        from ..limestone.check import prepare
+        from .check import prepare
+        from .layout import path_instance
 
         self.root = root
         self.origin = origin or root
@@ -37,13 +38,13 @@ class LimestonePlan:
         if plan.report.live:
             raise Refused(f"{root} is held by a running limestone: back up the copy its online backup hands out, "
                           "or stop it first", "cannot_check")
-        self.instance = manifest.instance_uuid or _path_instance(self.origin)
+        self.instance = manifest.instance_uuid or path_instance(self.origin)
         if not manifest.instance_uuid:
             self.notes.append(f"the manifest (format {manifest.format_version}) names no instance_uuid: the "
                               f"backup is kept under {self.instance}, derived from the directory's path")
 
     def __enter__(self):
-        from ..limestone.layout import exclusive_lock
+        from .layout import exclusive_lock
 
         self._lock = exclusive_lock(self.root)
         self._lock.__enter__()  # LiveError when a limestone took the directory since __init__
@@ -54,7 +55,7 @@ class LimestonePlan:
         return lock.__exit__(*exc) if lock is not None else None
 
     def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
-        from ..limestone.layout import DERIVED, kind_of
+        from .layout import DERIVED, kind_of
 
         out = []
         for dirpath, dirs, names in os.walk(self.root):
@@ -71,7 +72,7 @@ class LimestonePlan:
         return sorted(out, key=lambda c: c.name)
 
     def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
-        from .verify import verify_paths
+        from ..scan_paths import verify_paths
 
         report = verify_paths([self.root], runner=runner, progress=progress)
         d = report.dirs[0]
@@ -107,9 +108,3 @@ class LimestonePlan:
     def source_info(self) -> dict:
         return {"instance": self.instance, "path": str(self.origin.resolve()), "host": socket.gethostname(),
                 "live": False, "connect": None}
-
-
-def _path_instance(root: Path) -> str:
-    import hashlib
-
-    return "path-" + hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:16]

@@ -1,0 +1,87 @@
+"""The database families walvault knows (as WAL-G's internal/databases/*): what each one does its own way behind
+one interface (plan a backup, archive items, position order and coverage, snapshots, point restore, prove a
+restore), so that the commands say `family_named(name).…` and never `if family == …`. Implemented by
+walcore.tarantool.family and walcore.limestone.family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from .command.common import ArchiveItem
+from .findings import Refused
+from .repository import Repository
+from .repository.manifest import BackupManifest, FileEntry
+
+
+class Family(Protocol):
+    name: str
+    uses_ledger: bool  # whether a verdict on a sealed file's bytes holds wherever they are (the ledger keeps it)
+
+    def plan(self, source: Path, connect: str | None, *, snapshot: bool):
+        """The plan of a backup of a source directory of the family: what to store and how to verify it."""
+
+    def archive_items(self, report, result) -> list[ArchiveItem]:
+        """The family's sealed files of a verified report (scan_paths.Report) to archive; the others go to the
+        result's (command.archive.ArchiveResult) not_sealed or refused."""
+
+    def archived_verification(self, item: ArchiveItem) -> dict:
+        """The verdict an archived file's record keeps."""
+
+    def archived_range(self, item: ArchiveItem) -> dict:
+        """An archived file's range in the log, as its record keeps it."""
+
+    def position_key(self, m: BackupManifest) -> tuple:
+        """Orders backups: by log position first, the finish time only between two at the same position."""
+
+    def snapshot_of(self, m: BackupManifest) -> tuple[object, float] | None:
+        """(position, time) of the verified snapshot a backup holds, or None."""
+
+    def snapshot_rank(self, position) -> int:
+        """Orders snapshots' positions: which reaches furthest in the log."""
+
+    def describe_position(self, position) -> dict:
+        """A snapshot's position as reports say it."""
+
+    def backup_time(self, m: BackupManifest) -> float:
+        """When the point a backup restores to was written, by the log's own time where the log says it."""
+
+    def coverage(self, anchor: BackupManifest) -> Callable[[FileEntry], tuple[bool, int]]:
+        """Judges archived files: whether the anchor's snapshot covers a file's whole range, and its rank in the
+        log."""
+
+    def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
+        """When an archived file's log ends, by the log's own time (None: it does not say)."""
+
+    def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
+                      progress: bool) -> tuple[int, dict, list, list[str]]:
+        """A restore to the point `to` written into `staging`: (files reused, the point reached, the (name, entry)
+        written, notes)."""
+
+    def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
+        """Prove a restore of the backup in `target` (`work`: a scratch directory); what was proven, or Refused."""
+
+
+def family_named(name: str) -> Family:
+    from .limestone.family import Limestone
+    from .tarantool.family import Tarantool
+
+    return {"tarantool": Tarantool, "limestone": Limestone}[name]()
+
+
+def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False, check_only: bool = False):
+    """The family's plan for a source directory: what to store and how to verify it (with `check_only`, only that
+    SOURCE is a directory of one of them)."""
+    from .limestone.layout import is_limestone_dir
+    from .tarantool.layout import discover
+
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source}: {'not a directory' if source.exists() else 'no such directory'}")
+    limestone = is_limestone_dir(source)
+    if not limestone and not discover([source]).data_dirs:
+        raise Refused(f"{source} is neither a Tarantool data dir nor a limestone log directory", "cannot_check")
+    if check_only:
+        return None
+    return family_named("limestone" if limestone else "tarantool").plan(source, connect, snapshot=snapshot)

@@ -1,0 +1,129 @@
+"""limestone as a walvault family (walcore.family.Family): positions are durable epochs, a snapshot is one
+`walvault snapshot` built (a compacted file covering named files), an archived file's log ends at its rotation
+time, a restore is proven by limestone's own checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..command.common import ArchiveItem
+from ..findings import Refused
+from ..repository import Repository, stamp_seconds
+from ..repository.manifest import BackupManifest, FileEntry
+
+
+class Limestone:
+    name = "limestone"
+    uses_ledger = False  # a pwal file's verdict depends on the directory's durable epoch, not its bytes alone
+
+    def plan(self, source: Path, connect: str | None, *, snapshot: bool):
+        from .backup_plan import LimestonePlan
+
+        if connect:
+            raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
+                          "online-backup copy or a stopped datastore", "cannot_check")
+        return LimestonePlan(source)
+
+    def position_key(self, m: BackupManifest) -> tuple:
+        return (m.position.get("epoch", 0), m.finished, m.id)
+
+    def snapshot_of(self, m: BackupManifest) -> tuple[object, float] | None:
+        snap = m.checks.get("snapshot")
+        if not isinstance(snap, dict) or m.type != "snapshot" or snap.get("epoch") is None:
+            return None
+        taken = snap.get("time")
+        return int(snap["epoch"]), float(taken) if taken is not None else stamp_seconds(m.started)
+
+    def snapshot_rank(self, position) -> int:
+        return position
+
+    def describe_position(self, position) -> dict:
+        return {"epoch": position}
+
+    def backup_time(self, m: BackupManifest) -> float:
+        from .layout import rotation_time
+
+        if m.type == "snapshot":
+            return self.snapshot_of(m)[1]
+        if times := [t for t in (rotation_time(e.name) for e in m.files) if t is not None]:
+            return max(times)
+        return stamp_seconds(m.finished)
+
+    def coverage(self, anchor: BackupManifest) -> Callable[[FileEntry], tuple[bool, int]]:
+        """A rotated pwal file is covered when the anchor folded it (by name); the others by their epochs."""
+        epoch = self.snapshot_of(anchor)[0]
+        detached = set(anchor.checks["snapshot"].get("detached", []))
+
+        def covered(entry: FileEntry) -> tuple[bool, int]:
+            epochs = entry.range.get("epochs") or [0, 0]
+            if entry.kind == "pwal_rotated":
+                return Path(entry.name).name in detached, epochs[1]
+            return epochs[1] <= epoch, epochs[1]
+
+        return covered
+
+    def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
+        from .layout import rotation_time
+
+        return rotation_time(entry.name)
+
+    def archive_items(self, report, result) -> list[ArchiveItem]:
+        """The sealed files of each checked directory of a report (rotated pwal and epoch files, blobs, each content
+        of a file limestone rewrites); what is not sealed, or is damaged, goes to the result's not_sealed and
+        refused."""
+        from .layout import REWRITTEN_KINDS, dir_instance
+
+        items = []
+        sealed = ("pwal_rotated", "epoch_rotated", "blob") + REWRITTEN_KINDS
+        for d in report.dirs:
+            root = Path(d.path)
+            if d.status == "cannot_check" or d.manifest is None:
+                result.refused.append({"path": d.path, "findings": [x.to_json() for x in d.findings]})
+                continue
+            instance = dir_instance(d)
+            for f in report.files:
+                if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
+                    continue
+                if f.kind not in sealed:
+                    result.not_sealed.append(f.path)
+                    continue
+                if f.status == "damaged":
+                    result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
+                    continue
+                items.append(ArchiveItem(Path(f.path), "limestone", instance,
+                                         Path(os.path.relpath(f.path, root)).as_posix(), f.kind, f, root))
+        return items
+
+    def archived_verification(self, item: ArchiveItem) -> dict:
+        record = item.verdict.to_json()
+        del record["path"]
+        return {**record, "checked_by": "scan"}
+
+    def archived_range(self, item: ArchiveItem) -> dict:
+        return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
+
+    def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
+                      progress: bool) -> tuple[int, dict, list, list[str]]:
+        from ..restore_pitr import limestone_point
+
+        return (*limestone_point(repo, manifest, to, staging, progress), [])
+
+    def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
+        """The restore verifies ok, with the recorded durable epoch and durable entry counts."""
+        from .check import check_dir
+
+        _plan, report, _scans = check_dir(target)
+        recorded = m.checks.get("directory", {})
+        if report.status != "ok":
+            raise Refused(f"the restore verifies {report.status}: "
+                          + "; ".join(f.message for f in report.findings[:3]), "damaged")
+        if report.durable_epoch != m.position.get("epoch"):
+            raise Refused(f"the restore's durable epoch is {report.durable_epoch}, the backup records "
+                          f"{m.position.get('epoch')}", "damaged")
+        if recorded.get("durable_entries") is not None and report.durable_entries != recorded["durable_entries"]:
+            raise Refused(f"the restore holds durable entries {report.durable_entries}, the backup recorded "
+                          f"{recorded['durable_entries']}", "damaged")
+        return (f"limestone's checks pass: durable epoch {report.durable_epoch}, entries "
+                f"{report.durable_entries} as recorded")

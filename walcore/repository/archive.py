@@ -1,0 +1,104 @@
+"""A source's archive in the repository: each archived file's record (the commit point of its archiving), the
+tombstones retention leaves, and how far a limestone source's log is archived whole. The archive command writes
+them; restore, snapshot, expire and the repository's verification read them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..fsutil import file_sha256
+from . import Repository
+from .manifest import FileEntry, ManifestError, decode_checked
+from .storage import UnsafeName
+
+RECORD_SUFFIX = ".json"
+EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
+
+
+def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntry | None]:
+    """Every archive record of a source (None for one that cannot be read)."""
+    prefix = f"{repo.source_dir(family, instance)}/archive"
+    out = []
+    for name in repo.storage.list(prefix):
+        if name.endswith(".zst" + RECORD_SUFFIX):
+            out.append(load_record(repo, name))
+    return out
+
+
+def load_record(repo: Repository, name: str) -> FileEntry | None:
+    """An archive record (None when it cannot be read)."""
+    loaded = _load_raw(repo, name)
+    return loaded and loaded[0]
+
+
+def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
+    try:
+        record = decode_checked(repo.storage.read_bytes(name), name)
+        return FileEntry.from_json(record), record
+    except (FileNotFoundError, ManifestError, UnsafeName):
+        return None
+
+
+def source_archive(repo: Repository, family: str, instance: str, source: dict,
+                   root: Path | None = None) -> list[FileEntry | None]:
+    """The archive records of one source directory (`source`: a manifest's host and path), None for one that
+    cannot be read. A copy of the directory shares the instance, and its files are another history's — but for
+    those it holds too (`root`: the directory, when at hand: the same name, size and SHA-256), archived once from
+    wherever they were first. A record that does not say where it came from (an older walvault's, with a relative
+    path) counts only while no record names another directory."""
+    prefix = f"{repo.source_dir(family, instance)}/archive"
+    own, unknown, other = [], [], False
+    for name in repo.storage.list(prefix):
+        if not name.endswith(".zst" + RECORD_SUFFIX):
+            continue
+        loaded = _load_raw(repo, name)
+        origin = loaded and _record_origin(*loaded)
+        if loaded is None:
+            own.append(None)
+        elif origin is None:
+            unknown.append(loaded[0])
+        elif origin[1] == source.get("path") and origin[0] in (None, source.get("host")) or _holds(root, loaded[0]):
+            own.append(loaded[0])
+        else:
+            other = True
+    return own if other else own + unknown
+
+
+def _holds(root: Path | None, entry: FileEntry) -> bool:
+    if root is None or not (root / entry.name).is_file() or (root / entry.name).stat().st_size != entry.size:
+        return False
+    return file_sha256(root / entry.name) == entry.sha256
+
+
+def _record_origin(entry: FileEntry, record: dict) -> tuple | None:
+    if isinstance(record.get("source_dir"), str):
+        return record.get("host"), record["source_dir"]
+    source = record.get("source")
+    if not isinstance(source, str) or not os.path.isabs(source) or not source.endswith("/" + entry.name):
+        return None
+    return record.get("host"), source[:-len(entry.name) - 1]
+
+
+def complete_name(repo: Repository, family: str, instance: str) -> str:
+    return f"{repo.source_dir(family, instance)}/archive-complete.json"
+
+
+def archive_complete(repo: Repository, family: str, instance: str, source: dict | None = None) -> int | None:
+    """The epoch up to which every durable entry of the source is in an archived file (None: not recorded); with
+    `source` (a manifest's host and path), up to which that directory's are: two directories of one instance (a
+    copy) are archived apart."""
+    try:
+        record = decode_checked(repo.storage.read_bytes(complete_name(repo, family, instance)), "archive-complete")
+    except (FileNotFoundError, ManifestError):
+        return None
+    epoch = record.get("epoch") if isinstance(record.get("epoch"), int) else None
+    per = record.get("sources")
+    if source is None or not isinstance(per, dict):  # recorded by an older walvault: for the instance
+        return epoch
+    found = per.get(source_key(source.get("host"), source.get("path")))
+    return found if isinstance(found, int) else 0
+
+
+def source_key(host, path) -> str:
+    return f"{host}:{path}"

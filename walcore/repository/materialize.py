@@ -1,0 +1,107 @@
+"""Stored files written out of the repository into a directory, each checked against its recorded hashes: where a
+restore stages them, the name each file takes in its family's layout, and what a restore that was interrupted left
+(the reverse of Repository.put_object; the restore, snapshot and expire commands and the point-in-time restore
+read through it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..findings import Refused
+from ..fsutil import file_sha256, fsync_dir
+from . import Repository
+from .manifest import BackupManifest, FileEntry
+from .storage import check_name
+
+STAGING_MARK = ".walvault-restore.json"  # in the staging directory: which restore it holds (removed at the end)
+
+
+def staging_dir(target: Path) -> Path:
+    """Where a restore into `target` writes before it is whole: a hidden sibling of it."""
+    return target.parent / f".{target.name}.walvault-restore"
+
+
+def _inside(root: Path, name: str) -> Path:
+    check_name(name)
+    path = root / name
+    real_root = os.path.realpath(root)
+    if not os.path.realpath(path).startswith(real_root + os.sep):
+        raise Refused(f"the manifest names {name!r}, which leads out of the restore directory", "damaged")
+    return path
+
+
+def layout_name(manifest: BackupManifest, entry: FileEntry) -> str:
+    """Where a file goes: its source name; a limestone blob kept flat goes to blob/dir_NN/ as limestone reads it."""
+    if manifest.family == "limestone" and entry.kind == "blob" and "/" not in entry.name:
+        blob_id = int(entry.name.split(".")[0], 16)
+        return f"blob/dir_{blob_id % 100:02d}/{entry.name}"
+    return entry.name
+
+
+def materialize(repo: Repository, entries: list[tuple[str, FileEntry]], root: Path, progress) -> int:
+    """Write each (name, entry) under root from the repository, checked; returns how many were there already.
+    `progress` (a command.common.Progress) advances by each file."""
+    reused = 0
+    for name, entry in entries:
+        path = _inside(root, name)
+        if path.is_file() and path.stat().st_size == entry.size and file_sha256(path) == entry.sha256:
+            reused += 1
+            progress.advance(entry.size)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".walvault-part")
+        try:
+            with open(part, "wb") as f:
+                for chunk in repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
+                                              stored_sha256=entry.stored_sha256):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        progress.advance(entry.size)
+    return reused
+
+
+def fsync_tree(root: Path) -> None:
+    """Every directory of a tree made durable."""
+    for dirpath, _dirs, _names in os.walk(root):
+        fsync_dir(Path(dirpath))
+
+
+def reuse_staging(staging: Path, mark: dict) -> list[str]:
+    """Create the staging directory, or reuse what an interrupted run of this same restore left there. One left
+    by another restore (another backup or point, or no mark) is discarded: its files must not join this one."""
+    notes = []
+    if staging.is_dir():
+        try:
+            same = json.loads((staging / STAGING_MARK).read_text()) == mark
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            shutil.rmtree(staging)
+            notes.append(f"{staging} was left by an interrupted restore of something else: discarded")
+    staging.mkdir(exist_ok=True)
+    mark_path = staging / STAGING_MARK
+    if not mark_path.exists():
+        with open(mark_path, "w") as f:
+            json.dump(mark, f)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(staging)
+    return notes
+
+
+def wal_dir_of(m: BackupManifest) -> Path:
+    """Where a Tarantool backup's log goes: where it keeps its xlogs; a snapshot holds none, so where its source
+    kept them (recorded), else beside its .snap."""
+    xlog = next((e.name for e in m.files if e.kind == "xlog"), None)
+    if xlog is not None:
+        return Path(xlog).parent
+    snap = m.checks.get("snapshot", {})
+    return Path(snap["wal_dir"]) if snap.get("wal_dir") else Path(snap["name"]).parent

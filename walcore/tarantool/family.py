@@ -1,0 +1,223 @@
+"""Tarantool as a walvault family (walcore.family.Family): positions are vclocks, a snapshot is a checkpoint's
+.snap, an archived file's log ends at its last row's time, a restore is proven by starting a real `tarantool`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from ..command.common import ArchiveItem
+from ..findings import Refused
+from ..repository import Repository, stamp_seconds
+from ..repository.manifest import BackupManifest, FileEntry
+from .meta import vclock_from_json, vclock_leq
+
+_START = """
+local json = require('json')
+local cfg = json.decode(arg[1])
+box.cfg{memtx_dir = cfg.memtx_dir, wal_dir = cfg.wal_dir, vinyl_dir = cfg.vinyl_dir, work_dir = cfg.work_dir,
+        log = cfg.log, feedback_enabled = false, checkpoint_interval = 0}
+local vclock = {}
+for k, v in pairs(box.info.vclock) do vclock[tostring(k)] = v end
+io.stdout:write(json.encode({vclock = vclock, uuid = box.info.uuid}))
+os.exit(0)
+"""
+
+
+class Tarantool:
+    name = "tarantool"
+    uses_ledger = True  # a sealed file's verdict depends on its bytes alone
+
+    def plan(self, source: Path, connect: str | None, *, snapshot: bool):
+        from .backup_plan import TarantoolPlan
+
+        return TarantoolPlan(source, connect, snapshot=snapshot)
+
+    def position_key(self, m: BackupManifest) -> tuple:
+        return (sum(vclock_from_json(m.position.get("vclock")).values()), m.finished, m.id)
+
+    def snapshot_of(self, m: BackupManifest) -> tuple[object, float] | None:
+        snap = m.checks.get("snapshot")
+        if not isinstance(snap, dict) or snap.get("vclock") is None:
+            return None
+        taken = snap.get("time")
+        # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
+        return vclock_from_json(snap["vclock"]), float(taken) if taken is not None else stamp_seconds(m.started) + 1
+
+    def snapshot_rank(self, position) -> int:
+        return sum(position.values())
+
+    def describe_position(self, position) -> dict:
+        return {"vclock": {str(k): v for k, v in sorted(position.items())}}
+
+    def backup_time(self, m: BackupManifest) -> float:
+        times = [e.range["time"][1] for e in m.files if e.kind == "xlog" and e.range.get("time")]
+        if all("time" in e.range for e in m.files if e.kind == "xlog"):
+            snap = self.snapshot_of(m)
+            times += [snap[1]] if snap else []
+            if times:
+                return max(times)
+        return stamp_seconds(m.finished)
+
+    def coverage(self, anchor: BackupManifest) -> Callable[[FileEntry], tuple[bool, int]]:
+        """A file is covered when the anchor's vclock reaches its last row in every component."""
+        position = self.snapshot_of(anchor)[0]
+
+        def covered(entry: FileEntry) -> tuple[bool, int]:
+            vclock = entry.range.get("vclock")
+            if not vclock:
+                return False, 0
+            end = vclock_from_json(vclock[1])
+            return vclock_leq(end, position), sum(end.values())
+
+        return covered
+
+    def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
+        """The time of the file's last row: from its record, or (a record of an older walvault) from its bytes."""
+        if "time" in entry.range:
+            return entry.range["time"][1] if entry.range["time"] else None
+        from ..command.common import Progress
+        from ..fsutil import owned_tempdir
+        from ..repository.materialize import materialize
+        from .times import row_times, snapshot_time
+
+        scratch = owned_tempdir("walvault-expire-")
+        try:
+            materialize(repo, [("file", entry)], scratch, Progress(1, 0, False, "read"))
+            if entry.kind == "snap":
+                return snapshot_time(scratch / "file")
+            times = row_times(scratch / "file")
+            return times[1] if times else None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def archive_items(self, report, result) -> list[ArchiveItem]:
+        """The sealed files of a verified report (scan_paths.Report) to archive; what is not sealed, or is damaged,
+        or names no instance, goes to the result's (command.archive.ArchiveResult) not_sealed and refused."""
+        from .layout import kind_of
+
+        files = {f.path: f for f in report.files if f.to_json()["family"] == "tarantool"}
+        chains = {c.path: c for c in report.chains}
+        items = []
+        newest = set()
+        for chain in chains.values():
+            if chain.xlogs:
+                newest.add(chain.xlogs[-1])
+        instance_of_dir: dict[str, str] = {}
+        for f in files.values():
+            if f.instance:
+                instance_of_dir.setdefault(str(Path(f.path).parent), f.instance)
+        vylogs: dict[Path, list] = {}  # the newest vylog of each vinyl dir is still written to
+        for f in files.values():
+            if f.kind == "vylog":
+                vylogs.setdefault(Path(f.path).parent, []).append(f)
+        for group in vylogs.values():
+            newest.add(max(group, key=lambda f: Path(f.path).name).path)
+        for f in files.values():
+            path = Path(f.path)
+            if f.status == "in_progress" or path.name.endswith(".inprogress"):
+                result.not_sealed.append(f.path)
+                continue
+            if f.path in newest:
+                result.not_sealed.append(f.path)
+                continue
+            if f.status == "damaged":
+                result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
+                continue
+            if f.status != "ok":
+                result.not_sealed.append(f.path)
+                continue
+            root = _data_root(path, f.kind)
+            instance = f.instance or instance_of_dir.get(str(root)) or _instance_near(root, files)
+            if instance is None:
+                result.refused.append({"path": f.path, "findings": [{"code": "no_instance", "offset": None,
+                                                                     "message": "no file beside it names its "
+                                                                                "instance"}]})
+                continue
+            items.append(ArchiveItem(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
+                                     kind_of(path)[0], f, root))
+        return items
+
+    def archived_verification(self, item: ArchiveItem) -> dict:
+        from .backup_set import verdict_record
+
+        return {**verdict_record(item.verdict), "checked_by": "scan"}
+
+    def archived_range(self, item: ArchiveItem) -> dict:
+        from .times import file_range
+
+        return file_range(item.verdict, item.path)
+
+    def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
+                      progress: bool) -> tuple[int, dict, list, list[str]]:
+        from ..restore_pitr import tarantool_point
+
+        reused, point_info, entries = tarantool_point(repo, manifest, to, staging, progress)
+        return reused, point_info, entries, _components_taken_as_zero(to, manifest, point_info)
+
+    def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
+        """A real `tarantool` (where installed) starts on the restore and reaches the recorded vclock."""
+        from ..repository.materialize import wal_dir_of
+
+        binary = shutil.which("tarantool")
+        if binary is None:
+            return "tarantool is not installed here: not started"
+        snaps = sorted(target.rglob("*.snap"))
+        xlogs = sorted(target.rglob("*.xlog"))
+        vylogs = sorted(target.rglob("*.vylog"))
+        memtx = snaps[-1].parent if snaps else target
+        cfg = {"memtx_dir": str(memtx), "wal_dir": str(xlogs[-1].parent if xlogs else target / wal_dir_of(m)),
+               "vinyl_dir": str(vylogs[-1].parent if vylogs else memtx), "work_dir": str(target),
+               "log": str(work / "tarantool.log")}
+        script = work / "start.lua"
+        script.write_text(_START)
+        proc = subprocess.run([binary, str(script), json.dumps(cfg)], capture_output=True, text=True, timeout=600,
+                              cwd=work, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            log = (work / "tarantool.log").read_text(errors="replace") if (work / "tarantool.log").exists() else ""
+            last = (log.strip().splitlines() or proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise Refused(f"tarantool did not start on the restore (exit {proc.returncode}): {last}", "damaged")
+        started = json.loads(proc.stdout)
+        reached = {k: v for k, v in started["vclock"].items() if v}
+        wanted = {k: v for k, v in m.position.get("vclock", {}).items() if v}
+        if reached != wanted:
+            raise Refused(f"tarantool started at vclock {reached}, the backup records {wanted}", "damaged")
+        if started["uuid"] != m.instance:
+            raise Refused(f"tarantool started as instance {started['uuid']}, the backup is of {m.instance}",
+                          "damaged")
+        return f"tarantool started on it at the recorded vclock {reached}"
+
+
+def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dict) -> list[str]:
+    """A vclock point that leaves out a component the log has stops before that component's first row: say so."""
+    from .pitr import parse_point
+
+    point = parse_point(to)
+    if point.vclock is None:
+        return []
+    has = {int(c) for vclock in (point_info.get("vclock") or {}, manifest.position.get("vclock") or {})
+           for c, lsn in vclock.items() if lsn}
+    return [f"the point names no component {c}: taken as 0, so the restore stops before its first row"
+            + (" (component 0 counts local-space rows)" if c == 0 else "") for c in sorted(has - set(point.vclock))]
+
+
+def _data_root(path: Path, kind: str) -> Path:
+    """The data dir a file belongs to: memtx/, wal/ and vinyl/ side by side count as one, their parent."""
+    d = path.parent
+    if kind in ("run", "index"):
+        d = d.parent.parent  # <vinyl_dir>/<space>/<index>/<file>
+    if d.name in ("memtx", "wal", "vinyl") and any((d.parent / n).is_dir() for n in ("memtx", "wal", "vinyl")
+                                                  if n != d.name):
+        return d.parent
+    return d
+
+
+def _instance_near(root: Path, files: dict) -> str | None:
+    for f in files.values():
+        if f.instance and Path(f.path).is_relative_to(root):
+            return f.instance
+    return None
