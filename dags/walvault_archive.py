@@ -8,7 +8,8 @@ from datetime import datetime
 from airflow.sdk import dag, task, teardown
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultArchiveOperator, WalvaultSparkSubmitOperator
+from walvault_provider.operators.spark import WalvaultSparkSubmitOperator
+from walvault_provider.operators.walvault import WalvaultArchiveOperator
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -23,7 +24,7 @@ def walvault_archive():
     def verify_plan(archived: dict, run_id=None) -> str:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from walvault_provider.hooks import WalvaultRepoHook
+        from walvault_provider.hooks.walvault import WalvaultRepoHook
         from walvault_provider.spark import check_connection, work_dir, write_plan
 
         check_connection(CONFIG.spark_connection)

@@ -15,8 +15,8 @@ from datetime import datetime
 from airflow.sdk import Param, dag, task, task_group, teardown
 
 from walvault_provider.config import load
-from walvault_provider.operators import (LEASE_WAIT, WalvaultSparkSubmitOperator, WalvaultVerifyOperator,
-                                         scheduled_backup_type)
+from walvault_provider.operators.spark import WalvaultSparkSubmitOperator
+from walvault_provider.operators.walvault import LEASE_WAIT, WalvaultVerifyOperator, scheduled_backup_type
 from walvault_provider.spark import application
 
 CONFIG = load()
@@ -40,8 +40,8 @@ def walvault_backup():
         in the plan file (mode 0600, removed by the job once its result is written)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from walvault_provider.hooks import WalvaultRepoHook, tarantool_uri
-        from walvault_provider.operators import late_minutes
+        from walvault_provider.hooks.walvault import WalvaultRepoHook, tarantool_uri
+        from walvault_provider.operators.walvault import late_minutes
         from walvault_provider.spark import check_connection, work_dir, write_plan
 
         config = load()

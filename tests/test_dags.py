@@ -13,7 +13,7 @@ import pytest
 
 import tarantool_real as tr
 from conftest import airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
-from walvault_provider.local import airflow, environment, migrate
+from devenv import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
 BIN = Path(sys.executable).parent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, tree_snapshot, walvault_command
-from walvault_provider.local import airflow, environment, migrate
+from devenv import airflow, environment, migrate
 
 pytestmark = [require_limestone, pytest.mark.xdist_group("spark")]
 DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then covers may expire now
@@ -83,7 +83,7 @@ def _dag_run(run_type: str, due: datetime, started: datetime):
 
 
 def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
-    from walvault_provider.operators import late_minutes, retention_applies
+    from walvault_provider.operators.walvault import late_minutes, retention_applies
 
     due = datetime(2026, 1, 1, 4, 0, tzinfo=timezone.utc)
     on_time, late = due + timedelta(minutes=2), due + timedelta(days=300, minutes=7)
@@ -236,7 +236,7 @@ def test_the_teardown_stops_a_running_job_before_its_directory_goes_and_records_
 
 def test_repository_create_is_false_unless_the_configuration_says_so(tmp_path, monkeypatch):
     from walvault_provider.config import ConfigError, parse
-    from walvault_provider.hooks import RepositoryMissing, WalvaultRepoHook
+    from walvault_provider.hooks.walvault import RepositoryMissing, WalvaultRepoHook
 
     source = {"name": "s", "family": "limestone", "path": "s"}
     assert parse({"sources": [source]}, tmp_path / "c.yaml").repository_create is False
