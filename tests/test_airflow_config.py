@@ -130,6 +130,8 @@ def _connection(monkeypatch, conn: dict, conn_id: str = "walvault_repo") -> None
 
 
 def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
+    from airflow.sdk.exceptions import AirflowException
+
     from walvault_provider.hooks.walvault import WalvaultRepoHook
 
     _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo")}})
@@ -143,7 +145,7 @@ def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
     _connection(monkeypatch, {"conn_type": "walvault_repo", "host": str(tmp_path / "other")}, "by_host")
     assert WalvaultRepoHook("by_host").target().url == str(tmp_path / "other")
     _connection(monkeypatch, {"conn_type": "walvault_repo"}, "empty")
-    with pytest.raises(ValueError, match="'empty': no repository"):
+    with pytest.raises(AirflowException, match="'empty': no repository"):
         WalvaultRepoHook("empty").target()
 
 

@@ -83,6 +83,8 @@ def _dag_run(run_type: str, due: datetime, started: datetime):
 
 
 def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
+    from airflow.sdk.exceptions import AirflowFailException
+
     from walvault_provider.operators.walvault import late_minutes, retention_applies
 
     due = datetime(2026, 1, 1, 4, 0, tzinfo=timezone.utc)
@@ -99,7 +101,7 @@ def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
         (False, "a manual run with dry_run ticked: plan only")
     assert retention_applies(_dag_run("manual", due, late), "False", 30)[0] is True
     assert retention_applies(_dag_run("backfill", due, on_time), "False", 30)[0] is False
-    with pytest.raises(ValueError, match="neither true nor false"):
+    with pytest.raises(AirflowFailException, match="neither true nor false"):
         retention_applies(_dag_run("manual", due, on_time), "flase", 30)
     # the backup DAG's catch-up: skipped, a manual run never late
     assert round(late_minutes(_dag_run("scheduled", due, late), 30)) == 300 * 1440 + 7

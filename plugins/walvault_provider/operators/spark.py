@@ -2,7 +2,7 @@
 has (its plan written, the job submitted, its result read, the run's teardown), so that a DAG says only what to
 plan and what the result means.
 
-Importing this module has no side effects: walcore and spark_jobs are imported when a task runs.
+Importing this module has no side effects.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import task, task_group, teardown
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
 
 class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     """A walvault Spark job (its `@plan` the one application argument), whose task fails when the walvault command
@@ -26,8 +27,6 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
 
     def execute(self, context):
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
         from ..spark import job_result
 
         super().execute(context)
@@ -78,6 +77,7 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
 
     With `group_id`, every plan gets a task group of its own (mapped: one plan's failure leaves the others' to
     finish); without, the plan task writes exactly one plan."""
+
     @functools.wraps(plan)  # the task takes plan's arguments and context values, and is named after it
     def write_plans(*args, **kwargs):
         from airflow.sdk import get_current_context

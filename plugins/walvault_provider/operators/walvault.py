@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 
 def flag(value, name: str) -> bool:
@@ -19,7 +20,7 @@ def flag(value, name: str) -> bool:
         return value
     text = str(value).strip().lower()
     if text not in ("true", "false"):
-        raise ValueError(f"{name}: {value!r} is neither true nor false")
+        raise AirflowFailException(f"{name}: {value!r} is neither true nor false")
     return text == "true"
 
 
@@ -149,7 +150,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         problems += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
         self.summary(f"walvault archive into {repo.display}", lines + problems)
         if problems and self.fail_on_problems:
-            raise RuntimeError(f"{len(problems)} problems (listed above); the other sources were archived")
+            raise AirflowException(f"{len(problems)} problems (listed above); the other sources were archived")
         return {"new": result.stored, "counts": counts, "problems": problems}
 
 
@@ -166,8 +167,6 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         self.enabled = enabled
 
     def execute(self, context):
-        from airflow.sdk.exceptions import AirflowSkipException
-
         from walcore.command.repo_verify import verify_repository
 
         if not flag(self.enabled, "enabled"):
@@ -180,7 +179,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         lines.append(f"{report.objects} objects, {report.bytes:,} bytes read")
         self.summary(f"walvault verify --repo {repo.display} {self.backup_id or '(every backup)'}", lines)
         if not report.intact:
-            raise RuntimeError(f"{self.backup_id or 'the repository'} does not verify: see the findings above")
+            raise AirflowFailException(f"{self.backup_id or 'the repository'} does not verify: see the findings above")
         return {"id": self.backup_id, "intact": True, "objects": report.objects, "bytes": report.bytes}
 
 
@@ -234,8 +233,6 @@ class WalvaultConfirmOperator(_SourceOperator):
     Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to."""
 
     def execute(self, context):
-        from airflow.sdk.exceptions import AirflowSkipException
-
         from walcore.command.backup import plan_for
         from walcore.command.expire import confirm
         from walcore.command.expire_text import render_source
@@ -252,7 +249,7 @@ class WalvaultConfirmOperator(_SourceOperator):
         if damaged:
             self.summary(title, [*render_source(plan), f"NOT CONFIRMED: the anchor {plan.anchor['name']} is not "
                                  f"intact: {damaged}"])
-            raise RuntimeError(f"{source.name}: the anchor {plan.anchor['name']} is not intact ({damaged}); "
+            raise AirflowFailException(f"{source.name}: the anchor {plan.anchor['name']} is not intact ({damaged}); "
                                "nothing of the source is expired")
         self.summary(title, [*render_source(plan), f"confirmed: the anchor {plan.anchor['name']} re-hashed "
                              f"intact ({len(plan.anchor_files)} objects)"])
@@ -288,7 +285,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
         if any(s.stopped for s in result.sources):
-            raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
+            raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
 
 
@@ -305,11 +302,11 @@ class WalvaultDrillOperator(_SourceOperator):
         repo = self.repository(config)
         backups = [m for m in repo.backups_of(source.path) if m.type != "snapshot"]
         if not backups:
-            raise RuntimeError(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
+            raise AirflowException(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
         newest = max(backups, key=lambda m: (m.finished, m.id))
         result = drill(repo, newest.id)
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
                      result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
         if result.status != "ok":
-            raise RuntimeError(f"the drill of backup {result.backup} failed: {result.problem}")
+            raise AirflowFailException(f"the drill of backup {result.backup} failed: {result.problem}")
         return result.to_json()
