@@ -56,11 +56,13 @@ from pathlib import Path
 from walcore.repository import Repository
 from walcore.repository.archive import load_archived
 from walcore.tarantool.writer import generate_wal
-from walvault_provider.local import environment, migrate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py
 import common  # noqa: E402
 from common import MB, WALVAULT  # noqa: E402
+
+sys.path.append(str(common.REPO / "scripts"))  # scripts/devenv.py: Airflow on one machine
+from devenv import environment, migrate  # noqa: E402
 
 SEED = 1
 SOURCE = "bench-tarantool"

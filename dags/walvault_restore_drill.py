@@ -9,7 +9,7 @@ from datetime import datetime
 from airflow.sdk import dag
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultDrillOperator
+from walvault_provider.operators.walvault import WalvaultDrillOperator
 
 CONFIG = load()
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultConfirmOperator, WalvaultExpireOperator
+from walvault_provider.operators.walvault import WalvaultConfirmOperator, WalvaultExpireOperator
 
 CONFIG = load()
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from airflow.sdk import dag
 
 from walvault_provider.config import load
-from walvault_provider.operators import WalvaultSnapshotOperator
+from walvault_provider.operators.walvault import WalvaultSnapshotOperator
 
 CONFIG = load()
 

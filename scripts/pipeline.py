@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from walvault_provider.local import BIN, CHECKOUT, LocalTarantool, airflow, environment, migrate
+from devenv import BIN, CHECKOUT, LocalTarantool, airflow, environment, migrate
 
 VAR = CHECKOUT / "var"
 CONFIG = CHECKOUT / "dags" / "walvault.yaml"

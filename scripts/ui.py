@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from walvault_provider.local import ADMIN, CHECKOUT, UI, LocalTarantool, environment, migrate
+from devenv import ADMIN, CHECKOUT, UI, LocalTarantool, environment, migrate
 
 VAR = CHECKOUT / "var"
 CONFIG = CHECKOUT / "dags" / "walvault.yaml"

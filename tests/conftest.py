@@ -1,6 +1,7 @@
 """Shared test support: where the shared fixtures are, real Tarantool instances, the real CLI.
 
-Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is on sys.path).
+Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is on sys.path), and Airflow on one
+machine with ``from devenv import ...`` (scripts/ too).
 
 - ``SHARED``, ``TARANTOOL_FIXTURES``: ../shared and its real Tarantool sample files (read only:
   copy them before changing anything, see ``copy_tree``).
@@ -37,6 +38,8 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+if str(REPO / "scripts") not in sys.path:  # devenv: Airflow on one machine
+    sys.path.append(str(REPO / "scripts"))
 
 import tarantool_real  # noqa: E402  (stdlib only)
 

@@ -130,7 +130,9 @@ def _connection(monkeypatch, conn: dict, conn_id: str = "walvault_repo") -> None
 
 
 def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
-    from walvault_provider.hooks import WalvaultRepoHook
+    from airflow.sdk.exceptions import AirflowException
+
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
 
     _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo")}})
     hook = WalvaultRepoHook()
@@ -143,14 +145,14 @@ def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
     _connection(monkeypatch, {"conn_type": "walvault_repo", "host": str(tmp_path / "other")}, "by_host")
     assert WalvaultRepoHook("by_host").target().url == str(tmp_path / "other")
     _connection(monkeypatch, {"conn_type": "walvault_repo"}, "empty")
-    with pytest.raises(ValueError, match="'empty': no repository"):
+    with pytest.raises(AirflowException, match="'empty': no repository"):
         WalvaultRepoHook("empty").target()
 
 
 def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoint, tmp_path):
     import s3fs
 
-    from walvault_provider.hooks import WalvaultRepoHook
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
 
     for key in S3_CREDENTIALS:  # only the connection may supply them here
         monkeypatch.delenv(key, raising=False)
@@ -171,6 +173,26 @@ def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoin
     from walcore.repository import Repository
 
     assert Repository(target.url, target.options).policy()["days"] == 30
+
+
+def test_the_provider_describes_itself_as_airflow_providers_do():
+    """get_provider_info() is valid against Airflow's own schema, and every module and class it names imports."""
+    import importlib
+
+    import airflow
+    import jsonschema
+
+    from walvault_provider import get_provider_info
+
+    info = get_provider_info()
+    jsonschema.validate(info, json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text()))
+    for kind in ("hooks", "operators"):
+        for entry in info[kind]:
+            for module in entry["python-modules"]:
+                importlib.import_module(module)
+    for conn in info["connection-types"]:
+        module, name = conn["hook-class-name"].rsplit(".", 1)
+        assert getattr(importlib.import_module(module), name).conn_type == conn["connection-type"]
 
 
 def test_a_spark_plan_is_private_from_its_first_byte(tmp_path, monkeypatch):
@@ -212,7 +234,7 @@ def test_the_local_tarantool_serves_its_data_dir_once(tmp_path):
     import socket
     import stat
 
-    from walvault_provider.local import LocalTarantool
+    from devenv import LocalTarantool
 
     first = LocalTarantool(tmp_path / "tt").start(rows=100)
     try:
@@ -231,7 +253,7 @@ def test_a_scheduled_backup_is_full_once_the_newest_full_is_old(tmp_path):
     """walvault_backup on schedule: full for a source with no full backup or one older than full_every_days,
     else incremental; by the source's path, whatever other sources the repository holds."""
     from walcore.repository import Repository, stamp_seconds
-    from walvault_provider.operators import scheduled_backup_type
+    from walvault_provider.operators.walvault import scheduled_backup_type
 
     source = REPO / "samples" / "tarantool" / "many-xlogs"
     repo_path = new_repository(tmp_path / "repo")

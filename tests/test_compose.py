@@ -377,7 +377,7 @@ def test_executors_and_the_driver_reach_each_other_by_service_name(rendered):
 
 def test_sources_and_repository_are_on_the_same_volumes_in_the_scheduler_and_both_workers(
         rendered, service_environment):
-    from walvault_provider.hooks import WalvaultRepoHook
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
 
     runners, workers = task_runners(rendered), spark_workers(rendered)
     assert runners and len(workers) == 2

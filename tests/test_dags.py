@@ -13,7 +13,7 @@ import pytest
 
 import tarantool_real as tr
 from conftest import airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
-from walvault_provider.local import airflow, environment, migrate
+from devenv import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
 BIN = Path(sys.executable).parent
@@ -80,8 +80,11 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env):
 def test_backup_from_the_form_and_on_schedule(airflow_env):
     """A manual run with the form's params (source, type, verify), then an incremental of it."""
     env, repo = airflow_env["env"], airflow_env["repo"]
+    reports = set(repo.glob("reports/verify/*/summary.json"))
     log = _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "ls", "type": "full", "verify": True}))
     assert "walvault verify --repo" in log and ": ok" in log
+    kept = [json.loads(p.read_text()) for p in set(repo.glob("reports/verify/*/summary.json")) - reports]
+    assert [s["verdict"] for s in kept] == ["INTACT"], "the verify task keeps its report, as the CLI does"
     tr.write_more(airflow_env["tt"], rows=200, snapshot=False, seed=4)
     _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "full", "verify": True}))
     _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "incremental",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, tree_snapshot, walvault_command
+from devenv import airflow, environment, migrate
 from walcore.limestone.layout import exclusive_lock
-from walvault_provider.local import airflow, environment, migrate
 
 pytestmark = [require_limestone, pytest.mark.xdist_group("spark")]
 DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then covers may expire now
@@ -84,7 +84,9 @@ def _dag_run(run_type: str, due: datetime, started: datetime):
 
 
 def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
-    from walvault_provider.operators import late_minutes, retention_applies
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from walvault_provider.operators.walvault import late_minutes, retention_applies
 
     due = datetime(2026, 1, 1, 4, 0, tzinfo=timezone.utc)
     on_time, late = due + timedelta(minutes=2), due + timedelta(days=300, minutes=7)
@@ -100,7 +102,7 @@ def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
         (False, "a manual run with dry_run ticked: plan only")
     assert retention_applies(_dag_run("manual", due, late), "False", 30)[0] is True
     assert retention_applies(_dag_run("backfill", due, on_time), "False", 30)[0] is False
-    with pytest.raises(ValueError, match="neither true nor false"):
+    with pytest.raises(AirflowFailException, match="neither true nor false"):
         retention_applies(_dag_run("manual", due, on_time), "flase", 30)
     # the backup DAG's catch-up: skipped, a manual run never late
     assert round(late_minutes(_dag_run("scheduled", due, late), 30)) == 300 * 1440 + 7
@@ -110,10 +112,11 @@ def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
 
 @pytest.mark.parametrize("confirmed", [None, {}, {"family": "limestone"}, "{{ nothing }}"])
 def test_an_expiry_whose_confirmation_did_not_arrive_fails_before_any_work(confirmed):
-    from walvault_provider.operators import WalvaultExpireOperator
+    from airflow.sdk.exceptions import AirflowFailException
+    from walvault_provider.operators.walvault import WalvaultExpireOperator
 
     operator = WalvaultExpireOperator(task_id="expire_x", confirmed=confirmed, config_path="/nonexistent.yaml")
-    with pytest.raises(RuntimeError, match="no confirmation to expire by"):
+    with pytest.raises(AirflowFailException, match="no confirmation to expire by"):
         operator.execute({})
 
 
@@ -247,7 +250,7 @@ def test_the_teardown_stops_a_running_job_before_its_directory_goes_and_records_
 
 def test_repository_create_is_false_unless_the_configuration_says_so(tmp_path, monkeypatch):
     from walvault_provider.config import ConfigError, parse
-    from walvault_provider.hooks import RepositoryMissing, WalvaultRepoHook
+    from walvault_provider.hooks.walvault import RepositoryMissing, WalvaultRepoHook
 
     source = {"name": "s", "family": "limestone", "path": "s"}
     assert parse({"sources": [source]}, tmp_path / "c.yaml").repository_create is False

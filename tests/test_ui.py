@@ -1,4 +1,4 @@
-"""The Airflow UI as people use it: api-server, scheduler and dag-processor on 127.0.0.1 (walvault_provider.local)
+"""The Airflow UI as people use it: api-server, scheduler and dag-processor on 127.0.0.1 (scripts/devenv.py)
 over a real PostgreSQL started for this module, real sources of both families and a repository on a local path.
 A backup is triggered through the REST API (token auth) and through the UI in a real headless Chromium (login,
 the DAG page, the trigger form); both runs go through the scheduler, LocalExecutor and Spark on local[2], and what
@@ -23,7 +23,8 @@ import pytest
 import requests
 
 from conftest import REPO, airflow_sources, require_limestone, require_tarantool, run_cli
-from walvault_provider.local import UI, environment, free_port, migrate
+from devenv import UI, environment, migrate
+from spark_jobs.cluster import free_port
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
 

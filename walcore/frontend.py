@@ -79,7 +79,8 @@ def _verify(request: rq.VerifyRequest, runner) -> int:
     from .command.verify import verify_sources
 
     if request.repo and not request.paths:
-        report = verify_backups(request, runner=runner, show=lambda r: _show_repository_report(request, r))
+        report = verify_backups(_repository(request), request.backup, runner=runner, full=request.full,
+                                progress=request.progress, show=lambda r: _show_repository_report(request, r))
     else:
         report = verify_sources(request, runner=runner, show=lambda r: _show_report(request, r))
         if not report.checkable:

@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from airflow.sdk.exceptions import AirflowException
+
 from walcore.fsutil import write_atomic
 
 WORK_ENV = "WALVAULT_WORK_DIR"
@@ -78,7 +80,7 @@ def committed(run_id: str) -> list[dict]:
     return found
 
 
-class StoppedJobs(RuntimeError):
+class StoppedJobs(AirflowException):
     """A run's teardown found jobs of the run still running and stopped them: the run was stopped under them."""
 
 
@@ -112,7 +114,7 @@ def check_connection(conn_id: str) -> None:
 
     conn = BaseHook.get_connection(conn_id)
     if conn.conn_type != "spark":
-        raise ValueError(f"the Spark connection {conn_id!r} is of type {conn.conn_type!r}, not spark")
+        raise AirflowException(f"the Spark connection {conn_id!r} is of type {conn.conn_type!r}, not spark")
 
 
 def _output(directory: Path) -> Path:
@@ -132,10 +134,11 @@ def write_plan(directory: Path, plan: dict) -> str:
 
 def job_result(plan_arg: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) the job's command left in the output dir beside its plan (the job removed the
-    plan once its result was written); RuntimeError when it left no exit code (the job died)."""
+    plan once its result was written); AirflowException when it left no exit code (the job died)."""
     output = _output(Path(plan_arg.removeprefix("@")).parent)
     result = output / "result.json"
     if not result.exists():
-        raise RuntimeError(f"the Spark job left no result in {output}: it did not finish (see the submit task's log)")
+        raise AirflowException(f"the Spark job left no result in {output}: it did not finish (see the submit task's "
+                               "log)")
     code = json.loads(result.read_text())["exit"]
     return code, (output / "stdout").read_text(), (output / "stderr").read_text()

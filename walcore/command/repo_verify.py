@@ -247,14 +247,14 @@ def list_backups(repo: Repository) -> list[dict]:
     return out
 
 
-def verify_backups(request, *, runner, show) -> object:
-    """Verify the repository of `request.repo`, or its backup `request.backup`; `show(report)` is called with the
-    verdict, before the report is kept."""
+def verify_backups(repo: Repository, backup: str | None, *, runner, show, full: bool = False,
+                   progress: bool | None = None) -> RepoReport:
+    """Verify the repository, or its backup `backup`; `show(report)` is called with the verdict, before the report
+    is kept (every front end keeps it)."""
     from ..repository.report import keep, write_repository_report
 
-    repo = Repository(request.repo, request.repo_options)
     started = time.time()
-    report = verify_repository(repo, request.backup, runner=runner, full=request.full, progress=request.progress)
+    report = verify_repository(repo, backup, runner=runner, full=full, progress=progress)
     show(report)
-    keep(repo, write_repository_report, report, request.backup, started, runner.name)
+    keep(repo, write_repository_report, report, backup, started, runner.name)
     return report

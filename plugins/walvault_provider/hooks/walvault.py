@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException
 
 
-class RepositoryMissing(RuntimeError):
+class RepositoryMissing(AirflowException):
     """The connection names a location holding no repository, and the configuration does not create one."""
 
 
@@ -39,7 +40,7 @@ class WalvaultRepoHook(BaseHook):
         extra = conn.extra_dejson or {}
         url = extra.get("url") or conn.host
         if not url:
-            raise ValueError(f"connection {self.walvault_conn_id!r}: no repository (extra 'url', or host)")
+            raise AirflowException(f"connection {self.walvault_conn_id!r}: no repository (extra 'url', or host)")
         options = dict(extra.get("options") or {})
         if str(url).startswith("s3://") and conn.login:
             options.update({"key": conn.login, "secret": conn.password or ""})

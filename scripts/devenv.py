@@ -1,9 +1,10 @@
-"""Airflow on one machine for walvault: the environment its commands run with, the metadata database, the UI's
-processes, and the Tarantool of the embedded defaults.
+"""Airflow on one machine for walvault's scripts, tests and benchmarks (no part of the provider): the environment
+its commands run with, the metadata database, the UI's processes, and the Tarantool of the embedded defaults.
 
-scripts/pipeline.py (the README's main job), scripts/ui.py (the UI on 127.0.0.1) and the tests use it. The UI is
-three processes, api-server, scheduler and dag-processor, all on 127.0.0.1, and not `airflow standalone`, whose
-log servers bind every interface. Importing this module starts nothing and imports no Airflow.
+scripts/pipeline.py (the README's main job), scripts/ui.py (the UI on 127.0.0.1), bench/airflow_pipeline.py and
+the tests import it as `devenv` (scripts/ on sys.path). The UI is three processes, api-server, scheduler and
+dag-processor, all on 127.0.0.1, and not `airflow standalone`, whose log servers bind every interface. Importing
+this module starts nothing and imports no Airflow.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from spark_jobs.cluster import free_port
 from spark_jobs.submit import stop_tree
 from walcore.fsutil import write_atomic
 
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ADMIN = "admin"
 TARANTOOL_USER = "walvault"

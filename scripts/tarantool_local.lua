@@ -1,4 +1,4 @@
--- The Tarantool of walvault's embedded defaults (walvault_provider.local.LocalTarantool).
+-- The Tarantool of walvault's embedded defaults (scripts/devenv.py: LocalTarantool).
 --
 -- Usage: WALVAULT_TARANTOOL_PASSWORD=... tarantool tarantool_local.lua <data_dir> <port> <user> <rows>
 -- One data dir holds memtx, vinyl and the WAL. Each start commits <rows> more rows to `accounts` (memtx) and

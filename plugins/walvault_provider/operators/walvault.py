@@ -9,41 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-
-
-class WalvaultSparkSubmitOperator(SparkSubmitOperator):
-    """A walvault Spark job (its `@plan` the one application argument), whose task fails when the walvault command
-    did: exit 1 (a verdict: damage, a refusal) fails it without a retry, exit 2 (could not check) fails it as an
-    error; either way the log ends with the command's own last lines. Its connection is templated, so that a
-    run's params choose the Spark master (`conn_id="{{ params.spark }}"`). Killed (a run marked failed or
-    stopped), it stops spark-submit with every process under it (the JVM, the Python driver and workers)."""
-
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
-
-    def execute(self, context):
-        from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
-        from .spark import job_result
-
-        super().execute(context)
-        code, _out, err = job_result(self.application_args[0])
-        if code == 0:
-            return
-        tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
-        self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
-                       "\n".join(f"  {line}" for line in tail))
-        message = f"walvault exited {code}: {tail[-1].strip()}"
-        raise AirflowFailException(message) if code == 1 else AirflowException(message)
-
-    def on_kill(self) -> None:
-        from spark_jobs.submit import stop_tree
-
-        submitted = getattr(self._hook, "_submit_sp", None) if self._hook is not None else None
-        if submitted is not None and submitted.poll() is None:
-            stop_tree(submitted.pid, timeout=5)
-        super().on_kill()
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 
 def flag(value, name: str) -> bool:
@@ -53,7 +20,7 @@ def flag(value, name: str) -> bool:
         return value
     text = str(value).strip().lower()
     if text not in ("true", "false"):
-        raise ValueError(f"{name}: {value!r} is neither true nor false")
+        raise AirflowFailException(f"{name}: {value!r} is neither true nor false")
     return text == "true"
 
 
@@ -117,13 +84,13 @@ class _WalvaultOperator(BaseOperator):
         self.repo_conn_id = repo_conn_id
 
     def load_config(self):
-        from .config import load
+        from ..config import load
 
         return load(self.config_path)
 
     def repository(self, config):
         """The repository; created where there is none only when the configuration says `repository.create`."""
-        from .hooks import WalvaultRepoHook
+        from ..hooks.walvault import WalvaultRepoHook
 
         return WalvaultRepoHook(self.repo_conn_id or config.repository_connection).repository(
             create=config.repository_create)
@@ -183,14 +150,15 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         problems += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
         self.summary(f"walvault archive into {repo.display}", lines + problems)
         if problems and self.fail_on_problems:
-            raise RuntimeError(f"{len(problems)} problems (listed above); the other sources were archived")
+            raise AirflowException(f"{len(problems)} problems (listed above); the other sources were archived")
         return {"new": result.stored, "counts": counts, "problems": problems}
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
     """Verify one backup (`backup_id`), or every backup, in the repository (walvault verify --repo): every stored
     object's size and SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
-    `enabled` (templated, e.g. "{{ params.verify }}"): false skips the task."""
+    `enabled` (templated, e.g. "{{ params.verify }}"): false skips the task. Its report is kept in the repository,
+    as the CLI keeps it."""
 
     template_fields: Sequence[str] = ("config_path", "backup_id", "enabled")
 
@@ -200,21 +168,21 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         self.enabled = enabled
 
     def execute(self, context):
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from walcore.command.repo_verify import verify_repository
+        from walcore.command.repo_verify import verify_backups
+        from walcore.runner import LocalRunner
 
         if not flag(self.enabled, "enabled"):
             raise AirflowSkipException("verify after: unticked")
         repo = self.repository(self.load_config())
-        report = verify_repository(repo, self.backup_id)
+        # its report is kept in the repository as the CLI keeps it (the log says where)
+        report = verify_backups(repo, self.backup_id, runner=LocalRunner(), show=lambda report: None)
         lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
         lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
         lines += [f"repository: {f['code']}: {f['message']}" for f in report.repository["findings"]]
         lines.append(f"{report.objects} objects, {report.bytes:,} bytes read")
         self.summary(f"walvault verify --repo {repo.display} {self.backup_id or '(every backup)'}", lines)
         if not report.intact:
-            raise RuntimeError(f"{self.backup_id or 'the repository'} does not verify: see the findings above")
+            raise AirflowFailException(f"{self.backup_id or 'the repository'} does not verify: see the findings above")
         return {"id": self.backup_id, "intact": True, "objects": report.objects, "bytes": report.bytes}
 
 
@@ -240,7 +208,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
     def execute(self, context):
         from walcore.command.snapshot import NothingNew, snapshot
 
-        from .hooks import tarantool_uri
+        from ..hooks.walvault import tarantool_uri
 
         config = self.load_config()
         source = config.source(self.source)
@@ -268,8 +236,6 @@ class WalvaultConfirmOperator(_SourceOperator):
     Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to."""
 
     def execute(self, context):
-        from airflow.sdk.exceptions import AirflowSkipException
-
         from walcore.command.expire import confirm, render_source
 
         config = self.load_config()
@@ -293,7 +259,7 @@ class WalvaultConfirmOperator(_SourceOperator):
         if damaged:
             self.summary(title, [*render_source(plan), f"NOT CONFIRMED: the anchor {anchor['name']} is not "
                                  f"intact: {damaged}"])
-            raise RuntimeError(f"{source.name}: the anchor {anchor['name']} is not intact ({damaged}); "
+            raise AirflowFailException(f"{source.name}: the anchor {anchor['name']} is not intact ({damaged}); "
                                "nothing of the source is expired")
         self.summary(title, [*render_source(plan), f"confirmed: the anchor {anchor['name']} re-hashed intact "
                              f"({len(plan.anchor_files)} objects)"])
@@ -325,7 +291,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         if self.confirmed != EVERY_SOURCE:
             if not isinstance(self.confirmed, dict) or not {"family", "instance"} <= self.confirmed.keys():
                 # fail closed: a confirmation that did not arrive never widens the expiry to every source
-                raise RuntimeError(f"no confirmation to expire by (got {self.confirmed!r}): nothing expired")
+                raise AirflowFailException(f"no confirmation to expire by (got {self.confirmed!r}): nothing expired")
             only = {(self.confirmed["family"], self.confirmed["instance"])}
         config = self.load_config()
         repo = self.repository(config)
@@ -335,7 +301,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
         if any(s.stopped for s in result.sources):
-            raise RuntimeError("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
+            raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
 
 
@@ -352,11 +318,11 @@ class WalvaultDrillOperator(_SourceOperator):
         repo = self.repository(config)
         backups = [m for m in repo.backups_of(source.path) if m.type != "snapshot"]
         if not backups:
-            raise RuntimeError(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
+            raise AirflowException(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
         newest = max(backups, key=lambda m: (m.finished, m.id))
         result = drill(repo, newest.id)
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
                      result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
         if result.status != "ok":
-            raise RuntimeError(f"the drill of backup {result.backup} failed: {result.problem}")
+            raise AirflowFailException(f"the drill of backup {result.backup} failed: {result.problem}")
         return result.to_json()
