@@ -5,7 +5,8 @@ Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is
 - ``SHARED``, ``TARANTOOL_FIXTURES``: ../shared and its real Tarantool sample files (read only:
   copy them before changing anything, see ``copy_tree``).
 - ``require_shared``, ``require_tarantool``: skip marks (``pytestmark = require_shared``).
-- ``run_cli(*args)``: run the installed ``walvault`` entry point in a subprocess.
+- ``run_cli(*args)``: run the installed ``walvault`` entry point in a subprocess; ``run_main``: the
+  same result from walcore.cli.main called in the test's process (no interpreter start-up).
 - fixtures ``real_instance`` / ``crashed_instance``: session-scoped data dirs written by a real
   Tarantool (clean shutdown / SIGKILL after the last write). Shared by every test: never modify
   them, copy them first.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -72,6 +74,30 @@ def run_cli(*args, timeout: float = 300.0, cwd: Path | None = None) -> subproces
     """Run `walvault ARGS...` and return the finished process (text stdout/stderr, never raises on rc)."""
     return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd or REPO)
+
+
+def run_main(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """run_cli's result without its process: walcore.cli.main called in this one, on run_cli's empty stdin, its
+    working directory and its text output (UTF-8 bytes decoded, newlines translated). No interpreter start-up
+    (about a third of a CPU second a call): for the tests where the process boundary is not what is tested (no
+    signal, no timeout, no clock moved, nothing read from the process's command line or environment)."""
+    from walcore.cli import main
+
+    out, err = io.BytesIO(), io.BytesIO()
+    stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)  # as sys.stderr
+    stdin = sys.stdin
+    sys.stdin = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), contextlib.chdir(cwd or REPO):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+                code = e.code
+    finally:
+        sys.stdin = stdin
+    text = [b.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for b in (out, err)]
+    return subprocess.CompletedProcess(["walvault", *map(str, args)], code, *text)
 
 
 def run_cli_at(when: float, *args, timeout: float = 300.0) -> subprocess.CompletedProcess:
