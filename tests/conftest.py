@@ -362,7 +362,7 @@ FILE_TIERS = {
     "test_resources.py": "integration",
     "test_restore_pitr.py": "integration",
     "test_retention_limestone.py": "integration",
-    "test_retention_property.py": "unit",
+    "test_retention_property.py": "integration",  # in process, but whole random histories: some 50 CPU s
     "test_retention_tarantool.py": "integration",
     "test_scan_core_limestone.py": "unit",
     "test_scan_core_tarantool.py": "unit",
