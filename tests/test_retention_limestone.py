@@ -84,10 +84,14 @@ class Writer:
         d.close()
 
 
-def _cycle(src: Path, repo: Path, *commands) -> list[dict]:
-    assert run_cli("rotate", src).returncode == 0
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    return [_json(run_cli(c, src, "--repo", repo, "--json")) for c in commands]
+def _cycle(src: Path, repo: Path, *commands, at: float | None = None) -> list[dict]:
+    """rotate, archive, then each command (snapshot, backup): now, or `at` (a clock moved there by faketime)."""
+    def run(*args):
+        return run_cli(*args) if at is None else run_cli_at(at, *args)
+
+    assert run("rotate", src).returncode == 0
+    assert run("archive", src, "--repo", repo).returncode == 0
+    return [_json(run(c, src, "--repo", repo, "--json")) for c in commands]
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +99,19 @@ def history(tmp_path_factory):
     """epochs 1-5, S1; 6-10, F1 (full backup); 11-15, S2; [mid]; 16-20 archived; 21-23 still active."""
     root = tmp_path_factory.mktemp("limestone-retention")
     src, repo = root / "src", new_repository(root / "repo")
+    # The phases' clocks, 10 s apart (longer than a command takes): their manifests' times differ without
+    # waiting. In the past: a repository whose records are ahead of the clock refuses the tests' applies.
+    start = time.time() - 60
     w = Writer(src, seed=13)
     w.epochs(range(1, 6))
-    (s1,) = _cycle(src, repo, "snapshot")
-    time.sleep(1.1)
+    (s1,) = _cycle(src, repo, "snapshot", at=start)
     w.epochs(range(6, 11))
-    (f1,) = _cycle(src, repo, "backup")
-    time.sleep(1.1)
+    (f1,) = _cycle(src, repo, "backup", at=start + 10)
     w.epochs(range(11, 16))
-    (s2,) = _cycle(src, repo, "snapshot")
-    time.sleep(1.1)
-    mid = time.time()
-    time.sleep(1.1)
+    (s2,) = _cycle(src, repo, "snapshot", at=start + 20)
+    mid = start + 30
     w.epochs(range(16, 21))
-    _cycle(src, repo)
+    _cycle(src, repo, at=start + 40)
     w.epochs(range(21, 24))
     return {"src": src, "repo": repo, "S1": s1, "F1": f1, "S2": s2, "mid": mid, "done": time.time()}
 
