@@ -383,6 +383,7 @@ FILE_TIERS = {
 # Tests costlier than their file's tier that no rule of `tier_of` sees (file::name, without parameters).
 TEST_TIERS = {
     "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
+    "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
 }
 
 # Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.
