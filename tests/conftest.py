@@ -1,4 +1,4 @@
-"""Shared test support: where the shared fixtures are, real Tarantool instances, the real CLI.
+"""Shared test support: where the shared fixtures are, real Tarantool instances, the real CLI, the tiers.
 
 Import the helpers with ``from conftest import SHARED, run_cli, ...`` (tests/ is on sys.path), and Airflow on one
 machine with ``from devenv import ...`` (scripts/ too).
@@ -6,16 +6,20 @@ machine with ``from devenv import ...`` (scripts/ too).
 - ``SHARED``, ``TARANTOOL_FIXTURES``: ../shared and its real Tarantool sample files (read only:
   copy them before changing anything, see ``copy_tree``).
 - ``require_shared``, ``require_tarantool``: skip marks (``pytestmark = require_shared``).
-- ``run_cli(*args)``: run the installed ``walvault`` entry point in a subprocess.
+- ``run_cli(*args)``: run the installed ``walvault`` entry point in a subprocess; ``run_main``: the
+  same result from walcore.cli.main called in the test's process (no interpreter start-up).
 - fixtures ``real_instance`` / ``crashed_instance``: session-scoped data dirs written by a real
   Tarantool (clean shutdown / SIGKILL after the last write). Shared by every test: never modify
   them, copy them first.
+- tiers: every test gets exactly one of the markers `unit`, `integration`, `system` (see TIERS below);
+  `scripts/test --fast` runs the unit tier.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -73,6 +77,30 @@ def run_cli(*args, timeout: float = 300.0, cwd: Path | None = None) -> subproces
     """Run `walvault ARGS...` and return the finished process (text stdout/stderr, never raises on rc)."""
     return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd or REPO)
+
+
+def run_main(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """run_cli's result without its process: walcore.cli.main called in this one, on run_cli's empty stdin, its
+    working directory and its text output (UTF-8 bytes decoded, newlines translated). No interpreter start-up
+    (about a third of a CPU second a call): for the tests where the process boundary is not what is tested (no
+    signal, no timeout, no clock moved, nothing read from the process's command line or environment)."""
+    from walcore.cli import main
+
+    out, err = io.BytesIO(), io.BytesIO()
+    stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)  # as sys.stderr
+    stdin = sys.stdin
+    sys.stdin = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), contextlib.chdir(cwd or REPO):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+                code = e.code
+    finally:
+        sys.stdin = stdin
+    text = [b.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for b in (out, err)]
+    return subprocess.CompletedProcess(["walvault", *map(str, args)], code, *text)
 
 
 def run_cli_at(when: float, *args, timeout: float = 300.0) -> subprocess.CompletedProcess:
@@ -301,3 +329,96 @@ def scan_core(request, monkeypatch) -> str:
         monkeypatch.delenv("WALVAULT_PURE", raising=False)
         assert scancore.compiled() is not None, "walcore._scan is not built (scripts/setup builds it)"
     return request.param
+
+
+# -- tiers: what a test needs, so that `scripts/test --fast` (-m unit) runs in under a minute
+
+
+TIERS = ("unit", "integration", "system")  # cheapest first; a test's tier is the costliest thing it needs
+
+# Every test file's tier, for what its tests need beyond the rules of `tier_of` below: `unit` needs nothing but
+# this process and the shared fixtures; `integration` a real Tarantool, the S3 server (moto), a local Spark or
+# many subprocesses; `system` Airflow, PostgreSQL, a browser or a deployment. A new test file must be named here.
+FILE_TIERS = {
+    "test_airflow_config.py": "integration",
+    "test_archive.py": "integration",
+    "test_backup_failures.py": "integration",
+    "test_backup_limestone.py": "integration",
+    "test_backup_live.py": "integration",
+    "test_backup_tarantool.py": "integration",
+    "test_bench.py": "integration",
+    "test_cli.py": "integration",  # the installed entry point in a subprocess, every test
+    "test_compose.py": "system",
+    "test_dags.py": "system",
+    "test_dags_faults.py": "system",
+    "test_drill.py": "integration",
+    "test_inputs.py": "integration",
+    "test_lease_fencing.py": "integration",
+    "test_limestone_commands.py": "integration",
+    "test_limestone_compact.py": "unit",
+    "test_limestone_fixtures.py": "unit",
+    "test_limestone_random.py": "unit",
+    "test_lineage.py": "integration",
+    "test_nemesis.py": "integration",
+    "test_redundancy_and_clock.py": "integration",
+    "test_repository.py": "unit",
+    "test_resources.py": "integration",
+    "test_restore_pitr.py": "integration",
+    "test_retention_limestone.py": "integration",
+    "test_retention_property.py": "integration",  # in process, but whole random histories: some 50 CPU s
+    "test_retention_tarantool.py": "integration",
+    "test_scan_core_limestone.py": "unit",
+    "test_scan_core_tarantool.py": "unit",
+    "test_scan_fuzz_regressions.py": "unit",
+    "test_spark_jobs.py": "integration",
+    "test_tarantool_damage.py": "unit",
+    "test_tarantool_fixtures.py": "unit",
+    "test_tarantool_layout.py": "unit",
+    "test_tarantool_live.py": "integration",
+    "test_tarantool_pitr.py": "integration",
+    "test_tarantool_real.py": "integration",
+    "test_tarantool_real_harness.py": "integration",
+    "test_tarantool_vinyl.py": "unit",
+    "test_tiers.py": "unit",
+    "test_ui.py": "system",
+}
+
+# Tests costlier than their file's tier that no rule of `tier_of` sees (file::name, without parameters).
+TEST_TIERS = {
+    "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
+    "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
+}
+
+# Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.
+INTEGRATION_FIXTURES = {"real_instance", "crashed_instance", "s3_endpoint", "spark", "live"}
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    """The costliest of: the file's tier, the test's own entry in TEST_TIERS, and `integration` for a test that
+    needs a real Tarantool (require_tarantool) or uses an INTEGRATION_FIXTURES fixture or the S3 repo_target.
+    None for a file FILE_TIERS does not name (test_tiers fails on it)."""
+    path = Path(item.fspath)
+    if path.name not in FILE_TIERS:
+        return None
+    needs = [FILE_TIERS[path.name], TEST_TIERS.get(f"{path.name}::{item.originalname}", "unit")]
+    params = getattr(item, "callspec", None)
+    if (require_tarantool.mark in item.iter_markers("skipif") or INTEGRATION_FIXTURES & set(item.fixturenames)
+            or (params is not None and params.params.get("repo_target") == "s3")):
+        needs.append("integration")
+    return max(needs, key=TIERS.index)
+
+
+ALL_ITEMS = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/conftest.py assigns it)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers are what it selects by
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if tier := tier_of(item):
+            item.add_marker(tier)
+    config.stash[ALL_ITEMS] = list(items)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import (copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli,
+from conftest import (copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_main,
                       tree_snapshot)
 
 
 def _archive(*args):
-    proc = run_cli("archive", *args, "--json")
+    proc = run_main("archive", *args, "--json")
     assert "Traceback" not in proc.stderr
     return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
 
@@ -39,7 +39,7 @@ def test_tarantool_sealed_files_only_then_a_no_op(real_instance, repo_target, tm
     assert any(n.endswith(".run") for n in stored) and any(n.endswith(".index") for n in stored)
     assert str(src / "wal" / xlogs[-1]) in result["not_sealed"]
     # every archived file is verified and recorded
-    report = json.loads(run_cli("verify", *repo_target.cli, "--json").stdout)
+    report = json.loads(run_main("verify", *repo_target.cli, "--json").stdout)
     assert report["intact"] and report["archive"][0]["files"] == len(stored)
     again_proc, again = _archive(src, *repo_target.cli)
     assert again_proc.returncode == 0
@@ -87,7 +87,7 @@ def test_same_name_other_bytes_is_a_conflict_that_keeps_both(tmp_path):
     assert ".conflict-" in conflict["kept_as"] and conflict["sha256"] != conflict["archived_sha256"]
     objects = {p.name for p in repo.rglob(f"{snap.name}*.zst")}
     assert snap.name + ".zst" in objects and any(".conflict-" in n for n in objects)
-    report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    report = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
     assert any(f["code"] == "conflict" for a in report["archive"] for f in a["findings"])
 
 
@@ -97,8 +97,8 @@ def test_backup_after_archive_reads_verified_bytes_once(real_instance, tmp_path)
     from walcore.repository import Repository
 
     repo = new_repository(tmp_path / "repo")
-    assert run_cli("archive", real_instance, "--repo", repo).returncode == 0
-    proc = run_cli("backup", real_instance, "--repo", repo, "--json")
+    assert run_main("archive", real_instance, "--repo", repo).returncode == 0
+    proc = run_main("backup", real_instance, "--repo", repo, "--json")
     assert proc.returncode == 0, proc.stderr
     manifest = Repository(str(repo)).find(json.loads(proc.stdout)["id"]).manifest
     checked = {e.name: e.verification["checked_by"] for e in manifest.files}

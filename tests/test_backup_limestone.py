@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (LIMESTONE_FIXTURES, RepoTarget, copy_limestone_fixture, limestone_readme_table, new_repository,
-                      require_limestone, run_cli, tree_snapshot)
+                      require_limestone, run_main, tree_snapshot)
 from limestone_bytes import walk
 from walcore.limestone import writer
 from walcore.limestone.pwal import ADD_STORAGE, CLEAR_STORAGE, REMOVE_STORAGE
@@ -43,24 +43,24 @@ def _json(proc):
 
 
 def state(path: Path) -> str:
-    proc = run_cli("state", path, "--format", "tsv")
+    proc = run_main("state", path, "--format", "tsv")
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
 def verify(path: Path) -> tuple[int, dict]:
-    proc = run_cli("verify", path, "--json")
+    proc = run_main("verify", path, "--json")
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["dirs"][0]
 
 
 def backup(src: Path, target, *args) -> dict:
-    return _json(run_cli("backup", src, *target.cli, "--json", *args))
+    return _json(run_main("backup", src, *target.cli, "--json", *args))
 
 
 def restore(backup_id: str, dest: Path, target, *args) -> dict:
-    return _json(run_cli("restore", backup_id, dest, *target.cli, "--json", *args))
+    return _json(run_main("restore", backup_id, dest, *target.cli, "--json", *args))
 
 
 def tsv(rows: dict) -> str:
@@ -153,7 +153,7 @@ class Workload:
     def rotate(self) -> None:
         """What limestone's online backup does first: detach the active pwal files and the epoch file."""
         self.close()
-        proc = run_cli("rotate", self.path)
+        proc = run_main("rotate", self.path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         self.open()
 
@@ -261,7 +261,7 @@ def test_fixture_backup_and_restore(name, repo_target, tmp_path):
     src = copy_limestone_fixture(name, tmp_path)
     before = tree_snapshot(src)
     lost = missing_blobs(src)
-    proc = run_cli("backup", src, *repo_target.cli, "--json")
+    proc = run_main("backup", src, *repo_target.cli, "--json")
     assert tree_snapshot(src) == before, "the backup wrote to the source"
     if row["status"] != "OK":
         if row["status"] == "auto-repairable":
@@ -349,7 +349,7 @@ def test_full_then_incremental(repo_target, tmp_path):
             assert e.reference == full["id"]
             assert e.stored == by_name[e.name].stored and e.stored_sha256 == by_name[e.name].stored_sha256
             assert e.stored.startswith(f"limestone/{full_m.instance}/backups/{full['id']}/")
-    listed = {b["id"]: b for b in _json(run_cli("backups", *repo_target.cli, "--json"))["backups"]}
+    listed = {b["id"]: b for b in _json(run_main("backups", *repo_target.cli, "--json"))["backups"]}
     assert listed[incr["id"]]["stored_bytes"] == incr["stored_bytes"] == sum(
         e.stored_size for e in incr_m.files if e.reference is None)
     assert 0 < incr["stored_bytes"] < sum(e.stored_size for e in incr_m.files)
@@ -367,7 +367,7 @@ def test_full_then_incremental(repo_target, tmp_path):
     assert state(restored_a) == state_a
     assert verify(restored_a)[0] == 0
     assert files_of(restored_a) == files_a
-    assert _json(run_cli("verify", *repo_target.cli, "--json"))["intact"] is True
+    assert _json(run_main("verify", *repo_target.cli, "--json"))["intact"] is True
 
 
 def test_incremental_of_unchanged_source_stores_only_what_is_rewritten(tmp_path):
@@ -376,8 +376,8 @@ def test_incremental_of_unchanged_source_stores_only_what_is_rewritten(tmp_path)
     w = Workload(src, uuid="21111111-2222-4333-8444-555555555555", seed=3)
     phase_a(w)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
-    incr = _json(run_cli("backup", src, "--repo", repo, "--type", "incremental", "--json"))
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
+    incr = _json(run_main("backup", src, "--repo", repo, "--type", "incremental", "--json"))
     assert incr["stored_bytes"] == 0 and incr["files"] == full["files"]
 
 
@@ -410,14 +410,14 @@ def test_point_in_time(repo_target, tmp_path):
     rc, d = verify(dest)
     assert (rc, d["status"], d["durable_epoch"], d["max_appeared_epoch"]) == (1, "repairable", 3, 10)
     assert {f["code"] for f in d["findings"]} <= {"nondurable_snippet"}
-    assert run_cli("repair", dest, "--apply").returncode == 0
+    assert run_main("repair", dest, "--apply").returncode == 0
     rc, d = verify(dest)
     assert (rc, d["status"]) == (0, "ok")
     assert state(dest) == w.state_at(3)
 
-    proc = run_cli("restore", full["id"], tmp_path / "past", *repo_target.cli, "--to", "11")
+    proc = run_main("restore", full["id"], tmp_path / "past", *repo_target.cli, "--to", "11")
     assert_refused(proc, 1, "not restored", "reaches epoch 10", "11")
-    proc = run_cli("restore", full["id"], tmp_path / "time", *repo_target.cli, "--to", "2026-11-22T10:00:00Z")
+    proc = run_main("restore", full["id"], tmp_path / "time", *repo_target.cli, "--to", "2026-11-22T10:00:00Z")
     assert_refused(proc, 1, "not restored", "epoch number", "no time")
     assert not (tmp_path / "past").exists() and not (tmp_path / "time").exists()
     assert not [p for p in tmp_path.iterdir() if "walvault-restore" in p.name]
@@ -429,13 +429,13 @@ def test_point_in_time_refusals(tmp_path):
     does not ('²', an Arabic-Indic three): each refused with its reason (no traceback), nothing written."""
     src = copy_limestone_fixture("01-clean", tmp_path)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
     cases = {"4": "reaches epoch 3", "99999999999999999999999": "reaches epoch 3", "@1795335762": "no time"}
     for point, why in cases.items():
-        proc = run_cli("restore", full["id"], tmp_path / "out", "--repo", repo, "--to", point)
+        proc = run_main("restore", full["id"], tmp_path / "out", "--repo", repo, "--to", point)
         assert_refused(proc, 1, "not restored", why)
     for point in ("2026-11-22", "-1", "epoch:", "\u00b2", "\u0663", "3\u00b2"):  # no point at all: a bad command line
-        proc = run_cli("restore", full["id"], tmp_path / "out", "--repo", repo, "--to", point)
+        proc = run_main("restore", full["id"], tmp_path / "out", "--repo", repo, "--to", point)
         assert (proc.returncode, proc.stderr.count("\n")) == (2, 1), proc.stderr
         assert proc.stderr.startswith(f"walvault: --to {point!r} is not a point") and "epoch:N" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01-clean", "repo"]
@@ -482,14 +482,14 @@ def test_point_in_time_of_a_compacted_set(tmp_path):
     """The compacted file folds every epoch up to the catalog's MAX_EPOCH_ID (4): points below it are refused."""
     src = copy_limestone_fixture(ONLINE, tmp_path)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
     assert full["position"] == {"epoch": 9}
     for point in (4, 8, 9):
         dest = tmp_path / f"at-{point}"
-        assert run_cli("restore", full["id"], dest, "--repo", repo, "--to", point).returncode == 0
+        assert run_main("restore", full["id"], dest, "--repo", repo, "--to", point).returncode == 0
         assert state(dest) == tsv(_expected_rows_at(src, point, COVERED))
     assert state(tmp_path / "at-8") != state(tmp_path / "at-9")
-    proc = run_cli("restore", full["id"], tmp_path / "at-3", "--repo", repo, "--to", "3")
+    proc = run_main("restore", full["id"], tmp_path / "at-3", "--repo", repo, "--to", "3")
     assert_refused(proc, 1, "not restored", "compacted", "4")
     assert not (tmp_path / "at-3").exists()
 
@@ -502,10 +502,10 @@ def test_point_in_time_uses_the_catalog_limestone_uses(tmp_path):
     os.replace(src / "compaction_catalog", src / "compaction_catalog.back")
     assert verify(src)[0] == 0
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
-    proc = run_cli("restore", full["id"], tmp_path / "at-2", "--repo", repo, "--to", "2")
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
+    proc = run_main("restore", full["id"], tmp_path / "at-2", "--repo", repo, "--to", "2")
     assert_refused(proc, 1, "not restored", "compacted")
-    assert run_cli("restore", full["id"], tmp_path / "at-4", "--repo", repo, "--to", "4").returncode == 0
+    assert run_main("restore", full["id"], tmp_path / "at-4", "--repo", repo, "--to", "4").returncode == 0
     assert state(tmp_path / "at-4") == tsv(_expected_rows_at(src, 4, COVERED))
 
 
@@ -530,10 +530,10 @@ def test_point_in_time_below_what_the_compacted_file_folds(tmp_path):
     assert verify(src)[0] == 0
     assert "6c617465" in state(src)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
-    proc = run_cli("restore", full["id"], tmp_path / "at-4", "--repo", repo, "--to", "4")
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
+    proc = run_main("restore", full["id"], tmp_path / "at-4", "--repo", repo, "--to", "4")
     assert_refused(proc, 1, "not restored", "compacted", "5")
-    proc = run_cli("restore", full["id"], tmp_path / "at-5", "--repo", repo, "--to", "5")
+    proc = run_main("restore", full["id"], tmp_path / "at-5", "--repo", repo, "--to", "5")
     assert proc.returncode == 0, proc.stderr
     assert "6c617465" in state(tmp_path / "at-5")
 
@@ -550,7 +550,7 @@ def test_live_directory_is_refused(repo_target, tmp_path):
     fd = os.open(src / MANIFEST, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        proc = run_cli("backup", src, *repo_target.cli)
+        proc = run_main("backup", src, *repo_target.cli)
     finally:
         os.close(fd)
     assert_refused(proc, 2, "not backed up", "running limestone")
@@ -569,7 +569,7 @@ def test_nondurable_tail_is_refused(repo_target, tmp_path):
     w.close()
     assert verify(src)[1]["status"] == "repairable"
     before = tree_snapshot(src)
-    proc = run_cli("backup", src, *repo_target.cli)
+    proc = run_main("backup", src, *repo_target.cli)
     assert_refused(proc, 1, "not backed up", "repairable", "walvault repair", "nondurable_snippet at ")
     assert tree_snapshot(src) == before
     assert_nothing_recorded(repo_target)
@@ -584,7 +584,7 @@ def test_unrepairable_is_refused(tmp_path):
     data[offset] = 0
     (src / "pwal_0001").write_bytes(bytes(data))
     repo = new_repository(tmp_path / "repo")
-    proc = run_cli("backup", src, "--repo", repo)
+    proc = run_main("backup", src, "--repo", repo)
     assert_refused(proc, 1, "not backed up", "unrepairable", f"pwal_0001: corrupted_durable_snippet at {offset}")
     assert "walvault repair" not in proc.stderr
     assert_nothing_recorded(RepoTarget("local", str(repo), {}))
@@ -641,12 +641,12 @@ def test_incremental_after_restore_to_a_point_and_restart(tmp_path):
     phase_a(w)
     phase_b(w)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
     pitr = tmp_path / "pitr"
-    assert run_cli("restore", full["id"], pitr, "--repo", repo, "--to", "2").returncode == 0
+    assert run_main("restore", full["id"], pitr, "--repo", repo, "--to", "2").returncode == 0
     rotated = {p.name: p.stat().st_size for p in pitr.iterdir() if p.name.startswith("pwal_") and "." in p.name}
     # limestone's start (repair_by_mark on nondurable snippets), simulated by walvault repair (tglogutil's repair)
-    assert run_cli("repair", pitr, "--apply").returncode == 0
+    assert run_main("repair", pitr, "--apply").returncode == 0
     marked = [n for n, size in rotated.items() if (pitr / n).stat().st_size == size
               and 6 in [t for _, t, _ in walk((pitr / n).read_bytes())]]
     assert marked, "the point must cancel snippets of a file the full holds"
@@ -656,16 +656,16 @@ def test_incremental_after_restore_to_a_point_and_restart(tmp_path):
     w2.close()
     expected = state(pitr)
     assert expected != state(src)
-    elsewhere = run_cli("backup", pitr, "--repo", repo, "--type", "incremental")
+    elsewhere = run_main("backup", pitr, "--repo", repo, "--type", "incremental")
     assert elsewhere.returncode == 1 and "no full backup" in elsewhere.stderr, elsewhere.stderr
     src.rename(tmp_path / "src-before")
     pitr.rename(src)
-    in_place = run_cli("backup", src, "--repo", repo, "--type", "incremental")
+    in_place = run_main("backup", src, "--repo", repo, "--type", "incremental")
     assert in_place.returncode == 1 and f"diverged from its parent backup {full['id']}" in in_place.stderr
     assert any(n in in_place.stderr for n in marked), in_place.stderr
-    new_full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    new_full = _json(run_main("backup", src, "--repo", repo, "--json"))
     dest = tmp_path / "restored"
-    assert run_cli("restore", new_full["id"], dest, "--repo", repo).returncode == 0
+    assert run_main("restore", new_full["id"], dest, "--repo", repo).returncode == 0
     assert files_of(dest) == limestone_files(src)
     assert state(dest) == expected
 
@@ -682,7 +682,7 @@ def test_manifest_lists_epochs_verification_and_mutability(name, tmp_path):
     else:
         src = copy_limestone_fixture(name, tmp_path)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
     from walcore.repository import Repository
 
     m = Repository(str(repo)).find(full["id"]).manifest

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIMESTONE_FIXTURES as FIXTURES
-from conftest import limestone_readme_table, require_limestone, run_cli, tree_snapshot
+from conftest import limestone_readme_table, require_limestone, run_cli, run_main, tree_snapshot
 from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 from walcore.command.rotate import RotateRefused, rotate
@@ -42,13 +42,13 @@ def tsv(rows) -> str:
 
 
 def state(path: Path) -> str:
-    proc = run_cli("state", path, "--format", "tsv")
+    proc = run_main("state", path, "--format", "tsv")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
 def verdict(path: Path) -> tuple[int, dict]:
-    proc = run_cli("verify", path, "--json")
+    proc = run_main("verify", path, "--json")
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)["dirs"][0]
 
@@ -80,7 +80,7 @@ def unrepairable_copy(tmp_path: Path) -> tuple[Path, int]:
 
 
 def test_state_random_small_equals_oracle():
-    out = run_cli("state", FIXTURES / "20-random-small", "--format", "tsv")
+    out = run_main("state", FIXTURES / "20-random-small", "--format", "tsv")
     assert out.returncode == 0, out.stderr
     oracle = (FIXTURES / "20-random-small.state.tsv").read_bytes()
     assert out.stdout.encode() == oracle
@@ -111,20 +111,20 @@ def test_state_online_compaction(tmp_path):
 def test_state_unchanged_by_repair(tmp_path):
     work = copy_fixture("02-unfinished", tmp_path)
     before = state(work)
-    assert run_cli("repair", work, "--apply").returncode == 0
+    assert run_main("repair", work, "--apply").returncode == 0
     assert state(work) == before == tsv(EPOCHS_1_2)
 
 
 def test_state_refused_when_unrepairable(tmp_path):
     work, _ = unrepairable_copy(tmp_path)
-    proc = run_cli("state", work, "--format", "tsv")
+    proc = run_main("state", work, "--format", "tsv")
     assert proc.returncode == 1
     assert proc.stdout == ""
 
 
 def test_state_exit_code_does_not_depend_on_path(tmp_path):
     work, _ = unrepairable_copy(tmp_path / "cannot_check")
-    proc = run_cli("state", work, "--format", "tsv")
+    proc = run_main("state", work, "--format", "tsv")
     assert proc.returncode == 1, proc.stderr
 
 
@@ -134,7 +134,7 @@ def test_state_refused_without_compacted_file(tmp_path):
     work = copy_fixture("11-online-compaction", tmp_path)
     assert "COMPACTED_FILE pwal_0000.compacted 1" in (work / "compaction_catalog").read_text()
     (work / "pwal_0000.compacted").unlink()
-    proc = run_cli("state", work, "--format", "tsv")
+    proc = run_main("state", work, "--format", "tsv")
     assert (proc.returncode, proc.stdout) == (1, "")
     assert "pwal_0000.compacted" in proc.stderr
 
@@ -142,7 +142,7 @@ def test_state_refused_without_compacted_file(tmp_path):
 def test_state_cannot_check(tmp_path):
     work = copy_fixture("01-clean", tmp_path)
     (work / MANIFEST).unlink()
-    proc = run_cli("state", work, "--format", "tsv")
+    proc = run_main("state", work, "--format", "tsv")
     assert proc.returncode == 2
     assert proc.stdout == ""
 
@@ -153,7 +153,7 @@ def test_rotate_and_repair_cannot_check(tmp_path, command):
     work = copy_fixture("01-clean", tmp_path)
     (work / MANIFEST).unlink()
     before = tree_snapshot(tmp_path)
-    proc = run_cli(*command, work)
+    proc = run_main(*command, work)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(("walvault: not rotated: ", "walvault: not repaired: ")), proc.stderr
     assert MANIFEST in proc.stderr
@@ -166,9 +166,9 @@ def test_rotate_and_repair_cannot_check(tmp_path, command):
 def test_repair_plan_only_changes_nothing(tmp_path):
     work = copy_fixture("02-unfinished", tmp_path)
     before = tree_snapshot(tmp_path)
-    proc = run_cli("repair", work)
+    proc = run_main("repair", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    proc = run_cli("repair", work, "--json")
+    proc = run_main("repair", work, "--json")
     assert proc.returncode == 1
     plan = json.loads(proc.stdout)
     assert plan["applied"] is False and plan["status"] == "repairable"
@@ -182,8 +182,8 @@ def test_repair_plan_only_changes_nothing(tmp_path):
 def test_repair_on_ok_dir(name, tmp_path):
     work = copy_fixture(name, tmp_path)
     before = tree_snapshot(tmp_path)
-    assert run_cli("repair", work).returncode == 0
-    assert run_cli("repair", work, "--apply").returncode == 0
+    assert run_main("repair", work).returncode == 0
+    assert run_main("repair", work, "--apply").returncode == 0
     assert tree_snapshot(tmp_path) == before
 
 
@@ -196,7 +196,7 @@ def test_repair_apply(name, tmp_path):
     work = copy_fixture(name, tmp_path)
     original = {n: (work / n).read_bytes() for n in pwal_names(work)}
     assert all(re.fullmatch(r"pwal_\d{4}", n) for n in original)
-    proc = run_cli("repair", work, "--apply")
+    proc = run_main("repair", work, "--apply")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = pwal_names(work)
     # every (non-empty) active file detached under a rotated name; nothing else appeared
@@ -223,7 +223,7 @@ def test_repair_apply(name, tmp_path):
     rc, d = verdict(work)
     assert (rc, d["status"]) == (0, "ok")
     assert d["count_durable_wal_entries"] == TABLE[name]["count"]
-    assert run_cli("repair", work, "--apply").returncode == 0  # nothing left to do
+    assert run_main("repair", work, "--apply").returncode == 0  # nothing left to do
 
 
 @pytest.mark.parametrize("name,file,cut_at", [("02-unfinished", "pwal_0001", 115), ("07-zerotail", "pwal_0001", 175)])
@@ -235,7 +235,7 @@ def test_repair_apply_cut(name, file, cut_at, tmp_path):
     assert entries[-1][1] in ("short", "unknown")
     headers = [off for off, t, _ in entries if t == 2]
     assert cut_at == (headers[-1] if entries[-1][1] == "short" else entries[-1][0])
-    proc = run_cli("repair", work, "--apply", "--cut")
+    proc = run_main("repair", work, "--apply", "--cut")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (detached,) = [n for n in pwal_names(work) if n.startswith(file + ".")]
     saved_dir = tmp_path / f"{name}.walvault-cut"
@@ -252,7 +252,7 @@ def test_repair_cut_of_dot_saves_next_to_the_directory(tmp_path):
     # <dir>.walvault-cut beside it, never in the log directory itself.
     work = copy_fixture("02-unfinished", tmp_path)
     original = (work / "pwal_0001").read_bytes()
-    proc = run_cli("repair", ".", "--apply", "--cut", cwd=work)
+    proc = run_main("repair", ".", "--apply", "--cut", cwd=work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["02-unfinished", "02-unfinished.walvault-cut"]
     (saved,) = (tmp_path / "02-unfinished.walvault-cut").iterdir()
@@ -266,7 +266,7 @@ def test_repair_refuses_a_catalog_that_is_not_a_file(tmp_path):
     (work / "compaction_catalog").unlink()
     os.mkfifo(work / "compaction_catalog")
     before = sorted(p.name for p in work.iterdir())
-    proc = run_cli("repair", work, "--apply", timeout=60)
+    proc = run_cli("repair", work, "--apply", timeout=60)  # a process: a copy the FIFO blocked would end
     assert proc.returncode == 1 and "not a regular file" in proc.stderr
     assert sorted(p.name for p in work.iterdir()) == before  # nothing renamed
 
@@ -278,7 +278,7 @@ def test_repair_fails_before_any_change_when_it_cannot_save(tmp_path):
     (work / "compaction_catalog").write_bytes(b"garbage\n")
     (tmp_path / "11-online-compaction.walvault-cut").write_bytes(b"in the way")
     before = tree_snapshot(tmp_path)
-    proc = run_cli("repair", work, "--apply")
+    proc = run_main("repair", work, "--apply")
     assert proc.returncode == 2 and proc.stderr.startswith("walvault: not repaired: "), proc.stderr
     assert tree_snapshot(tmp_path) == before
 
@@ -295,7 +295,7 @@ def test_repair_says_when_it_uncovers_what_it_cannot_mend(tmp_path):
     data[header:header] = bytes(9)
     (work / "pwal_0000").write_bytes(bytes(data))
     assert verdict(work)[1]["status"] == "repairable"
-    proc = run_cli("repair", work, "--apply", "--json")
+    proc = run_main("repair", work, "--apply", "--json")
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert out["applied"] and out["left"].startswith("unrepairable")
@@ -308,7 +308,7 @@ def test_repair_refuses_unrepairable(tmp_path):
     assert (rc, d["status"]) == (1, "unrepairable")
     before = tree_snapshot(tmp_path)
     for args in ((), ("--apply",), ("--apply", "--cut")):
-        proc = run_cli("repair", work, *args)
+        proc = run_main("repair", work, *args)
         assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
         assert str(offset) in proc.stderr
     assert tree_snapshot(tmp_path) == before
@@ -317,7 +317,7 @@ def test_repair_refuses_unrepairable(tmp_path):
 def test_repair_cut_without_apply_is_usage_error(tmp_path):
     work = copy_fixture("02-unfinished", tmp_path)
     before = tree_snapshot(tmp_path)
-    proc = run_cli("repair", work, "--cut")
+    proc = run_main("repair", work, "--cut")
     assert proc.returncode == 2
     assert tree_snapshot(tmp_path) == before
 
@@ -331,7 +331,7 @@ def test_rotate_clean(tmp_path):
     epoch = (work / "epoch").read_bytes()
     state_before = state(work)
     assert state_before == tsv(FINAL)
-    proc = run_cli("rotate", work, "--json")
+    proc = run_main("rotate", work, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     renamed = {r["from"]: r["to"] for r in json.loads(proc.stdout)["renamed"]}
     assert set(renamed) == set(active) | {"epoch"}
@@ -351,7 +351,7 @@ def test_rotate_clean(tmp_path):
 
     # nothing active any more: a second rotate rotates nothing
     before = tree_snapshot(tmp_path)
-    proc = run_cli("rotate", work, "--json")
+    proc = run_main("rotate", work, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["renamed"] == []
     assert tree_snapshot(tmp_path) == before
@@ -364,7 +364,7 @@ def test_rotate_min_bytes(tmp_path):
     big = {n for n, s in sizes.items() if s >= limit}
     assert big and big != set(sizes)
     small = {n: (work / n).read_bytes() for n in sizes if n not in big}
-    proc = run_cli("rotate", work, "--min-bytes", limit)
+    proc = run_main("rotate", work, "--min-bytes", limit)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = pwal_names(work)
     for n in big:
@@ -397,7 +397,7 @@ def test_rotate_refuses_a_stray_epoch_file(tmp_path):
     (work / "epoch_old").write_bytes(b"\x04" + (99).to_bytes(8, "little"))
     assert verdict(work)[0] == 0
     before = tree_snapshot(tmp_path)
-    proc = run_cli("rotate", work)
+    proc = run_main("rotate", work)
     assert proc.returncode == 1 and "epoch_old" in proc.stderr, proc.stderr
     assert tree_snapshot(tmp_path) == before
 
@@ -458,13 +458,13 @@ def test_rotate_refuses_dir_not_ok(name, tmp_path):
     else:
         work = copy_fixture(name, tmp_path)
     before = tree_snapshot(tmp_path)
-    proc = run_cli("rotate", work)
+    proc = run_main("rotate", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert tree_snapshot(tmp_path) == before
 
 
 def test_rotate_not_a_limestone_dir(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert run_cli("rotate", tmp_path / "empty").returncode == 2
-    assert run_cli("rotate", tmp_path / "missing").returncode == 2
+    assert run_main("rotate", tmp_path / "empty").returncode == 2
+    assert run_main("rotate", tmp_path / "missing").returncode == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LIMESTONE_FIXTURES as FIXTURES
-from conftest import limestone_readme_table, require_limestone, run_cli, tree_snapshot
+from conftest import limestone_readme_table, require_limestone, run_main, tree_snapshot
 from conftest import copy_limestone_fixture as copy_fixture
 from limestone_bytes import walk
 
@@ -67,7 +67,7 @@ def epoch_records(path: Path) -> list[int]:
 
 
 def verify_json(path: Path, *extra, command: str = "verify"):
-    proc = run_cli(command, path, "--json", *extra)
+    proc = run_main(command, path, "--json", *extra)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
 
@@ -118,9 +118,9 @@ def test_verdict_matches_readme(name, tmp_path):
 def test_text_output_exit_codes(command):
     # Read only: run on the fixtures themselves in one call; any repairable dir makes it exit 1.
     ok = [FIXTURES / n for n in TABLE if TABLE[n]["status"] == "OK" and not n.startswith("13-")]
-    proc = run_cli(command, *ok)
+    proc = run_main(command, *ok)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = run_cli(command, *ok, FIXTURES / "07-zerotail")
+    proc = run_main(command, *ok, FIXTURES / "07-zerotail")
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
@@ -261,7 +261,7 @@ def test_inspect_and_verify_write_nothing(name, tmp_path):
     before = tree_snapshot(tmp_path)
     for args in (("inspect", "--jobs", "1"), ("inspect", "--json", "--jobs", "2"),
                  ("verify", "--jobs", "2"), ("verify", "--json", "--jobs", "1")):
-        proc = run_cli(args[0], work, *args[1:])
+        proc = run_main(args[0], work, *args[1:])
         assert proc.returncode in (0, 1), proc.stderr
     assert tree_snapshot(tmp_path) == before
 
@@ -296,7 +296,7 @@ def test_missing_manifest(tmp_path):
     d = report["dirs"][0]
     assert d["status"] == "cannot_check"
     assert [f["code"] for f in d["findings"]] == ["bad_manifest"]
-    assert run_cli("inspect", work).returncode == 2
+    assert run_main("inspect", work).returncode == 2
 
 
 @pytest.mark.parametrize("manifest", [
@@ -411,7 +411,7 @@ def test_limestone_dir_reached_twice_is_checked_once(tmp_path):
     (tmp_path / "link").symlink_to(work, target_is_directory=True)
     rc, report = verify_json(tmp_path)
     assert rc == 0 and len(report["dirs"]) == 1
-    proc = run_cli("verify", work, tmp_path / "link", "--json")
+    proc = run_main("verify", work, tmp_path / "link", "--json")
     assert proc.returncode == 0 and len(json.loads(proc.stdout)["dirs"]) == 1
 
 
@@ -600,10 +600,10 @@ def test_live_rotate_and_repair_refused(tmp_path, hold_lock):
     hold_lock(clean)
     hold_lock(crashed)
     before = tree_snapshot(tmp_path)
-    proc = run_cli("rotate", clean)
+    proc = run_main("rotate", clean)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    proc = run_cli("repair", crashed, "--apply")
+    proc = run_main("repair", crashed, "--apply")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    proc = run_cli("repair", crashed, "--apply", "--cut")
+    proc = run_main("repair", crashed, "--apply", "--cut")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert tree_snapshot(tmp_path) == before

@@ -18,6 +18,10 @@
 Every case is seeded; the seed is in every failure message. Replay one generated case with
 `pytest tests/test_limestone_random.py -k 'generated and [SEED]'`. Set LIMESTONE_RANDOM_STATS to a
 file name to get counts of the damage outcome classes (JSON lines).
+
+WALVAULT_TEST_EXAMPLES=N (default 20) runs up to N cases of each kind: N generated directories (first those that
+together reach every case the generator makes, then the lowest seeds) and N damaged copies of each fixture; 300
+runs every one.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import pytest
 
 import limestone_model as model
 from limestone_bytes import walk
-from conftest import copy_limestone_fixture, require_limestone, run_cli
+from conftest import copy_limestone_fixture, require_limestone, run_main
 from limestone_model import (ADD, CLEAR, EPOCH_RECORD, OK, PUT, PUT_BLOB, REMOVE, REMOVE_STORAGE, REPAIRABLE,
                              UNREPAIRABLE, Op, PartialHeader, Session, Stray, Workload, ZeroTail)
 from walcore.runner import LocalRunner
@@ -48,7 +52,8 @@ from walcore.scan_paths import verify_paths
 
 pytestmark = pytest.mark.usefixtures("scan_core")  # each test on both scan cores
 
-N_SEEDS = 300
+N_SEEDS = 300  # the generator's seeds (test_generator_covers_every_case walks them all)
+EXAMPLES = int(os.environ.get("WALVAULT_TEST_EXAMPLES", "20"))
 LEVEL = {OK: 0, REPAIRABLE: 1, UNREPAIRABLE: 2}
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +368,26 @@ def diff_positions(a: bytes, b: bytes) -> dict[int, tuple[int, int]]:
 # 1. Generated directories
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", range(N_SEEDS))
+def _outcomes(seed: int) -> set[str]:
+    """What the generator did for a seed, as test_generator_covers_every_case counts it."""
+    w, tags = generate(seed)
+    status = model.expect(w).status
+    return {*tags, status, f"{status}/v{'marker' if w.version >= 6 else 'plain'}"}
+
+
+def generated_seeds(count: int) -> list[int]:
+    """`count` seeds of range(N_SEEDS): first a few that together reach every outcome (greedily, the one adding
+    most first), then the lowest others."""
+    outcomes = {seed: _outcomes(seed) for seed in range(N_SEEDS)}
+    cover, missing = [], set().union(*outcomes.values())
+    while missing and len(cover) < count:
+        seed = max(outcomes, key=lambda s: len(outcomes[s] & missing))
+        cover.append(seed)
+        missing -= outcomes[seed]
+    return cover + [seed for seed in range(N_SEEDS) if seed not in cover][:max(0, count - len(cover))]
+
+
+@pytest.mark.parametrize("seed", generated_seeds(EXAMPLES))
 def test_generated(seed: int, tmp_path: Path):
     w, tags = generate(seed)
     ctx = f"seed {seed}: {describe(w, tags)}"
@@ -488,14 +512,14 @@ def test_cli_agrees_on_generated(tmp_path: Path):
         exp = model.expect(w)
         root = tmp_path / f"log-{seed}"
         write_workload(w, root)
-        r = run_cli("verify", "--json", root)
+        r = run_main("verify", "--json", root)
         assert r.returncode == (0 if status == OK and not exp.missing_blobs else 1), (ctx, r.stderr)
         assert verdict(json.loads(r.stdout)["dirs"][0]) == expected_verdict(exp), ctx
-        r = run_cli("state", root, "--format", "tsv")
+        r = run_main("state", root, "--format", "tsv")
         if status == UNREPAIRABLE:
             assert r.returncode == 1 and r.stdout == "", (ctx, r.stderr)
             before = snapshot(root)
-            r = run_cli("repair", root, "--apply")
+            r = run_main("repair", root, "--apply")
             assert r.returncode == 1 and snapshot(root) == before, (ctx, r.stdout, r.stderr)
             continue
         assert r.returncode == 0, (ctx, r.stderr)
@@ -505,9 +529,9 @@ def test_cli_agrees_on_generated(tmp_path: Path):
             rows[(int(sid), bytes.fromhex(key))] = bytes.fromhex(value)
         assert rows == exp.state, ctx
         if status == REPAIRABLE:
-            r = run_cli("repair", root, "--apply")
+            r = run_main("repair", root, "--apply")
             assert r.returncode == 0, (ctx, r.stdout, r.stderr)
-            r = run_cli("verify", "--json", root)
+            r = run_main("verify", "--json", root)
             assert json.loads(r.stdout)["dirs"][0]["status"] == OK, ctx
             assert r.returncode == (1 if exp.missing_blobs else 0), (ctx, r.stderr)
 
@@ -649,7 +673,8 @@ def test_damaged_fixture(fixture: str, chunk: int, tmp_path: Path):
     work = copy_limestone_fixture(fixture, tmp_path)
     base = Baseline(work)
     stats = Stats()
-    for i in range(chunk, DAMAGE_FIXTURES[fixture], CHUNKS):
+    cases = range(chunk, min(DAMAGE_FIXTURES[fixture], EXAMPLES), CHUNKS)
+    for i in cases:
         seed = f"{fixture}/{i}"
         rng = random.Random(seed)
         name = rng.choice(base.names)
@@ -660,8 +685,7 @@ def test_damaged_fixture(fixture: str, chunk: int, tmp_path: Path):
             _check_damaged(base, name, dmg, ctx, stats, tmp_path / f"repair-{i}")
         finally:
             (work / name).write_bytes(base.data[name])
-    assert sum(v for k, v in stats.items() if k.startswith("status ")) == len(range(chunk, DAMAGE_FIXTURES[fixture],
-                                                                                    CHUNKS))
+    assert sum(v for k, v in stats.items() if k.startswith("status ")) == len(cases)
     stats.write(f"{fixture}/{chunk}")
 
 

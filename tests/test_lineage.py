@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import require_tarantool, run_cli
+from conftest import require_tarantool, run_main
 from test_retention_limestone import _state, _state_at
 from walcore.limestone.writer import LogDir, put, remove
 from walcore.repository import Repository
@@ -61,7 +61,7 @@ def fork(tmp_path_factory):
     o, c, repo = root / "O", root / "C", root / "repo"
     Repository(str(repo), create=True)
     tr.generate_instance(o, wal_max_size=16384, scale=1, snapshots=1)
-    b1 = _ok(run_cli("backup", o, "--repo", repo, "--json"))["id"]
+    b1 = _ok(run_main("backup", o, "--repo", repo, "--json"))["id"]
     subprocess.run(["cp", "-a", str(o), str(c)], check=True)
     tr.write_more(o, rows=300, snapshot=False, seed=1)
     o_point = tr.dump_data_dir(o)  # O's state at a point after B1
@@ -71,15 +71,15 @@ def fork(tmp_path_factory):
     tr.write_more(c, rows=1200, snapshot=False, seed=4, wal_max_size=65536)
     c_end = tr.dump_data_dir(c)
     assert all(c_end["vclock"].get(k, 0) >= v for k, v in tr.dump_data_dir(o)["vclock"].items()), "C is ahead"
-    _ok(run_cli("archive", o, "--repo", repo))
-    proc = run_cli("archive", c, "--repo", repo, "--json")
+    _ok(run_main("archive", o, "--repo", repo))
+    proc = run_main("archive", c, "--repo", repo, "--json")
     assert proc.returncode == 1 and json.loads(proc.stdout)["conflicts"], proc.stdout
-    c_incremental = run_cli("backup", c, "--repo", repo, "--type", "incremental")
-    bc1 = _ok(run_cli("backup", c, "--repo", repo, "--json"))["id"]
-    b2 = _ok(run_cli("backup", o, "--repo", repo, "--type", "incremental", "--json"))
+    c_incremental = run_main("backup", c, "--repo", repo, "--type", "incremental")
+    bc1 = _ok(run_main("backup", c, "--repo", repo, "--json"))["id"]
+    b2 = _ok(run_main("backup", o, "--repo", repo, "--type", "incremental", "--json"))
     restore = _swapped(o, c)
     try:
-        clone_incremental = run_cli("backup", o, "--repo", repo, "--type", "incremental")
+        clone_incremental = run_main("backup", o, "--repo", repo, "--type", "incremental")
     finally:
         restore()
     return {"root": root, "O": o, "C": c, "repo": repo, "B1": b1, "B2": b2, "BC1": bc1, "o_point": o_point,
@@ -96,14 +96,14 @@ def test_an_incremental_of_a_copy_is_refused(fork):
 @require_tarantool
 def test_an_incremental_of_a_clone_at_the_same_path_is_refused_as_diverged(fork):
     _refused(fork["clone_incremental"], "diverged from its parent backup " + fork["B2"]["id"], "holds other bytes")
-    ids = [b["id"] for b in _ok(run_cli("backups", "--repo", fork["repo"], "--json"))["backups"]]
+    ids = [b["id"] for b in _ok(run_main("backups", "--repo", fork["repo"], "--json"))["backups"]]
     assert len(ids) == 3, "nothing of the refused backups is listed"
 
 
 @require_tarantool
 def test_a_restore_of_the_original_to_a_point_uses_its_own_history(fork, tmp_path):
     point = _vclock(fork["o_point"]["vclock"])
-    out = _ok(run_cli("restore", fork["B2"]["id"], tmp_path / "r", "--repo", fork["repo"], "--to", point, "--json"))
+    out = _ok(run_main("restore", fork["B2"]["id"], tmp_path / "r", "--repo", fork["repo"], "--to", point, "--json"))
     assert out["point"]["base"] == fork["B1"], "the copy's backup (its snapshot is before the point) is no base"
     dump = tr.dump_data_dir(tmp_path / "r")
     assert dump["vclock"] == fork["o_point"]["vclock"]
@@ -112,7 +112,7 @@ def test_a_restore_of_the_original_to_a_point_uses_its_own_history(fork, tmp_pat
 
 @require_tarantool
 def test_a_point_only_the_copy_reached_is_refused(fork, tmp_path):
-    _refused(run_cli("restore", fork["B2"]["id"], tmp_path / "r", "--repo", fork["repo"], "--to",
+    _refused(run_main("restore", fork["B2"]["id"], tmp_path / "r", "--repo", fork["repo"], "--to",
                      _vclock(fork["c_end"]["vclock"])), "cannot restore")
     assert not (tmp_path / "r").exists()
 
@@ -122,17 +122,17 @@ def test_past_the_fork_the_full_backup_follows_its_own_source(fork, tmp_path):
     """B1 was taken of O before the copy: both histories continue its newest xlog. Past the fork, B1's history is
     its own source's (the archive's files of O's directory): a point there restores O's rows, never C's; a point
     only C reached is refused; a point inside B1 still restores."""
-    out = _ok(run_cli("restore", fork["B1"], tmp_path / "r", "--repo", fork["repo"], "--to",
+    out = _ok(run_main("restore", fork["B1"], tmp_path / "r", "--repo", fork["repo"], "--to",
                       _vclock(fork["o_point"]["vclock"]), "--json"))
     assert out["point"]["base"] == fork["B1"]
     dump = tr.dump_data_dir(tmp_path / "r")
     assert dump["vclock"] == fork["o_point"]["vclock"] and dump["spaces"] == fork["o_point"]["spaces"]
-    _refused(run_cli("restore", fork["B1"], tmp_path / "c", "--repo", fork["repo"], "--to",
+    _refused(run_main("restore", fork["B1"], tmp_path / "c", "--repo", fork["repo"], "--to",
                      _vclock(fork["c_end"]["vclock"])), "cannot restore")
-    b1 = next(b for b in _ok(run_cli("backups", "--repo", fork["repo"], "--json"))["backups"]
+    b1 = next(b for b in _ok(run_main("backups", "--repo", fork["repo"], "--json"))["backups"]
               if b["id"] == fork["B1"])
     end = {int(k): v for k, v in b1["position"]["vclock"].items()}
-    _ok(run_cli("restore", fork["B1"], tmp_path / "r1", "--repo", fork["repo"], "--to", _vclock(end)))
+    _ok(run_main("restore", fork["B1"], tmp_path / "r1", "--repo", fork["repo"], "--to", _vclock(end)))
     assert tr.dump_data_dir(tmp_path / "r1")["vclock"] == {k: v for k, v in end.items() if v}
 
 
@@ -154,7 +154,7 @@ def test_a_copy_archived_without_backups_never_continues_the_original(tmp_path):
 
 @require_tarantool
 def test_each_copy_has_its_own_retention(fork):
-    plan = _ok(run_cli("expire", "--repo", fork["repo"], "--days", "1", "--json", "--as-of",
+    plan = _ok(run_main("expire", "--repo", fork["repo"], "--days", "1", "--json", "--as-of",
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
     (source,) = plan["sources"]
     anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in source["identities"]}
@@ -169,7 +169,7 @@ def test_each_copy_has_its_own_retention(fork):
 def test_the_copys_incremental_builds_on_its_own_full_backup(fork, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(fork["repo"], repo)
-    out = _ok(run_cli("backup", fork["C"], "--repo", repo, "--type", "incremental", "--json"))
+    out = _ok(run_main("backup", fork["C"], "--repo", repo, "--type", "incremental", "--json"))
     assert out["parent"] == fork["BC1"]
 
 
@@ -204,10 +204,10 @@ def ls_fork(repo_target, tmp_path):
     repo_target.repository(create=True)
     w = Writer(o, seed=1)
     w.epochs(range(1, 6))
-    assert run_cli("rotate", o).returncode == 0
-    _ok(run_cli("archive", o, *repo_target.cli))
-    snap = _ok(run_cli("snapshot", o, *repo_target.cli, "--json"))["id"]
-    b1 = _ok(run_cli("backup", o, *repo_target.cli, "--json"))["id"]
+    assert run_main("rotate", o).returncode == 0
+    _ok(run_main("archive", o, *repo_target.cli))
+    snap = _ok(run_main("snapshot", o, *repo_target.cli, "--json"))["id"]
+    b1 = _ok(run_main("backup", o, *repo_target.cli, "--json"))["id"]
     subprocess.run(["cp", "-a", str(o), str(c)], check=True)
     wc = copy.deepcopy(w)
     wc.root, wc.rng = c, random.Random(2)
@@ -218,12 +218,12 @@ def ls_fork(repo_target, tmp_path):
 
 def test_limestone_incrementals_of_a_copy_are_refused(ls_fork):
     o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
-    _refused(run_cli("backup", c, *repo.cli, "--type", "incremental"), "no full backup", str(c))
-    b2 = _ok(run_cli("backup", o, *repo.cli, "--type", "incremental", "--json"))
+    _refused(run_main("backup", c, *repo.cli, "--type", "incremental"), "no full backup", str(c))
+    b2 = _ok(run_main("backup", o, *repo.cli, "--type", "incremental", "--json"))
     assert b2["parent"] == ls_fork["B1"]
     restore = _swapped(o, c)
     try:
-        _refused(run_cli("backup", o, *repo.cli, "--type", "incremental"),
+        _refused(run_main("backup", o, *repo.cli, "--type", "incremental"),
                  f"diverged from its parent backup {b2['id']}")
     finally:
         restore()
@@ -232,11 +232,11 @@ def test_limestone_incrementals_of_a_copy_are_refused(ls_fork):
 def test_limestone_point_past_the_backup_uses_its_own_source_only(ls_fork, tmp_path):
     o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
     for src in (o, c):
-        assert run_cli("rotate", src).returncode == 0
-        _ok(run_cli("archive", src, *repo.cli))
-    _ok(run_cli("restore", ls_fork["B1"], tmp_path / "r8", *repo.cli, "--to", "8", "--json"))
+        assert run_main("rotate", src).returncode == 0
+        _ok(run_main("archive", src, *repo.cli))
+    _ok(run_main("restore", ls_fork["B1"], tmp_path / "r8", *repo.cli, "--to", "8", "--json"))
     assert _state(tmp_path / "r8") == _state_at(o, 8)
-    _refused(run_cli("restore", ls_fork["B1"], tmp_path / "r12", *repo.cli, "--to", "12"), "reaches epoch 10")
+    _refused(run_main("restore", ls_fork["B1"], tmp_path / "r12", *repo.cli, "--to", "12"), "reaches epoch 10")
 
 
 def test_limestone_clone_at_the_same_path_is_not_mixed_in(ls_fork, tmp_path):
@@ -244,22 +244,22 @@ def test_limestone_clone_at_the_same_path_is_not_mixed_in(ls_fork, tmp_path):
     from the first epoch both hold, and a point before it still restores."""
     o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
     for src in (o, c):
-        assert run_cli("rotate", src).returncode == 0
-    _ok(run_cli("archive", o, *repo.cli))
+        assert run_main("rotate", src).returncode == 0
+    _ok(run_main("archive", o, *repo.cli))
     restore = _swapped(o, c)
     try:
-        _ok(run_cli("archive", o, *repo.cli))
+        _ok(run_main("archive", o, *repo.cli))
     finally:
         restore()
-    _refused(run_cli("restore", ls_fork["B1"], tmp_path / "r7", *repo.cli, "--to", "7"), "two histories")
-    _ok(run_cli("restore", ls_fork["B1"], tmp_path / "r5", *repo.cli, "--to", "5", "--json"))
+    _refused(run_main("restore", ls_fork["B1"], tmp_path / "r7", *repo.cli, "--to", "7"), "two histories")
+    _ok(run_main("restore", ls_fork["B1"], tmp_path / "r5", *repo.cli, "--to", "5", "--json"))
     assert _state(tmp_path / "r5") == _state_at(o, 5)
 
 
 def test_limestone_copies_have_their_own_retention(ls_fork):
     o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
-    bc1 = _ok(run_cli("backup", c, *repo.cli, "--json"))["id"]
-    plan = _ok(run_cli("expire", *repo.cli, "--days", "1", "--json", "--as-of",
+    bc1 = _ok(run_main("backup", c, *repo.cli, "--json"))["id"]
+    plan = _ok(run_main("expire", *repo.cli, "--days", "1", "--json", "--as-of",
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
     (source,) = plan["sources"]
     anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in source["identities"]}
@@ -275,14 +275,14 @@ def test_limestone_snapshot_of_a_copy_folds_its_own_history(ls_fork, tmp_path):
     from the original), never the original's later ones; it becomes the copy's anchor, not the original's."""
     o, c, repo = ls_fork["O"], ls_fork["C"], ls_fork["repo"]
     for src in (o, c):
-        assert run_cli("rotate", src).returncode == 0
-        _ok(run_cli("archive", src, *repo.cli))
-    snap = _ok(run_cli("snapshot", c, *repo.cli, "--json"))
+        assert run_main("rotate", src).returncode == 0
+        _ok(run_main("archive", src, *repo.cli))
+    snap = _ok(run_main("snapshot", c, *repo.cli, "--json"))
     epoch = snap["position"]["epoch"]
     assert epoch == 12
-    _ok(run_cli("restore", snap["id"], tmp_path / "r", *repo.cli, "--json"))
+    _ok(run_main("restore", snap["id"], tmp_path / "r", *repo.cli, "--json"))
     assert _state(tmp_path / "r") == _state_at(c, epoch)
-    plan = _ok(run_cli("expire", *repo.cli, "--days", "1", "--json", "--as-of",
+    plan = _ok(run_main("expire", *repo.cli, "--days", "1", "--json", "--as-of",
                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3 * 86400))))
     anchors = {i["path"]: (i["anchor"] or {}).get("name") for i in plan["sources"][0]["identities"]}
     assert anchors == {str(o.resolve()): ls_fork["S"], str(c.resolve()): snap["id"]}

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import (REPO, RepoTarget, copy_tree, new_repository, require_tarantool, run_cli, tree_but_leases,
+from conftest import (REPO, RepoTarget, copy_tree, new_repository, require_tarantool, run_main, tree_but_leases,
                       tree_snapshot, walvault_command)
 from walcore.repository.manifest import COPY_SUFFIX, encode_checked
 from walcore.runner import LocalRunner
@@ -116,11 +116,11 @@ def _flip(data: bytes) -> bytes:
 
 def _verify(r: Repo, *args, text: bool = False) -> tuple[int, dict, str]:
     """`verify --repo`: its exit code, its JSON report and (`text`) what it prints without --json."""
-    proc = run_cli("verify", *r.cli, *args, "--json", "--jobs", "1")
+    proc = run_main("verify", *r.cli, *args, "--json", "--jobs", "1")
     assert "Traceback" not in proc.stderr, proc.stderr
     printed = ""
     if text:
-        plain = run_cli("verify", *r.cli, *args, "--jobs", "1")
+        plain = run_main("verify", *r.cli, *args, "--jobs", "1")
         assert plain.returncode == proc.returncode, (proc.stderr, plain.stderr)
         printed = plain.stdout
     return proc.returncode, json.loads(proc.stdout), printed
@@ -216,18 +216,18 @@ def test_verifying_one_backup_checks_its_parents_manifests_too(small_instance, t
 def test_a_damaged_policy_is_read_from_its_copy_with_a_warning(repo):
     r, _ = repo
     r.write("walvault.policy", _flip(r.read("walvault.policy")))
-    proc = run_cli("expire", *r.cli, "--json")
+    proc = run_main("expire", *r.cli, "--json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert json.loads(proc.stdout)["policy"] == {"days": 30}
     warning = re.fullmatch(r"walvault: warning: (.*)\n", proc.stderr)
     assert warning, proc.stderr
     assert "walvault.policy " in warning[1] and "read from walvault.policy.copy" in warning[1]
     assert f"walvault policy --repo {r.api().display} --days 30" in warning[1]
-    shown = run_cli("policy", *r.cli)
+    shown = run_main("policy", *r.cli)
     assert shown.returncode == 0 and "keep every point of the last 30 days" in shown.stdout
     assert shown.stderr == proc.stderr
     # setting it again mends both files
-    assert run_cli("policy", *r.cli, "--days", "30").returncode == 0
+    assert run_main("policy", *r.cli, "--days", "30").returncode == 0
     rc, report, _ = _verify(r)
     assert rc == 0 and report["repository"]["findings"] == []
 
@@ -237,7 +237,7 @@ def test_a_policy_damaged_in_both_files_expires_nothing(repo):
     for name in ("walvault.policy", "walvault.policy.copy"):
         r.write(name, _flip(r.read(name)))
     before = {k: v for k, v in r.objects().items() if not k.startswith("locks/")}
-    proc = run_cli("expire", *r.cli, "--apply")
+    proc = run_main("expire", *r.cli, "--apply")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = re.fullmatch(r"walvault: nothing expired: (.*)\n", proc.stderr)
     assert line, proc.stderr
@@ -256,12 +256,12 @@ def test_an_apply_as_of_a_future_time_is_refused_and_writes_nothing(repo):
     r, _ = repo
     before = r.objects()
     future = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 31 * DAY))
-    proc = run_cli("expire", *r.cli, "--as-of", future, "--apply")
+    proc = run_main("expire", *r.cli, "--as-of", future, "--apply")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert re.fullmatch(rf"walvault: nothing expired: --as-of {future} is later than now \([^)]+\): [^\n]+\n",
                         proc.stderr), proc.stderr
     assert r.objects() == before, "no lease, no audit record, nothing deleted"
-    plan = run_cli("expire", *r.cli, "--as-of", future, "--json")  # a plan may look ahead
+    plan = run_main("expire", *r.cli, "--as-of", future, "--json")  # a plan may look ahead
     assert plan.returncode == 0 and json.loads(plan.stdout)["applied"] is False
     assert r.objects() == before
 
@@ -275,9 +275,9 @@ def _behind(*args, days: int = 2) -> subprocess.CompletedProcess:
 def test_a_clock_behind_the_repository_refuses_an_apply(small_instance, tmp_path):
     src = copy_tree(small_instance, tmp_path / "src")
     repo = new_repository(tmp_path / "repo")
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    assert run_cli("snapshot", src, "--repo", repo).returncode == 0
-    backup = json.loads(run_cli("backup", src, "--repo", repo, "--json").stdout)
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    assert run_main("snapshot", src, "--repo", repo).returncode == 0
+    backup = json.loads(run_main("backup", src, "--repo", repo, "--json").stdout)
     now = _behind("--version")  # faketime works on the venv's walvault
     assert now.returncode == 0
     before = tree_snapshot(repo)
@@ -296,7 +296,7 @@ def test_a_clock_behind_the_repository_refuses_an_apply(small_instance, tmp_path
     assert json.loads(plan.stdout)["warnings"]
     assert tree_snapshot(repo) == before
     # on time, the same apply runs
-    assert run_cli("expire", "--repo", repo, "--days", "1", "--apply").returncode == 0
+    assert run_main("expire", "--repo", repo, "--days", "1", "--apply").returncode == 0
 
 
 def test_an_audit_record_ahead_of_the_clock_refuses_an_apply(request, small_instance, tmp_path):
@@ -305,6 +305,6 @@ def test_an_audit_record_ahead_of_the_clock_refuses_an_apply(request, small_inst
     r.write(f"audit/{time.strftime('%Y%m%d-%H%M%S', time.gmtime(time.time() + DAY))}-0badc10c/000001.json",
             encode_checked({"run": "ahead"}))
     before = tree_but_leases(Path(r.target.url))
-    proc = run_cli("expire", *r.cli, "--days", "1", "--apply")
+    proc = run_main("expire", *r.cli, "--days", "1", "--apply")
     assert proc.returncode == 2 and "is behind the repository: the expiry audit/" in proc.stderr, proc.stderr
     assert tree_but_leases(Path(r.target.url)) == before

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (copy_limestone_fixture, new_repository, require_limestone, run_cli, run_cli_at,
+from conftest import (copy_limestone_fixture, new_repository, require_limestone, run_cli_at, run_main,
                       tree_but_leases, tree_snapshot)
 from test_limestone_compact import CLEAN
 from walcore.limestone.catalog import CATALOG_NAME, parse_catalog
@@ -41,7 +41,7 @@ def _iso(seconds: float) -> str:
 
 
 def _state(root: Path) -> str:
-    proc = run_cli("state", root)
+    proc = run_main("state", root)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -84,10 +84,14 @@ class Writer:
         d.close()
 
 
-def _cycle(src: Path, repo: Path, *commands) -> list[dict]:
-    assert run_cli("rotate", src).returncode == 0
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    return [_json(run_cli(c, src, "--repo", repo, "--json")) for c in commands]
+def _cycle(src: Path, repo: Path, *commands, at: float | None = None) -> list[dict]:
+    """rotate, archive, then each command (snapshot, backup): now, or `at` (a clock moved there by faketime)."""
+    def run(*args):
+        return run_main(*args) if at is None else run_cli_at(at, *args)
+
+    assert run("rotate", src).returncode == 0
+    assert run("archive", src, "--repo", repo).returncode == 0
+    return [_json(run(c, src, "--repo", repo, "--json")) for c in commands]
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +99,19 @@ def history(tmp_path_factory):
     """epochs 1-5, S1; 6-10, F1 (full backup); 11-15, S2; [mid]; 16-20 archived; 21-23 still active."""
     root = tmp_path_factory.mktemp("limestone-retention")
     src, repo = root / "src", new_repository(root / "repo")
+    # The phases' clocks, 10 s apart (longer than a command takes): their manifests' times differ without
+    # waiting. In the past: a repository whose records are ahead of the clock refuses the tests' applies.
+    start = time.time() - 60
     w = Writer(src, seed=13)
     w.epochs(range(1, 6))
-    (s1,) = _cycle(src, repo, "snapshot")
-    time.sleep(1.1)
+    (s1,) = _cycle(src, repo, "snapshot", at=start)
     w.epochs(range(6, 11))
-    (f1,) = _cycle(src, repo, "backup")
-    time.sleep(1.1)
+    (f1,) = _cycle(src, repo, "backup", at=start + 10)
     w.epochs(range(11, 16))
-    (s2,) = _cycle(src, repo, "snapshot")
-    time.sleep(1.1)
-    mid = time.time()
-    time.sleep(1.1)
+    (s2,) = _cycle(src, repo, "snapshot", at=start + 20)
+    mid = start + 30
     w.epochs(range(16, 21))
-    _cycle(src, repo)
+    _cycle(src, repo, at=start + 40)
     w.epochs(range(21, 24))
     return {"src": src, "repo": repo, "S1": s1, "F1": f1, "S2": s2, "mid": mid, "done": time.time()}
 
@@ -121,7 +124,8 @@ def repo(history, tmp_path) -> Path:
 
 
 def _restore(repo, backup_id, target, *to) -> dict:
-    return _json(run_cli("restore", backup_id, target, "--repo", repo, "--json", *(["--to", str(to[0])] if to else [])))
+    return _json(run_main("restore", backup_id, target, "--repo", repo, "--json",
+                          *(["--to", str(to[0])] if to else [])))
 
 
 def _stored_compaction(repo: Path, snapshot_id: str, tmp_path: Path) -> Path:
@@ -153,7 +157,7 @@ def test_a_snapshot_is_a_compacted_file_in_limestones_format(history, tmp_path):
         assert (restored / "limestone-manifest.json").read_bytes() == (src / "limestone-manifest.json").read_bytes()
         # the snapshot alone is the source's state at its epoch; limestone's check passes it
         assert _state(restored) == _state_at(src, epoch)
-        assert run_cli("verify", restored).returncode == 0
+        assert run_main("verify", restored).returncode == 0
     assert set(history["S1"]["covers"]["folded"]) < set(history["S2"]["covers"]["detached"])
     assert history["S2"]["covers"]["previous"] == history["S1"]["id"]
 
@@ -174,17 +178,17 @@ def test_every_clean_fixture_snapshots_to_its_own_state(name, tmp_path):
     src = copy_limestone_fixture(name, tmp_path, "src")
     repo = new_repository(tmp_path / "repo")
     expected = _state(src)
-    rotate = run_cli("rotate", src)
+    rotate = run_main("rotate", src)
     if rotate.returncode != 0:  # 13 refers to a blob it does not hold: nothing of it is archived, so no snapshot
         assert "does not exist" in rotate.stderr
-        run_cli("archive", src, "--repo", repo)
-        proc = run_cli("snapshot", src, "--repo", repo)
+        run_main("archive", src, "--repo", repo)
+        proc = run_main("snapshot", src, "--repo", repo)
         assert proc.returncode == 1 and "no snapshot" in proc.stderr
         return
     (snap,) = _cycle(src, repo, "snapshot")
     before = tree_snapshot(src)
     restored = tmp_path / "r"
-    durable = json.loads(run_cli("inspect", src, "--json").stdout)["dirs"][0]["durable_epoch"]
+    durable = json.loads(run_main("inspect", src, "--json").stdout)["dirs"][0]["durable_epoch"]
     _restore(repo, snap["id"], restored, durable)
     assert _state(restored) == expected
     assert check_compacted(restored / COMPACTED_NAME) == []
@@ -219,8 +223,8 @@ def test_nothing_new_to_fold_is_said(history, tmp_path):
     src, repo = tmp_path / "src", tmp_path / "repo"
     shutil.copytree(history["src"], src)
     shutil.copytree(history["repo"], repo)
-    assert run_cli("snapshot", src, "--repo", repo).returncode == 0  # folds 16-20
-    proc = run_cli("snapshot", src, "--repo", repo)
+    assert run_main("snapshot", src, "--repo", repo).returncode == 0  # folds 16-20
+    proc = run_main("snapshot", src, "--repo", repo)
     assert proc.returncode == 1 and "still covers" in proc.stderr
 
 
@@ -240,7 +244,7 @@ def test_expiry_deletes_what_the_anchor_folded_and_every_window_point_restores(r
     assert epochs_gone and all(int(n.split(".")[-1]) <= 15 for n in epochs_gone)
     archive = {p.name.removesuffix(".zst") for p in repo.rglob("archive/*.zst")}
     assert not archive & gone and any(n.startswith("pwal_") for n in archive), "the log after the anchor stays"
-    backups = {b["id"] for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    backups = {b["id"] for b in json.loads(run_main("backups", "--repo", repo, "--json").stdout)["backups"]}
     assert backups == {history["S2"]["id"], history["F1"]["id"]}, "S1 expired; F1 is the newest full backup"
     # every point of the window (the window starts at the anchor's epoch here) restores from what is left
     for point in range(15, 21):
@@ -256,9 +260,9 @@ def test_expiry_deletes_what_the_anchor_folded_and_every_window_point_restores(r
 def test_an_uncovered_limestone_source_keeps_everything(history, tmp_path):
     src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     shutil.copytree(history["src"], src)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     before = tree_snapshot(repo)
-    result = _json(run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY),
+    result = _json(run_main("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY),
                            "--json"))
     (source,) = result["sources"]
     assert source["anchor"] is None and source["delete"] == []
@@ -276,7 +280,7 @@ def test_after_expiry_an_older_base_never_restores_a_wrong_state(repo, history, 
         result = _restore(repo, history["F1"]["id"], tmp_path / f"p{point}", point)
         assert result["point"]["base"] == history["S2"]["id"]
         assert _state(tmp_path / f"p{point}") == _state_at(src, point)
-    proc = run_cli("restore", history["F1"]["id"], tmp_path / "p12", "--repo", repo, "--to", "12")
+    proc = run_main("restore", history["F1"]["id"], tmp_path / "p12", "--repo", repo, "--to", "12")
     assert proc.returncode == 1 and "retention deleted" in proc.stderr
     assert not (tmp_path / "p12").exists()
 
@@ -295,15 +299,15 @@ def test_a_channel_left_active_bounds_what_the_archive_restores(tmp_path):
         d.session(1, epoch, [put(7, f"small{epoch}".encode(), b"s", (epoch, 2))])
         d.make_durable(epoch)
     d.close()
-    assert run_cli("rotate", src, "--min-bytes", "300").returncode == 0
+    assert run_main("rotate", src, "--min-bytes", "300").returncode == 0
     assert (src / "pwal_0001").stat().st_size > 0, "the small channel stays active"
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    proc = run_cli("restore", snap["id"], tmp_path / "r5", "--repo", repo, "--to", "5")
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    proc = run_main("restore", snap["id"], tmp_path / "r5", "--repo", repo, "--to", "5")
     assert proc.returncode == 1 and "every channel archived up to epoch 3" in proc.stderr
     _restore(repo, snap["id"], tmp_path / "r3", 3)
     assert _state(tmp_path / "r3") == _state_at(src, 3)
     # once the channel is rotated and archived, the points are there
-    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("rotate", src).returncode == 0 and run_main("archive", src, "--repo", repo).returncode == 0
     _restore(repo, snap["id"], tmp_path / "r5b", 5)
     assert _state(tmp_path / "r5b") == _state_at(src, 5)
 
@@ -317,7 +321,7 @@ def test_a_snapshot_is_refused_while_a_manifest_cannot_be_read(history, tmp_path
         path = next(repo.glob(f"limestone/*/backups/{history['S2']['id']}")) / name
         path.write_bytes(path.read_bytes().replace(b'"snapshot"', b'"snapsh0t"'))
     before = tree_but_leases(repo)
-    proc = run_cli("snapshot", src, "--repo", repo)
+    proc = run_main("snapshot", src, "--repo", repo)
     assert proc.returncode == 1 and history["S2"]["id"] in proc.stderr and "cannot be read" in proc.stderr
     assert tree_but_leases(repo) == before
 
@@ -332,8 +336,8 @@ def test_an_archive_conflict_is_kept_until_resolved(tmp_path):
     data = bytearray(rotated.read_bytes())
     data[-1] ^= 0x01  # other bytes under the same name (a value's last byte)
     rotated.write_bytes(bytes(data))
-    assert run_cli("archive", src, "--repo", repo).returncode == 1  # the conflict
-    result = _json(run_cli("expire", "--repo", repo, "--days", "1", "--as-of", _iso(time.time() + 3 * DAY),
+    assert run_main("archive", src, "--repo", repo).returncode == 1  # the conflict
+    result = _json(run_main("expire", "--repo", repo, "--days", "1", "--as-of", _iso(time.time() + 3 * DAY),
                            "--json"))
     (source,) = result["sources"]
     assert source["anchor"]["name"] == snap["id"]
@@ -350,13 +354,13 @@ def test_a_refused_damaged_file_holds_back_what_the_archive_restores(tmp_path):
     w.epochs(range(1, 4))
     (snap,) = _cycle(src, repo, "snapshot")
     w.epochs(range(4, 7))
-    assert run_cli("rotate", src).returncode == 0
+    assert run_main("rotate", src).returncode == 0
     damaged = max(src.glob("pwal_0000.*"))
     data = bytearray(damaged.read_bytes())
     data[0] = 0xEE  # an unknown entry type: limestone cannot read the file
     damaged.write_bytes(bytes(data))
-    assert run_cli("archive", src, "--repo", repo).returncode == 1  # refused, the epoch file archived
-    proc = run_cli("restore", snap["id"], tmp_path / "r", "--repo", repo, "--to", "5")
+    assert run_main("archive", src, "--repo", repo).returncode == 1  # refused, the epoch file archived
+    proc = run_main("restore", snap["id"], tmp_path / "r", "--repo", repo, "--to", "5")
     assert proc.returncode == 1 and "before the point 5" in proc.stderr
     assert not (tmp_path / "r").exists()
 
@@ -370,11 +374,11 @@ def test_files_limestones_own_compaction_folded_and_an_operator_deleted(tmp_path
     src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     w = Writer(src, seed=23, channels=1)
     w.epochs(range(1, 4))
-    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
-    (snap,) = [_json(run_cli("snapshot", src, "--repo", repo, "--json"))]
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
+    assert run_main("rotate", src).returncode == 0 and run_main("archive", src, "--repo", repo).returncode == 0
+    (snap,) = [_json(run_main("snapshot", src, "--repo", repo, "--json"))]
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
     w.epochs(range(4, 7))
-    assert run_cli("rotate", src).returncode == 0
+    assert run_main("rotate", src).returncode == 0
     folded = [p for p in src.glob("pwal_0000.*") if p.name not in snap["covers"]["detached"]]
     assert not (src / CATALOG_NAME).exists()
     staging = tmp_path / "staging"  # limestone's online compaction, standing in: its compacted file and catalog
@@ -384,8 +388,8 @@ def test_files_limestones_own_compaction_folded_and_an_operator_deleted(tmp_path
     for p in folded:
         p.unlink()  # the operator deletes what the compaction detached, before it was archived
     w.epochs(range(7, 10))
-    assert run_cli("rotate", src).returncode == 0 and run_cli("archive", src, "--repo", repo).returncode == 0
-    proc = run_cli("restore", full["id"], tmp_path / "r", "--repo", repo, "--to", "8")
+    assert run_main("rotate", src).returncode == 0 and run_main("archive", src, "--repo", repo).returncode == 0
+    proc = run_main("restore", full["id"], tmp_path / "r", "--repo", repo, "--to", "8")
     assert proc.returncode == 1 and "never archived" in proc.stderr, proc.stderr
-    proc = run_cli("snapshot", src, "--repo", repo)
+    proc = run_main("snapshot", src, "--repo", repo)
     assert proc.returncode == 1 and "own compaction folded" in proc.stderr

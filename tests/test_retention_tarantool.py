@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import (LIMESTONE_FIXTURES, clock_at, new_repository, require_tarantool, run_cli, run_cli_at,
+from conftest import (LIMESTONE_FIXTURES, clock_at, new_repository, require_tarantool, run_cli_at, run_main,
                       tree_but_leases,
                       tree_snapshot)
 import test_tarantool_live
@@ -37,7 +37,7 @@ def _iso(seconds: float) -> str:
 
 
 def _backup(src, repo, *extra) -> str:
-    return _json(run_cli("backup", src, "--repo", repo, "--json", *extra))["id"]
+    return _json(run_main("backup", src, "--repo", repo, "--json", *extra))["id"]
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +48,24 @@ def history(tmp_path_factory):
     src, repo = root / "src", new_repository(root / "repo")
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
     ids = {}
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     ids["F1"] = _backup(src, repo)
     time.sleep(1.1)
     tr.write_more(src, rows=800, snapshot=True, seed=1)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     ids["I1"] = _backup(src, repo, "--type", "incremental")
     time.sleep(1.1)
-    snap = _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    snap = _json(run_main("snapshot", src, "--repo", repo, "--json"))
     ids["S1"] = snap["id"]
     time.sleep(1.1)
     mid = time.time()
     time.sleep(1.1)
     tr.write_more(src, rows=800, snapshot=True, seed=2)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     ids["F2"] = _backup(src, repo)
     time.sleep(1.1)
     tr.write_more(src, rows=400, snapshot=False, seed=3)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     ids["I2"] = _backup(src, repo, "--type", "incremental")
     end = tr.dump_data_dir(src)
     return {"root": root, "src": src, "repo": repo, "ids": ids, "mid": mid, "snapshot": snap, "end": end,
@@ -86,7 +86,7 @@ def _expire(repo, *args):
     if when is not None and when > time.clock_gettime(time.CLOCK_REALTIME):
         proc = run_cli_at(when, "expire", "--repo", repo, "--json", *args)
     else:
-        proc = run_cli("expire", "--repo", repo, "--json", *args)
+        proc = run_main("expire", "--repo", repo, "--json", *args)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
 
@@ -108,26 +108,26 @@ def _source(result: dict) -> dict:
 
 
 def _backup_ids(repo) -> set[str]:
-    return {b["id"] for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    return {b["id"] for b in json.loads(run_main("backups", "--repo", repo, "--json").stdout)["backups"]}
 
 
 def test_snapshot_holds_the_checkpoint_only_and_covers_up_to_its_vclock(history, tmp_path):
     snap = history["snapshot"]
     assert snap["type"] == "snapshot" and snap["id"].endswith("S") and snap["parent"] is None
     repo = history["repo"]
-    listed = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
+    listed = json.loads(run_main("backups", "--repo", repo, "--json").stdout)["backups"]
     entry = next(b for b in listed if b["id"] == snap["id"])
     assert entry["type"] == "snapshot" and entry["status"] == "ok"
     assert snap["covers"]["vclock"] == snap["position"]["vclock"] and snap["covers"]["time"] > 0
     restored = tmp_path / "r"
-    assert run_cli("restore", snap["id"], restored, "--repo", repo).returncode == 0
+    assert run_main("restore", snap["id"], restored, "--repo", repo).returncode == 0
     kinds = {p.suffix for p in restored.rglob("*") if p.is_file()}
     assert ".snap" in kinds and ".xlog" not in kinds and ".vylog" in kinds
     dump = tr.dump_data_dir(restored)
     assert dump["vclock"] == {int(k): v for k, v in snap["position"]["vclock"].items() if v}
     assert len(dump["spaces"]["vin"]) > 0 and len(dump["spaces"]["mem"]) > 0
     # verify --repo checks it like any backup
-    report = json.loads(run_cli("verify", snap["id"], "--repo", repo, "--json").stdout)
+    report = json.loads(run_main("verify", snap["id"], "--repo", repo, "--json").stdout)
     assert report["intact"]
 
 
@@ -143,7 +143,7 @@ def test_bad_windows_are_refused(repo, days):
     before = tree_snapshot(repo)
     proc = _expire(repo, "--days", days, "--apply")
     assert proc.returncode == 2 and "--days" in proc.stderr
-    proc = run_cli("policy", "--repo", repo, "--days", days)
+    proc = run_main("policy", "--repo", repo, "--days", days)
     assert proc.returncode == 2
     assert tree_snapshot(repo) == before
 
@@ -157,7 +157,7 @@ def test_a_bad_as_of_is_refused(repo, as_of):
 
 
 def test_the_stored_policy_is_used(repo, history):
-    assert _json(run_cli("policy", "--repo", repo, "--days", "30", "--json"))["policy"]["days"] == 30
+    assert _json(run_main("policy", "--repo", repo, "--days", "30", "--json"))["policy"]["days"] == 30
     result = _json(_expire(repo, "--as-of", _iso(history["done"] + 31 * DAY)))
     assert result["policy"] == {"days": 30} and result["deleted"] == 0
     assert _source(result)["delete"], "the stored policy found nothing to expire"
@@ -184,13 +184,13 @@ def test_inside_the_window_everything_is_kept(repo, history):
 
 def test_an_uncovered_source_keeps_everything_and_is_reported(tmp_path, history):
     repo = new_repository(tmp_path / "repo")
-    assert run_cli("archive", history["src"], "--repo", repo).returncode == 0  # the archive alone: no snapshot
+    assert run_main("archive", history["src"], "--repo", repo).returncode == 0  # the archive alone: no snapshot
     before = tree_but_leases(repo)
     result = _plan(repo, history["done"] + 400 * DAY, "--apply")
     source = _source(result)
     assert source["anchor"] is None and source["delete"] == [] and result["deleted"] == 0
     assert all("no verified snapshot" in k["reason"] or "log files only" in k["reason"] for k in source["keep"])
-    proc = run_cli("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY))
+    proc = run_main("expire", "--repo", repo, "--days", "30", "--as-of", _iso(history["done"] + 400 * DAY))
     assert "UNCOVERED" in proc.stdout
     assert tree_but_leases(repo) == before
 
@@ -230,7 +230,7 @@ def test_covered_old_files_go_and_the_rest_stays_restorable(repo, history, tmp_p
     for point, expected in ((f"@{history['mid']:.3f}", None), (None, history["end"])):
         target = tmp_path / f"r{bool(point)}"
         args = ["restore", "latest", target, "--repo", repo] + (["--to", point] if point else [])
-        assert run_cli(*args).returncode == 0
+        assert run_main(*args).returncode == 0
         dump = tr.dump_data_dir(target)
         if expected:
             assert dump == expected
@@ -255,7 +255,7 @@ def test_a_backups_parent_chain_is_protected(repo, history):
     assert _backup_ids(repo) == {ids["F2"], ids["I2"]}
     assert not any((repo / "tarantool").glob(f"*/backups/{ids['F1']}"))
     restored = Path(str(repo) + "-restored")
-    assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
+    assert run_main("restore", "latest", restored, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(restored) == history["end"]
 
 
@@ -270,7 +270,7 @@ def test_the_newest_restorable_backup_is_never_deleted(repo, history):
     assert ids["F2"] in keep
     assert ids["F2"] in _backup_ids(repo)
     restored = Path(str(repo) + "-restored")
-    assert run_cli("restore", ids["F2"], restored, "--repo", repo).returncode == 0
+    assert run_main("restore", ids["F2"], restored, "--repo", repo).returncode == 0
 
 
 def test_an_expiry_racing_a_backup_lease_deletes_nothing(repo, history):
@@ -295,7 +295,7 @@ def test_a_busy_source_is_reported_and_the_others_expire(repo, history, tmp_path
     shutil.copytree(LIMESTONE_FIXTURES / "20-random-small", ls_src)
     for p in [ls_src, *ls_src.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)
-    assert run_cli("archive", ls_src, "--repo", repo).returncode == 0
+    assert run_main("archive", ls_src, "--repo", repo).returncode == 0
     r = Repository(str(repo))
     (ls_instance,) = [i for f, i in r.sources() if f == "limestone"]
     with r.lease("limestone", ls_instance, "backup"):  # held by this live process: never stale to any clock
@@ -393,7 +393,7 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
     # a directory the crash left without its manifest is fenced (the fence alone stays a week): no backup
     assert not [p for p in (repo / "tarantool").glob("*/backups/*") if p.name not in (ids["F2"], ids["I2"])
                 and [q.name for q in p.rglob("*") if q.is_file()] != ["backup.manifest"]]
-    report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    report = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
     assert report["intact"], report
     orphans = [p for p in repo.rglob("archive/**/*.zst") if not Path(str(p) + ".json").exists()]
     assert not orphans, "the next run finishes what the crash left"
@@ -403,7 +403,7 @@ def test_a_crash_in_the_middle_is_finished_by_the_next_run(repo, history, tmp_pa
     assert sorted(p.relative_to(clean).as_posix() for p in clean.rglob("*.zst")) == \
         sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*.zst")), "the same as an uninterrupted expiry"
     for backup_id in (ids["F2"], ids["I2"]):
-        assert run_cli("restore", backup_id, tmp_path / backup_id, "--repo", repo).returncode == 0
+        assert run_main("restore", backup_id, tmp_path / backup_id, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(tmp_path / ids["I2"]) == history["end"]
 
 
@@ -444,20 +444,20 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
     local = _plan(local_repo, history["mid"] + 30 * DAY, "--apply")
     assert s3["deleted"] == local["deleted"] > 0
     assert [d["path"] for d in _source(s3)["delete"]] == [d["path"] for d in _source(local)["delete"]]
-    assert run_cli("restore", "latest", tmp_path / "r", "--repo", f"s3://{bucket}/repo", *args).returncode == 0
+    assert run_main("restore", "latest", tmp_path / "r", "--repo", f"s3://{bucket}/repo", *args).returncode == 0
     assert tr.dump_data_dir(tmp_path / "r") == history["end"]
 
 
 def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
     src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    snap = _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    snap = _json(run_main("snapshot", src, "--repo", repo, "--json"))
     tr.write_more(src, rows=1500, snapshot=True, seed=7)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     full = _backup(src, repo)
     tr.write_more(src, rows=500, snapshot=False, seed=8)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
     newest = _backup(src, repo, "--type", "incremental")
     expected = tr.dump_data_dir(src)
     size = sum(p.stat().st_size for p in repo.rglob("*") if p.is_file())
@@ -467,17 +467,17 @@ def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
     assert snap["id"] in {Path(d["path"]).name for d in source["delete"]}, "the older snapshot expired"
     assert sum(p.stat().st_size for p in repo.rglob("*") if p.is_file()) < size, "the repository shrank"
     assert _backup_ids(repo) == {full, newest}
-    assert json.loads(run_cli("verify", "--repo", repo, "--json").stdout)["intact"]
+    assert json.loads(run_main("verify", "--repo", repo, "--json").stdout)["intact"]
     # the source still holds old xlogs: archiving again does not undo the expiry
     shrunk = tree_but_leases(repo)
-    again = _json(run_cli("archive", src, "--repo", repo, "--json"))
+    again = _json(run_main("archive", src, "--repo", repo, "--json"))
     deleted = {Path(d["path"]).name.removesuffix(".zst") for d in source["delete"] if d["kind"] in ("xlog", "snap")}
     still_there = {p.name for p in src.rglob("*") if p.suffix in (".xlog", ".snap")} & deleted
     assert any(n.endswith(".xlog") for n in still_there)
     assert {Path(p).name for p in again["expired"]} == still_there and again["stored"] == []
     assert tree_but_leases(repo) == shrunk
     restored = tmp_path / "restored"
-    assert run_cli("restore", "latest", restored, "--repo", repo).returncode == 0
+    assert run_main("restore", "latest", restored, "--repo", repo).returncode == 0
     dump = tr.dump_data_dir(restored)
     assert dump == expected, "every row of every space, and the vclock"
 
@@ -486,14 +486,14 @@ def test_snapshot_of_a_running_instance_takes_a_checkpoint_first(live, tmp_path)
     before = {int(k): v for k, v in live.eval("return box.info.vclock")[0].items()}
     snaps = set((live.work_dir).rglob("*.snap"))
     repo = new_repository(tmp_path / "repo")
-    result = _json(run_cli("snapshot", live.work_dir, "--repo", repo, "--connect", live.uri, "--json"))
+    result = _json(run_main("snapshot", live.work_dir, "--repo", repo, "--connect", live.uri, "--json"))
     assert test_tarantool_live.PASSWORD not in json.dumps(result)
     assert set(live.work_dir.rglob("*.snap")) - snaps, "box.snapshot() made a new checkpoint"
     assert not live.backup_pinned(), "box.backup.stop() was not called"
     position = {int(k): v for k, v in result["position"]["vclock"].items()}
     assert all(position.get(k, 0) >= v for k, v in before.items()), "the snapshot covers what was written before"
     restored = tmp_path / "restored"
-    assert run_cli("restore", result["id"], restored, "--repo", repo).returncode == 0
+    assert run_main("restore", result["id"], restored, "--repo", repo).returncode == 0
     assert tr.dump_data_dir(restored)["vclock"] == {k: v for k, v in position.items() if v}
 
 
@@ -520,13 +520,13 @@ def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(tm
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
     shutil.copytree(src, fork)
     tr.write_more(src, rows=800, snapshot=True, seed=1)
-    assert run_cli("archive", src, "--repo", repo).returncode == 0
-    _json(run_cli("snapshot", src, "--repo", repo, "--json"))
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    _json(run_main("snapshot", src, "--repo", repo, "--json"))
     _backup(src, repo)
     expired = _plan(repo, time.time() + 31 * DAY, "--apply")
     assert expired["deleted"] > 0
     tr.write_more(fork, rows=300, snapshot=False, seed=2)
-    proc = run_cli("archive", fork, "--repo", repo, "--json")
+    proc = run_main("archive", fork, "--repo", repo, "--json")
     result = json.loads(proc.stdout)
     assert proc.returncode == 1 and result["conflicts"], "the other history's bytes under an expired name"
     for conflict in result["conflicts"]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli
+from conftest import TARANTOOL_FIXTURES, copy_tree, require_shared, run_main
 from walcore.tarantool.block import EOF_MAGIC
 
 # Every test once on each scan core (compiled and pure-Python reference).
@@ -22,7 +22,7 @@ pytestmark = [require_shared, pytest.mark.usefixtures("scan_core")]
 
 
 def verify_json(*paths) -> tuple[int, dict]:
-    proc = run_cli("verify", "--json", *paths)
+    proc = run_main("verify", "--json", *paths)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, run_cli
+from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, run_main
 from walcore.tarantool.check import check_vinyl, file_verdict
 from walcore.tarantool.layout import discover
 from walcore.tarantool.vinyl import (CREATE_LSM, CREATE_RUN, DELETE_RANGE, DELETE_SLICE, DROP_LSM, DROP_RUN,
@@ -144,7 +144,7 @@ NEWEST = "00000000000000000361.vylog"
 
 
 def _verify(root, *paths):
-    proc = run_cli("verify", *(paths or (root,)), "--json")
+    proc = run_main("verify", *(paths or (root,)), "--json")
     return proc.returncode, {p["path"].rsplit("/", 1)[-1]: p for p in json.loads(proc.stdout)["files"]}
 
 
