@@ -341,6 +341,7 @@ TIERS = ("unit", "integration", "system")  # cheapest first; a test's tier is th
 # many subprocesses; `system` Airflow, PostgreSQL, a browser or a deployment. A new test file must be named here.
 FILE_TIERS = {
     "test_airflow_config.py": "integration",
+    "test_architecture.py": "unit",
     "test_archive.py": "integration",
     "test_backup_failures.py": "integration",
     "test_backup_limestone.py": "integration",
@@ -351,6 +352,7 @@ FILE_TIERS = {
     "test_compose.py": "system",
     "test_dags.py": "system",
     "test_dags_faults.py": "system",
+    "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",
     "test_inputs.py": "integration",
     "test_lease_fencing.py": "integration",
@@ -371,6 +373,7 @@ FILE_TIERS = {
     "test_scan_core_tarantool.py": "unit",
     "test_scan_fuzz_regressions.py": "unit",
     "test_spark_jobs.py": "integration",
+    "test_tarantool_cursor.py": "unit",
     "test_tarantool_damage.py": "unit",
     "test_tarantool_fixtures.py": "unit",
     "test_tarantool_layout.py": "unit",

@@ -183,7 +183,7 @@ def test_walvault_commands_parse(monkeypatch, capsys):
         parse_walvault(as_parsed(argv), monkeypatch, capsys)
 
 
-def test_spark_submit_plans_parse(monkeypatch, capsys):
+def test_spark_submit_plans_parse():
     from spark_jobs import plan
 
     submits = [(page, words(line)) for page, line in all_lines() if line.startswith(".venv/bin/spark-submit ")]
@@ -191,7 +191,8 @@ def test_spark_submit_plans_parse(monkeypatch, capsys):
     for page, argv in submits:
         script = next(w for w in argv if w.startswith("spark_jobs/"))
         assert (REPO / script).is_file(), f"{page}: {script} is not in the checkout"
-        parse_walvault(plan.to_argv(plan.load(argv[-1]), Path(script).stem), monkeypatch, capsys)
+        request = plan.request(plan.load(argv[-1]), Path(script).stem)  # PlanError on a bad key or value
+        assert request.problem() is None, f"{page}: {argv[-1]}: {request.problem()}"
 
 
 def test_script_command_lines_parse():
