@@ -15,7 +15,7 @@ import tarantool_real as tr
 from conftest import airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
 from devenv import airflow, environment, migrate
 
-pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("spark")]
+pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("dags")]
 BIN = Path(sys.executable).parent
 
 

@@ -19,7 +19,7 @@ from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, t
 from devenv import airflow, environment, migrate
 from walcore.limestone.layout import exclusive_lock
 
-pytestmark = [require_limestone, pytest.mark.xdist_group("spark")]
+pytestmark = [require_limestone, pytest.mark.xdist_group("dags_faults")]
 DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then covers may expire now
 
 

@@ -143,11 +143,11 @@ def test_a_copy_archived_without_backups_never_continues_the_original(tmp_path):
     o, c, repo = tmp_path / "O", tmp_path / "C", tmp_path / "repo"
     Repository(str(repo), create=True)
     tr.generate_instance(o, wal_max_size=16384, scale=1, snapshots=1)
-    b1 = _ok(run_cli("backup", o, "--repo", repo, "--json"))["id"]
+    b1 = _ok(run_main("backup", o, "--repo", repo, "--json"))["id"]
     subprocess.run(["cp", "-a", str(o), str(c)], check=True)
     tr.write_more(c, rows=300, snapshot=False, seed=2)
-    _ok(run_cli("archive", c, "--repo", repo))
-    _refused(run_cli("restore", b1, tmp_path / "r", "--repo", repo, "--to",
+    _ok(run_main("archive", c, "--repo", repo))
+    _refused(run_main("restore", b1, tmp_path / "r", "--repo", repo, "--to",
                      _vclock(tr.dump_data_dir(c)["vclock"])), "cannot restore")
     assert not (tmp_path / "r").exists()
 
