@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .command.common import ArchiveItem
+from .command.common import ArchiveItem, BackupResult
 from .findings import Refused
 from .repository import Repository
 from .repository.manifest import BackupManifest, FileEntry
@@ -21,6 +21,10 @@ class Family(Protocol):
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         """The plan of a backup of a source directory of the family: what to store and how to verify it."""
+
+    def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
+                 wait: float) -> BackupResult:
+        """A verified snapshot of the source that covers its log up to a recorded position (the snapshot command)."""
 
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The family's sealed files of a verified report (scan_paths.Report) to archive; the others go to the
@@ -70,18 +74,23 @@ def family_named(name: str) -> Family:
     return {"tarantool": Tarantool, "limestone": Limestone}[name]()
 
 
-def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False, check_only: bool = False):
-    """The family's plan for a source directory: what to store and how to verify it (with `check_only`, only that
-    SOURCE is a directory of one of them)."""
+def family_of(source: Path) -> Family:
+    """The family of a source directory; FileNotFoundError, or Refused when it is neither family's."""
     from .limestone.layout import is_limestone_dir
     from .tarantool.layout import discover
 
     source = Path(source)
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: {'not a directory' if source.exists() else 'no such directory'}")
-    limestone = is_limestone_dir(source)
-    if not limestone and not discover([source]).data_dirs:
+    if is_limestone_dir(source):
+        return family_named("limestone")
+    if not discover([source]).data_dirs:
         raise Refused(f"{source} is neither a Tarantool data dir nor a limestone log directory", "cannot_check")
-    if check_only:
-        return None
-    return family_named("limestone" if limestone else "tarantool").plan(source, connect, snapshot=snapshot)
+    return family_named("tarantool")
+
+
+def plan_for(source: Path, connect: str | None = None, *, snapshot: bool = False, check_only: bool = False):
+    """The family's plan for a source directory: what to store and how to verify it (with `check_only`, only that
+    SOURCE is a directory of one of them)."""
+    family = family_of(source)
+    return None if check_only else family.plan(Path(source), connect, snapshot=snapshot)

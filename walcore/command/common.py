@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
 
 
+
+class NothingNew(Refused):
+    """No archived file is left to fold: the newest snapshot still covers the log (not a failure of the log)."""
+
 @dataclass
 class Candidate:
     """A file to back up: where it is, its name in the backup, and how to treat it."""

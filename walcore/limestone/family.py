@@ -26,6 +26,15 @@ class Limestone:
                           "online-backup copy or a stopped datastore", "cannot_check")
         return LimestonePlan(source)
 
+    def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
+                 wait: float):
+        from .snapshot import build_snapshot
+
+        if connect:
+            raise Refused("--connect is for a running Tarantool: a limestone snapshot is built from the archive",
+                          "cannot_check")
+        return build_snapshot(source, repo, level=level, runner=runner, progress=progress, wait=wait)
+
     def position_key(self, m: BackupManifest) -> tuple:
         return (m.position.get("epoch", 0), m.finished, m.id)
 

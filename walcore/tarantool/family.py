@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from ..command.common import ArchiveItem
+from ..command.common import ArchiveItem, store_set
 from ..findings import Refused
 from ..repository import Repository, stamp_seconds
 from ..repository.manifest import BackupManifest, FileEntry
@@ -36,6 +36,12 @@ class Tarantool:
         from .backup_plan import TarantoolPlan
 
         return TarantoolPlan(source, connect, snapshot=snapshot)
+
+    def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
+                 wait: float):
+        plan = self.plan(source, connect, snapshot=True)
+        with repo.lease(plan.family, plan.instance, "snapshot", wait=wait) as lease:
+            return store_set(repo, plan, "snapshot", lease, level=level, runner=runner, progress=progress)
 
     def position_key(self, m: BackupManifest) -> tuple:
         return (sum(vclock_from_json(m.position.get("vclock")).values()), m.finished, m.id)

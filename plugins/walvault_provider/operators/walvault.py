@@ -206,7 +206,8 @@ class WalvaultSnapshotOperator(_SourceOperator):
     limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
 
     def execute(self, context):
-        from walcore.command.snapshot import NothingNew, snapshot
+        from walcore.command.common import NothingNew
+        from walcore.command.snapshot import snapshot
 
         from ..hooks.walvault import tarantool_uri
 
