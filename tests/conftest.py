@@ -103,15 +103,28 @@ def run_main(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["walvault", *map(str, args)], code, *text)
 
 
+def faketime_env(spec: str, **extra: str) -> dict[str, str]:
+    """The environment of a process whose clock Debian's libfaketime moves by `spec` (faketime -f's syntax: "-40d",
+    "+12.5s"). The library is preloaded directly rather than through the `faketime` wrapper: the wrapper names a
+    semaphore after its pid and leaves it behind when killed, and a later wrapper with that pid then fails
+    (sem_open: File exists)."""
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        pytest.fail("Debian's faketime is not installed (no libfaketime.so.1): run scripts/setup")
+    return {**os.environ, "LD_PRELOAD": found[0], "FAKETIME": spec, **extra}
+
+
 def run_cli_at(when: float, *args, timeout: float = 300.0) -> subprocess.CompletedProcess:
     """run_cli with the process's clock moved to `when` (Unix seconds) by Debian's faketime: how a test runs a
     command at another time than now (an expiry must not judge as of a time its clock has not reached)."""
     import time
 
     offset = when - time.clock_gettime(time.CLOCK_REALTIME)  # the host's clock, also while a test moves time.time
-    return subprocess.run(["faketime", "-f", f"{offset:+.3f}s", *walvault_command(), *map(str, args)],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "TZ": "UTC"})
+    return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=REPO,
+                          env=faketime_env(f"{offset:+.3f}s", TZ="UTC"))
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, copy_limestone_fixture, require_limestone, run_cli, tree_snapshot, walvault_command
+from conftest import (REPO, copy_limestone_fixture, faketime_env, require_limestone, run_cli, tree_snapshot,
+                      walvault_command)
 from devenv import airflow, environment, migrate
 from walcore.limestone.layout import exclusive_lock
 
@@ -26,11 +27,11 @@ DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then cov
 def _aged(src: Path, repo: Path) -> dict:
     """rotate, archive and snapshot the source as if 40 days ago (faketime): its snapshot anchors the window."""
     for args in (["rotate", src], ["archive", src, "--repo", repo]):
-        proc = subprocess.run(["faketime", "-f", DAYS_AGO, *walvault_command(), *map(str, args)],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True, timeout=120,
+                              env=faketime_env(DAYS_AGO))
         assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run(["faketime", "-f", DAYS_AGO, *walvault_command(), "snapshot", str(src), "--repo",
-                           str(repo), "--json"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*walvault_command(), "snapshot", str(src), "--repo", str(repo), "--json"],
+                          capture_output=True, text=True, timeout=120, env=faketime_env(DAYS_AGO))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

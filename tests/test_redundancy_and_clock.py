@@ -15,7 +15,6 @@ from __future__ import annotations
 import calendar
 import hashlib
 import json
-import os
 import re
 import subprocess
 import time
@@ -24,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import (REPO, RepoTarget, copy_tree, new_repository, require_tarantool, run_main, tree_but_leases,
-                      tree_snapshot, walvault_command)
+from conftest import (REPO, RepoTarget, copy_tree, faketime_env, new_repository, require_tarantool, run_main,
+                      tree_but_leases, tree_snapshot, walvault_command)
 from walcore.repository.manifest import COPY_SUFFIX, encode_checked
 from walcore.runner import LocalRunner
 
@@ -268,8 +267,8 @@ def test_an_apply_as_of_a_future_time_is_refused_and_writes_nothing(repo):
 
 def _behind(*args, days: int = 2) -> subprocess.CompletedProcess:
     """walvault run on a clock set back by `days` (Debian's faketime)."""
-    return subprocess.run(["faketime", "-f", f"-{days}d", *walvault_command(), *map(str, args)], capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=120, cwd=REPO, env={**os.environ, "TZ": "UTC"})
+    return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120, cwd=REPO, env=faketime_env(f"-{days}d", TZ="UTC"))
 
 
 def test_a_clock_behind_the_repository_refuses_an_apply(small_instance, tmp_path):
