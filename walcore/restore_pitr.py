@@ -78,7 +78,7 @@ class _Lineage:
     Where two candidates continue one step, the history is not placed past it."""
 
     def __init__(self, repo: Repository, newest: BackupManifest):
-        from .repository.archive import load_archived, source_archive
+        from .repository.archive import split_archive
 
         self.repo, self.newest = repo, newest
         self.chain = repo.chain(newest)
@@ -87,10 +87,10 @@ class _Lineage:
             for e in _xlogs(m.files):
                 self.authoritative[Path(e.name).name] = e
         everyone = [r.manifest for r in repo.source_backups("tarantool", newest.instance) if r.manifest is not None]
-        archived = [e for e in load_archived(repo, "tarantool", newest.instance) if e is not None]
         # An archived file counts only when archived from this backup's own source: another history's file would
         # otherwise fill a gap in this one's archive as its only continuation.
-        own = [e for e in source_archive(repo, "tarantool", newest.instance, newest.source) if e is not None]
+        own, archived = ([e for e in es if e is not None]
+                         for es in split_archive(repo, "tarantool", newest.instance, newest.source))
         self.evidence = _fork_evidence(everyone, archived) or (
             "the archive holds files of another directory of the instance" if len(own) < len(archived) else None)
         archived = own

@@ -47,12 +47,20 @@ def source_archive(repo: Repository, family: str, instance: str, source: dict,
     those it holds too (`root`: the directory, when at hand: the same name, size and SHA-256), archived once from
     wherever they were first. A record that does not say where it came from (an older walvault's, with a relative
     path) counts only while no record names another directory."""
+    return split_archive(repo, family, instance, source, root)[0]
+
+
+def split_archive(repo: Repository, family: str, instance: str, source: dict,
+                  root: Path | None = None) -> tuple[list[FileEntry | None], list[FileEntry | None]]:
+    """(the records of one source directory, as source_archive says, every record of the instance), from one
+    reading of the archive."""
     prefix = f"{repo.source_dir(family, instance)}/archive"
-    own, unknown, other = [], [], False
+    own, unknown, other, everyone = [], [], False, []
     for name in repo.storage.list(prefix):
         if not name.endswith(".zst" + RECORD_SUFFIX):
             continue
         loaded = _load_raw(repo, name)
+        everyone.append(loaded and loaded[0])
         origin = loaded and _record_origin(*loaded)
         if loaded is None:
             own.append(None)
@@ -62,7 +70,7 @@ def source_archive(repo: Repository, family: str, instance: str, source: dict,
             own.append(loaded[0])
         else:
             other = True
-    return own if other else own + unknown
+    return (own if other else own + unknown), everyone
 
 
 def _holds(root: Path | None, entry: FileEntry) -> bool:
