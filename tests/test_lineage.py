@@ -55,14 +55,21 @@ def _swapped(original: Path, copy_dir: Path):
 # -- Tarantool
 
 
-@pytest.fixture(scope="module")
-def fork(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fork")
+def _backed_up_then_copied(root: Path) -> tuple[Path, Path, Path, str]:
+    """A data dir O written by Tarantool, its full backup B1 in a new repository, then a copy C of O (cp -a):
+    (O, C, the repository, B1's id)."""
     o, c, repo = root / "O", root / "C", root / "repo"
     Repository(str(repo), create=True)
     tr.generate_instance(o, wal_max_size=16384, scale=1, snapshots=1)
     b1 = _ok(run_main("backup", o, "--repo", repo, "--json"))["id"]
     subprocess.run(["cp", "-a", str(o), str(c)], check=True)
+    return o, c, repo, b1
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fork")
+    o, c, repo, b1 = _backed_up_then_copied(root)
     tr.write_more(o, rows=300, snapshot=False, seed=1)
     o_point = tr.dump_data_dir(o)  # O's state at a point after B1
     tr.write_more(o, rows=300, snapshot=True, seed=3)  # B2's snapshot is past that point
@@ -140,11 +147,7 @@ def test_past_the_fork_the_full_backup_follows_its_own_source(fork, tmp_path):
 def test_a_copy_archived_without_backups_never_continues_the_original(tmp_path):
     """A copy that was only archived (no backup of its own, no conflict: the original archived nothing) is
     another history all the same: a point only the copy reached is refused on the original's backup."""
-    o, c, repo = tmp_path / "O", tmp_path / "C", tmp_path / "repo"
-    Repository(str(repo), create=True)
-    tr.generate_instance(o, wal_max_size=16384, scale=1, snapshots=1)
-    b1 = _ok(run_main("backup", o, "--repo", repo, "--json"))["id"]
-    subprocess.run(["cp", "-a", str(o), str(c)], check=True)
+    o, c, repo, b1 = _backed_up_then_copied(tmp_path)
     tr.write_more(c, rows=300, snapshot=False, seed=2)
     _ok(run_main("archive", c, "--repo", repo))
     _refused(run_main("restore", b1, tmp_path / "r", "--repo", repo, "--to",
