@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..family import plan_for
 from ..repository import Repository
-from .common import BackupResult, store_set
+from ..backup_common import BackupResult, store_set
 
 
 def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,

@@ -43,7 +43,7 @@ from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, F
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
-from .common import STALE_TEMPORARY
+from ..backup_common import STALE_TEMPORARY
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy

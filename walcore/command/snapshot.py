@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..family import family_of
 from ..repository import Repository
-from .common import BackupResult
+from ..backup_common import BackupResult
 
 
 def snapshot(source: Path, repo: Repository, *, connect: str | None = None, level: int = 3, runner=None,
