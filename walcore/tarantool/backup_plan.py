@@ -138,9 +138,9 @@ class TarantoolPlan:
             checks["snapshot"]["wal_dir"] = self.wal_dir
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
-                from .backup_set import verdict_record
+                from .ledger import record_verdict
 
-                repo.ledger_put("tarantool", self.instance, c.entry.sha256, verdict_record(c.verdict))
+                record_verdict(repo, self.instance, c.entry.sha256, c.verdict)
         return {"position": {"vclock": checks.pop("position")}, **checks}
 
     def _source_path(self, c: Candidate) -> Path:
