@@ -8,14 +8,13 @@ from pathlib import Path
 from ..repository import Repository
 from .backup_set import verdict_from_record, verdict_record
 from .check import TarantoolFile, name_findings
-from .family import Tarantool
 
 
 def recorded_verdict(repo: Repository, instance: str, sha256: str, size: int, path: str) -> TarantoolFile | None:
     """The verdict the ledger holds for these bytes, standing for a scan of the file at `path` — None unless it is
     on record and the file's name agrees with it (a renamed copy is scanned: its name is checked against its meta
     block)."""
-    record = repo.ledger_verdict(Tarantool.name, instance, sha256, size)
+    record = repo.ledger_verdict("tarantool", instance, sha256, size)
     if record is None:
         return None
     verdict = verdict_from_record(path, record)
@@ -24,4 +23,4 @@ def recorded_verdict(repo: Repository, instance: str, sha256: str, size: int, pa
 
 def record_verdict(repo: Repository, instance: str, sha256: str, verdict: TarantoolFile) -> None:
     """Keep a scan's verdict on these bytes in the ledger."""
-    repo.ledger_put(Tarantool.name, instance, sha256, verdict_record(verdict))
+    repo.ledger_put("tarantool", instance, sha256, verdict_record(verdict))
