@@ -73,7 +73,7 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
                           items))
         archived = set(result.stored) | set(result.already) | set(result.expired)
         for family in families:
-            family.archived(repo, report, archived, leases)
+            family.record_archived(repo, report, archived, leases)
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
