@@ -1,7 +1,8 @@
 """The import graph of the product code, read from its sources with `ast`: every import counts, also one inside a
 function (a lazy import is still a dependency). walcore's layers, from the bottom: the file formats (tarantool,
-limestone), the repository, the layers the commands share (command/common.py among them), the commands (one
-module each, as pgBackRest's src/command/), the CLI."""
+limestone), the repository, the families and the layers the commands share (backup_common.py among them), the
+commands (one module each, as pgBackRest's src/command/), the CLI. Generic code asks a family's `Family` and
+never decides by its name."""
 
 from __future__ import annotations
 
@@ -145,3 +146,42 @@ def test_the_graph_sees_the_code():
     assert "walcore.repository" in edges["walcore.cli"]
     assert "walcore.command.verify" in edges["walcore.frontend"]  # a relative import inside a function
     assert any(m.startswith("walvault_provider") for m in edges) and any(m.startswith("dags") for m in edges)
+
+
+FAMILY_PACKAGES = ("walcore.tarantool", "walcore.limestone")
+
+
+def test_families_import_no_command():
+    """A family sits below the commands: what it shares with them is a floor down (walcore.backup_common)."""
+    edges = _graph()[0]
+    family_modules = [m for m in sorted(edges) if any(m == p or m.startswith(p + ".") for p in FAMILY_PACKAGES)]
+    assert "walcore.tarantool.family" in family_modules and "walcore.limestone.family" in family_modules
+    assert [(m, t) for m in family_modules for t in sorted(edges[m])
+            if t == "walcore.command" or t.startswith(COMMAND)] == []
+
+
+FAMILY_NAMES = {"tarantool", "limestone"}
+GENERIC = ("walcore.command", "walcore.restore_set", "walcore.restore_pitr", "walcore.repository")
+REGISTRY = ("walcore.repository", "FAMILIES")  # the families a repository holds: the one place naming them all
+
+
+def _family_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of each string constant that is a family's name, but in the registry's assignment."""
+    tree = ast.parse(path.read_text(), str(path))
+    registry = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == REGISTRY[1] for t in node.targets)
+                for c in ast.walk(node.value)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in FAMILY_NAMES and id(node) not in registry]
+
+
+def test_generic_code_names_no_family():
+    """Commands, restores and the repository ask a family's `Family` (walcore.family): no comparison with a
+    family's name, no dict by it, no family named in a call. Only the repository's registry names them."""
+    sources = _sources()
+    generic = {m: p for m, p in sources.items() if any(m == g or m.startswith(g + ".") for g in GENERIC)}
+    assert "walcore.command.archive" in generic and "walcore.restore_pitr" in generic
+    found = [(m, line, value) for m, path in sorted(generic.items()) for line, value in _family_literals(path)]
+    assert found == []
+    registry = ast.parse(sources[REGISTRY[0]].read_text())  # the check sees the names where the registry holds them
+    assert {n.value for n in ast.walk(registry) if isinstance(n, ast.Constant)} >= FAMILY_NAMES

@@ -799,16 +799,17 @@ def test_a_stale_lease_broken_by_two_at_once_is_held_by_one(repo_target, monkeyp
 def test_a_manifest_stored_by_a_commit_that_then_failed_goes_with_its_files(src, repo_target, monkeypatch):
     """An object store may keep a manifest and still fail the call that wrote it (its reply lost, retries used up):
     the failed backup removes its files and that manifest too, so nothing lists a backup whose files are gone."""
-    from walcore.command import backup as backup_module, common
+    from walcore import backup_common
+    from walcore.command import backup as backup_module
 
     repo = Repo(repo_target)
-    real_commit = common.commit_checked
+    real_commit = backup_common.commit_checked
 
     def commit_then_fail(*args, **kwargs):
         real_commit(*args, **kwargs)
         raise RepositoryError("cannot create the manifest: the reply was lost")
 
-    monkeypatch.setattr(common, "commit_checked", commit_then_fail)
+    monkeypatch.setattr(backup_common, "commit_checked", commit_then_fail)
     with pytest.raises(RepositoryError):
         backup_module.backup(src, repo.api())
     assert [n for n in repo.names() if "/backups/" in n] == []

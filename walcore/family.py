@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .command.common import ArchiveItem, BackupResult
+from .backup_common import ArchiveItem, BackupResult
 from .findings import Refused
 from .repository import Repository
 from .repository.manifest import BackupManifest, FileEntry
@@ -18,9 +18,12 @@ from .repository.manifest import BackupManifest, FileEntry
 class Family(Protocol):
     name: str
     uses_ledger: bool  # whether a verdict on a sealed file's bytes holds wherever they are (the ledger keeps it)
+    rewritten_kinds: tuple[str, ...]  # files the database rewrites in place: each content archived by its hash
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
-        """The plan of a backup of a source directory of the family: what to store and how to verify it."""
+        """The plan of a backup of a source directory of the family: what to store and how to verify it, and how
+        its log goes on from a parent backup's (lineage_kinds, renamed_since, not_behind: backup_common.store_set
+        reads them)."""
 
     def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
                  wait: float) -> BackupResult:
@@ -29,6 +32,13 @@ class Family(Protocol):
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The family's sealed files of a verified report (scan_paths.Report) to archive; the others go to the
         result's (command.archive.ArchiveResult) not_sealed or refused."""
+
+    def archive_sources(self, report) -> set[tuple[str, str]]:
+        """(family, instance) of each source of a report whose archive lease an archive takes beyond its items'."""
+
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+        """What the family records once the items of a report are archived (`archived`: their paths), under the
+        archive leases by (family, instance)."""
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         """The verdict an archived file's record keeps."""
@@ -57,6 +67,12 @@ class Family(Protocol):
 
     def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
         """When an archived file's log ends, by the log's own time (None: it does not say)."""
+
+    def restored_name(self, entry: FileEntry) -> str:
+        """Where a file of a backup goes in a restore: its place in the family's layout."""
+
+    def finish_restore(self, manifest: BackupManifest, staging: Path) -> None:
+        """What a whole backup restored into `staging` needs beside its files."""
 
     def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
                       progress: bool) -> tuple[int, dict, list, list[str]]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .command.common import Progress
+from .backup_common import Progress
 from .findings import Refused
 from .fsutil import write_atomic
 from .repository import Repository, stamp_seconds
 from .repository.manifest import BackupManifest, FileEntry
-from .repository.materialize import layout_name, materialize, wal_dir_of
+from .repository.materialize import materialize, wal_dir_of
 from .tarantool.meta import vclock_from_json, vclock_leq
 
 
@@ -43,7 +43,7 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     chain, fork = lineage.log_from(start)
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
     wal_dir = wal_dir_of(base)
-    entries = [(layout_name(base, e), e) for e in base_files]
+    entries = [(e.name, e) for e in base_files]  # a Tarantool file is restored under its own name
     log_dir = staging / ".walvault-log"
     log_entries = [(Path(e.name).name, e) for e in chain]
     tracker = Progress(len(entries) + len(chain), sum(e.size for _, e in entries + log_entries), progress,
@@ -86,11 +86,11 @@ class _Lineage:
         for m in self.chain:
             for e in _xlogs(m.files):
                 self.authoritative[Path(e.name).name] = e
-        everyone = [r.manifest for r in repo.source_backups("tarantool", newest.instance) if r.manifest is not None]
+        everyone = [r.manifest for r in repo.source_backups(newest.family, newest.instance) if r.manifest is not None]
         # An archived file counts only when archived from this backup's own source: another history's file would
         # otherwise fill a gap in this one's archive as its only continuation.
         own, archived = ([e for e in es if e is not None]
-                         for es in split_archive(repo, "tarantool", newest.instance, newest.source))
+                         for es in split_archive(repo, newest.family, newest.instance, newest.source))
         self.evidence = _fork_evidence(everyone, archived) or (
             "the archive holds files of another directory of the instance" if len(own) < len(archived) else None)
         archived = own
@@ -295,6 +295,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
 
     from .limestone.check import prepare
     from .limestone.epoch import EPOCH_NAME
+    from .limestone.layout import restored_name
     from .limestone.writer import durable_epoch
 
     text = to.removeprefix("epoch:")
@@ -306,7 +307,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
     log: list[FileEntry] = []
     if epoch > reached:
         manifest, log = _limestone_log(repo, manifest, epoch)
-    entries = [(layout_name(manifest, e), e) for e in manifest.files] + [(e.name, e) for e in log]
+    entries = [(restored_name(e.name, e.kind), e) for e in manifest.files] + [(e.name, e) for e in log]
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
@@ -343,12 +344,12 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     whole: every channel's entries up to the point archived (what `archive` records), and durable."""
     from .repository.archive import EXPIRED_SUFFIX, archive_complete, source_archive
 
-    backups = [r.manifest for r in repo.source_backups("limestone", newest.instance)
+    backups = [r.manifest for r in repo.source_backups(newest.family, newest.instance)
                if r.manifest is not None and (r.id == newest.id or r.manifest.type == "snapshot"
                                               and r.manifest.identity == newest.identity)]
-    archived = [e for e in source_archive(repo, "limestone", newest.instance, newest.source) if e is not None]
+    archived = [e for e in source_archive(repo, newest.family, newest.instance, newest.source) if e is not None]
     # Files retention deleted: a base that lacks one (neither holds nor folded it) cannot reach past it.
-    prefix = f"{repo.source_dir('limestone', newest.instance)}/archive"
+    prefix = f"{repo.source_dir(newest.family, newest.instance)}/archive"
     expired = {Path(n).name.removesuffix(".zst" + EXPIRED_SUFFIX) for n in repo.storage.list(prefix)
                if n.endswith(".zst" + EXPIRED_SUFFIX)}
 
@@ -369,7 +370,7 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     base = max(bases, key=lambda m: (m.position.get("epoch", 0), m.finished, m.id))
     durable = max([base.position.get("epoch", 0)] + [e.range["epochs"][1] for e in archived
                                                      if e.kind == "epoch_rotated" and e.range.get("epochs")])
-    complete = archive_complete(repo, "limestone", newest.instance, newest.source)
+    complete = archive_complete(repo, newest.family, newest.instance, newest.source)
     if complete is not None:
         durable = min(durable, max(complete, base.position.get("epoch", 0)))
     if (overlap := _channel_overlap(archived)) is not None and epoch >= overlap[0]:

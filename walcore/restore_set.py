@@ -10,13 +10,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .command.common import Progress
+from .backup_common import Progress
 from .family import family_named
 from .findings import Refused
 from .fsutil import fsync_dir
 from .repository import ObjectDamaged, Repository, RepositoryError
-from .repository.materialize import (STAGING_MARK, fsync_tree, layout_name, materialize, reuse_staging, staging_dir,
-                                     wal_dir_of)
+from .repository.materialize import STAGING_MARK, fsync_tree, materialize, reuse_staging, staging_dir
 
 
 @dataclass
@@ -75,16 +74,15 @@ def _restore(repo: Repository, record, backup_id: str, target: Path, to: str | N
                   for r in repo.backups() if r.manifest is None and r.complete and r.id > manifest.id
                   and (r.family, r.instance) == (record.family, record.instance)]
     point_info = None
+    family = family_named(manifest.family)
     try:
         if to is None:
-            entries = [(layout_name(manifest, e), e) for e in manifest.files]
+            entries = [(family.restored_name(e), e) for e in manifest.files]
             tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
             reused = materialize(repo, entries, staging, tracker)
-            if manifest.family == "tarantool" and manifest.type == "snapshot":
-                (staging / wal_dir_of(manifest)).mkdir(parents=True, exist_ok=True)  # Tarantool needs it there
+            family.finish_restore(manifest, staging)
         else:
-            reused, point_info, entries, point_notes = family_named(manifest.family).point_restore(
-                repo, manifest, to, staging, progress)
+            reused, point_info, entries, point_notes = family.point_restore(repo, manifest, to, staging, progress)
             notes += point_notes
         (staging / STAGING_MARK).unlink()
         fsync_tree(staging)

@@ -22,13 +22,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backup_common import ArchiveItem, Progress
 from ..family import family_named
 from ..fsutil import file_sha256
-from ..limestone.layout import REWRITTEN_KINDS, dir_instance
 from ..repository import FAMILIES, Repository, SourceChanged, utc_now
-from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, complete_name, load_record, source_key
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, load_record
 from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
-from .common import ArchiveItem, Progress
 
 
 # How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
@@ -61,60 +60,31 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     runner = runner or LocalRunner()
     result = ArchiveResult()
     report = verify_paths([Path(s) for s in sources], runner=runner, progress=progress)
-    items = [i for name in FAMILIES for i in family_named(name).archive_items(report, result)]
+    families = [family_named(name) for name in FAMILIES]
+    items = [i for family in families for i in family.archive_items(report, result)]
     tracker = Progress(len(items), sum(i.path.stat().st_size for i in items), progress, "archived")
-    sources = sorted({(i.family, i.instance) for i in items} | {("limestone", dir_instance(d))
-                                                                 for d in report.dirs if d.manifest is not None})
+    sources = sorted({(i.family, i.instance) for i in items}
+                     | {source for family in families for source in family.archive_sources(report)})
     with ExitStack() as stack:
         leases = {source: stack.enter_context(repo.archive_lease(*source, "archive", wait=ARCHIVE_WAIT))
                   for source in sources}  # in one order: two archives of overlapping sources cannot deadlock
         with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
             list(pool.map(lambda item: _store(repo, item, result, level, tracker, leases[item.family, item.instance]),
                           items))
-        _record_complete(repo, report, result, leases)
+        archived = set(result.stored) | set(result.already) | set(result.expired)
+        for family in families:
+            family.record_archived(repo, report, archived, leases)
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result
 
 
-def _record_complete(repo: Repository, report, result: ArchiveResult, leases: dict) -> None:
-    """Record how far each limestone source's log is archived whole: below the lowest epoch of any of its pwal
-    files that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
-    Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry
-    always has an epoch past the durable one. It is kept per source directory too (a copy of the directory shares
-    the instance)."""
-    archived = set(result.stored) | set(result.already) | set(result.expired)
-    for d in report.dirs:
-        if d.status == "cannot_check" or d.manifest is None:
-            continue
-        root = Path(d.path)
-        left = [f for f in report.files if f.kind in ("pwal", "pwal_rotated")  # limestone's kinds only
-                and Path(f.path).is_relative_to(root) and f.path not in archived and f.size]
-        if any(f.epoch_range is None for f in left):
-            continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
-        complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
-        instance = dir_instance(d)
-        name = complete_name(repo, "limestone", instance)
-        try:
-            before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
-        except (FileNotFoundError, ManifestError):
-            before = {}
-        epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
-        per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
-        key = source_key(socket.gethostname(), str(root.resolve()))
-        if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
-            continue
-        per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete
-        leases["limestone", instance].confirm()
-        repo.storage.write_bytes(name, encode_checked({"epoch": complete if epoch is None else max(epoch, complete),
-                                                       "sources": per, "updated": utc_now()}))
-
-
 def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
+    fam = family_named(item.family)
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
     name = item.name
-    if item.kind in REWRITTEN_KINDS:
+    if item.kind in fam.rewritten_kinds:
         name = f"{name}@{digest()[:12]}"
     record_name = f"{base}/{name}.zst{RECORD_SUFFIX}"
     existing = load_record(repo, record_name) if repo.storage.exists(record_name) else None
@@ -136,7 +106,6 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
         result.refused.append({"path": str(item.path), "findings": [{"code": "changed", "offset": None,
                                                                      "message": str(e)}]})
         return
-    fam = family_named(item.family)
     verdict = fam.archived_verification(item)
     entry = FileEntry(name=item.name, kind=item.kind, size=stored.size, sha256=stored.sha256, stored=object_name,
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
@@ -147,7 +116,7 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
                                                                      "message": problem}]})
         return
     if fam.uses_ledger and verdict.get("status") == "ok":
-        repo.ledger_put("tarantool", item.instance, stored.sha256, verdict)
+        repo.ledger_put(fam.name, item.instance, stored.sha256, verdict)
     if existing is not None:
         result.conflicts.append({"path": str(item.path), "archived_sha256": existing.sha256,
                                  "sha256": stored.sha256, "kept_as": object_name})

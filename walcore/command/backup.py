@@ -1,6 +1,6 @@
 """The backup command: one source (a Tarantool data dir or a limestone log directory) into the repository.
 
-Order of work (command.common.store_set), so that a backup is either whole and proven or absent:
+Order of work (backup_common.store_set), so that a backup is either whole and proven or absent:
 1. take the source's lease, remove what an interrupted backup of it left (files without a main manifest), fencing
    each such directory first so that its writer, if it only paused, can no longer commit it;
 2. choose the set (the family's rules) and, for an incremental, its parent chain (of the same source identity);
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..backup_common import BackupResult, store_set
 from ..family import plan_for
 from ..repository import Repository
-from .common import BackupResult, store_set
 
 
 def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,

@@ -35,6 +35,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
 from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
@@ -43,7 +44,6 @@ from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, F
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
-from .common import STALE_TEMPORARY
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy

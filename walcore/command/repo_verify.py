@@ -10,14 +10,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import PurePosixPath
 
+from ..backup_common import Progress
+from ..family import family_named
 from ..fsutil import owned_tempdir
-from ..repository import ObjectDamaged, Repository, RepositoryError
+from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError
 from ..repository.archive import RECORD_SUFFIX, load_record
 from ..repository.drill import last_drill
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
 from ..runner import LocalRunner, run_all
-from .common import Progress, recorded_verdict
+from ..tarantool.ledger import record_verdict, recorded_verdict
 
 
 @dataclass
@@ -160,9 +162,11 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     base = PurePosixPath(name).name
     if base in ("", ".", ".."):
         base = f"file.{kind}"
-    scan = family == "tarantool" and kind in SCANNED_KINDS and (
-        full or recorded_verdict(repo, instance, sha256, size, base) is None)
-    checked_by = "scan" if scan else "ledger" if family == "tarantool" and kind in SCANNED_KINDS else "hash"
+    # The ledger's family's files are judged by their bytes alone: those are scanned (a name no family has, which
+    # only a forged manifest holds, is re-hashed only).
+    scanned = kind in SCANNED_KINDS and family in FAMILIES and family_named(family).uses_ledger
+    scan = scanned and (full or recorded_verdict(repo, instance, sha256, size, base) is None)
+    checked_by = "scan" if scan else "ledger" if scanned else "hash"
     scratch = owned_tempdir("walvault-verify-") if scan else None
     try:
         copy = scratch / base if scratch else None
@@ -179,14 +183,13 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
             raise RepositoryError(f"{stored}: cannot copy it to {scratch} to scan it: {e.strerror or e}") from None
         if copy is None:
             return None, None, checked_by
-        from ..tarantool.backup_set import verdict_record
         from ..tarantool.check import file_verdict
         from ..tarantool.xlog import scan_file
 
         verdict = file_verdict(scan_file(copy))
         if verdict.status == "ok" and verdict.eof:
             try:
-                repo.ledger_put(family, instance, sha256, verdict_record(verdict))
+                record_verdict(repo, instance, sha256, verdict)
             except RepositoryError:
                 pass  # a read-only repository: the scan stands, nothing is recorded
         return None, [f.to_json() for f in verdict.findings], checked_by

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..backup_common import BackupResult
 from ..family import family_of
 from ..repository import Repository
-from .common import BackupResult
 
 
 def snapshot(source: Path, repo: Repository, *, connect: str | None = None, level: int = 3, runner=None,

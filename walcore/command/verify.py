@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..repository import Repository
 from ..runner import run_all
-from .common import recorded_verdict
+from ..tarantool.ledger import recorded_verdict
 
 if TYPE_CHECKING:
     from ..tarantool.check import TarantoolFile
@@ -83,7 +83,7 @@ class Ledger:
         when the bytes scanned are the bytes hashed: the file is the one it was before it was hashed (not
         written to, nor replaced, meanwhile)."""
         from ..repository.storage import RepositoryError
-        from ..tarantool.backup_set import verdict_record
+        from ..tarantool.ledger import record_verdict
 
         for path, verdict in reports.items():
             if path in self.checked_by:
@@ -98,7 +98,7 @@ class Ledger:
             except OSError:
                 continue
             try:
-                self.repo.ledger_put("tarantool", key[2], key[0], verdict_record(verdict))
+                record_verdict(self.repo, key[2], key[0], verdict)
             except RepositoryError as e:
                 self.problems.append(f"the ledger was not updated: {e}")
                 return

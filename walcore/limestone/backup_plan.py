@@ -11,14 +11,15 @@ import os
 import socket
 from pathlib import Path
 
-from ..command.common import Candidate
+from ..backup_common import Candidate
 from ..findings import Refused
 from ..repository import Repository
-from ..repository.manifest import BackupManifest
+from ..repository.manifest import BackupManifest, FileEntry
 
 
 class LimestonePlan:
     family = "limestone"
+    lineage_kinds = ("pwal", "pwal_rotated", "epoch_rotated")  # the log: an incremental's source extends it
 
     def __init__(self, root: Path, *, origin: Path | None = None):
         """`origin`: the source directory a snapshot built in `root` (a scratch directory) stands for: its
@@ -104,6 +105,16 @@ class LimestonePlan:
         if c.verdict.epoch_range:
             c.entry.range = {"epochs": c.verdict.epoch_range}
         return record
+
+    def renamed_since(self, name: str, entry: FileEntry, candidates: list[Candidate], held: dict) -> list[Candidate]:
+        """An active pwal rotated since: the channel's new rotated files carry its recorded bytes."""
+        if entry.kind != "pwal":
+            return []
+        return [r for r in candidates if r.kind == "pwal_rotated" and r.name.startswith(name + ".")
+                and r.name not in held]
+
+    def not_behind(self, position: dict, parent: dict) -> bool:
+        return position.get("epoch", 0) >= parent.get("epoch", 0)
 
     def source_info(self) -> dict:
         return {"instance": self.instance, "path": str(self.origin.resolve()), "host": socket.gethostname(),

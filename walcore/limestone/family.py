@@ -5,18 +5,22 @@ time, a restore is proven by limestone's own checks."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from ..command.common import ArchiveItem
+from ..backup_common import ArchiveItem
 from ..findings import Refused
-from ..repository import Repository, stamp_seconds
-from ..repository.manifest import BackupManifest, FileEntry
+from ..repository import Repository, stamp_seconds, utc_now
+from ..repository.archive import complete_name, source_key
+from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
+from .layout import REWRITTEN_KINDS, dir_instance, restored_name
 
 
 class Limestone:
     name = "limestone"
     uses_ledger = False  # a pwal file's verdict depends on the directory's durable epoch, not its bytes alone
+    rewritten_kinds = REWRITTEN_KINDS
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         from .backup_plan import LimestonePlan
@@ -82,8 +86,6 @@ class Limestone:
         """The sealed files of each checked directory of a report (rotated pwal and epoch files, blobs, each content
         of a file limestone rewrites); what is not sealed, or is damaged, goes to the result's not_sealed and
         refused."""
-        from .layout import REWRITTEN_KINDS, dir_instance
-
         items = []
         sealed = ("pwal_rotated", "epoch_rotated", "blob") + REWRITTEN_KINDS
         for d in report.dirs:
@@ -93,7 +95,7 @@ class Limestone:
                 continue
             instance = dir_instance(d)
             for f in report.files:
-                if f.to_json()["family"] != "limestone" or not Path(f.path).is_relative_to(root):
+                if f.to_json()["family"] != self.name or not Path(f.path).is_relative_to(root):
                     continue
                 if f.kind not in sealed:
                     result.not_sealed.append(f.path)
@@ -101,9 +103,44 @@ class Limestone:
                 if f.status == "damaged":
                     result.refused.append({"path": f.path, "findings": [x.to_json() for x in f.findings]})
                     continue
-                items.append(ArchiveItem(Path(f.path), "limestone", instance,
+                items.append(ArchiveItem(Path(f.path), self.name, instance,
                                          Path(os.path.relpath(f.path, root)).as_posix(), f.kind, f, root))
         return items
+
+    def archive_sources(self, report) -> set[tuple[str, str]]:
+        """Every checked directory's source, also with nothing to archive: its archive-complete record moves on."""
+        return {(self.name, dir_instance(d)) for d in report.dirs if d.manifest is not None}
+
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+        """Record how far each source's log is archived whole: below the lowest epoch of any of its pwal files
+        that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
+        Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry
+        always has an epoch past the durable one. It is kept per source directory too (a copy of the directory
+        shares the instance)."""
+        for d in report.dirs:
+            if d.status == "cannot_check" or d.manifest is None:
+                continue
+            root = Path(d.path)
+            left = [f for f in report.files if f.kind in ("pwal", "pwal_rotated")  # limestone's kinds only
+                    and Path(f.path).is_relative_to(root) and f.path not in archived and f.size]
+            if any(f.epoch_range is None for f in left):
+                continue  # a file not archived whose epochs are unknown (damaged): nothing more is known whole
+            complete = min([d.durable_epoch or 0] + [f.epoch_range[0] - 1 for f in left])
+            instance = dir_instance(d)
+            name = complete_name(repo, self.name, instance)
+            try:
+                before = decode_checked(repo.storage.read_bytes(name), "archive-complete")
+            except (FileNotFoundError, ManifestError):
+                before = {}
+            epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
+            per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
+            key = source_key(socket.gethostname(), str(root.resolve()))
+            if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
+                continue
+            per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete
+            leases[self.name, instance].confirm()
+            repo.storage.write_bytes(name, encode_checked({
+                "epoch": complete if epoch is None else max(epoch, complete), "sources": per, "updated": utc_now()}))
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         record = item.verdict.to_json()
@@ -112,6 +149,12 @@ class Limestone:
 
     def archived_range(self, item: ArchiveItem) -> dict:
         return {"epochs": item.verdict.epoch_range} if item.verdict.epoch_range else {}
+
+    def restored_name(self, entry: FileEntry) -> str:
+        return restored_name(entry.name, entry.kind)
+
+    def finish_restore(self, manifest: BackupManifest, staging: Path) -> None:
+        """The files are the whole directory limestone reads."""
 
     def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
                       progress: bool) -> tuple[int, dict, list, list[str]]:

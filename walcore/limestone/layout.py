@@ -60,6 +60,15 @@ def blob_path(root: Path, blob_id: int) -> Path:
     return root / "blob" / f"dir_{blob_id % 100:02d}" / f"{blob_id:016x}.blob"
 
 
+def restored_name(name: str, kind: str) -> str:
+    """Where a file of a backup is restored: its name there; a blob kept flat goes to blob/dir_NN/ as limestone
+    reads it."""
+    if kind == "blob" and "/" not in name:
+        blob_id = int(name.split(".")[0], 16)
+        return f"blob/dir_{blob_id % 100:02d}/{name}"
+    return name
+
+
 def is_live(root: Path) -> bool:
     """Whether a running limestone holds its exclusive lock on the manifest.
 

@@ -11,7 +11,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from ..command.common import BackupResult, NothingNew, Progress, store_set
+from ..backup_common import BackupResult, NothingNew, Progress, store_set
 from ..findings import Refused
 from ..fsutil import owned_tempdir, write_atomic
 from ..repository import Repository

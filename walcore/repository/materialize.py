@@ -1,7 +1,7 @@
 """Stored files written out of the repository into a directory, each checked against its recorded hashes: where a
-restore stages them, the name each file takes in its family's layout, and what a restore that was interrupted left
-(the reverse of Repository.put_object; the restore, snapshot and expire commands and the point-in-time restore
-read through it)."""
+restore stages them and what a restore that was interrupted left (the reverse of Repository.put_object; the
+restore, snapshot and expire commands and the point-in-time restore read through it). The name each file takes in
+its family's layout is the family's (walcore.family)."""
 
 from __future__ import annotations
 
@@ -33,17 +33,9 @@ def _inside(root: Path, name: str) -> Path:
     return path
 
 
-def layout_name(manifest: BackupManifest, entry: FileEntry) -> str:
-    """Where a file goes: its source name; a limestone blob kept flat goes to blob/dir_NN/ as limestone reads it."""
-    if manifest.family == "limestone" and entry.kind == "blob" and "/" not in entry.name:
-        blob_id = int(entry.name.split(".")[0], 16)
-        return f"blob/dir_{blob_id % 100:02d}/{entry.name}"
-    return entry.name
-
-
 def materialize(repo: Repository, entries: list[tuple[str, FileEntry]], root: Path, progress) -> int:
     """Write each (name, entry) under root from the repository, checked; returns how many were there already.
-    `progress` (a command.common.Progress) advances by each file."""
+    `progress` (a backup_common.Progress) advances by each file."""
     reused = 0
     for name, entry in entries:
         path = _inside(root, name)

@@ -8,16 +8,17 @@ import shutil
 import socket
 from pathlib import Path
 
-from ..command.common import LEDGER_VERDICTS, Candidate
+from ..backup_common import LEDGER_VERDICTS, Candidate
 from ..findings import Refused
 from ..fsutil import owned_tempdir
 from ..repository import Repository
-from ..repository.manifest import BackupManifest
+from ..repository.manifest import BackupManifest, FileEntry
 from .times import file_range, snapshot_time
 
 
 class TarantoolPlan:
     family = "tarantool"
+    lineage_kinds = ("xlog",)  # the log, whose bytes say which history a source is on: an incremental extends it
 
     def __init__(self, root: Path, connect: str | None, *, snapshot: bool = False):
         from .backup_set import instance_of
@@ -137,9 +138,9 @@ class TarantoolPlan:
             checks["snapshot"]["wal_dir"] = self.wal_dir
         for c in unknown:
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
-                from .backup_set import verdict_record
+                from .ledger import record_verdict
 
-                repo.ledger_put("tarantool", self.instance, c.entry.sha256, verdict_record(c.verdict))
+                record_verdict(repo, self.instance, c.entry.sha256, c.verdict)
         return {"position": {"vclock": checks.pop("position")}, **checks}
 
     def _source_path(self, c: Candidate) -> Path:
@@ -152,6 +153,14 @@ class TarantoolPlan:
         record["checked_by"] = getattr(c, "checked_by", "scan")
         c.entry.range = file_range(c.verdict, c.path)
         return record
+
+    def renamed_since(self, name: str, entry: FileEntry, candidates: list[Candidate], held: dict) -> list[Candidate]:
+        """Tarantool never renames an xlog: no other file carries its recorded bytes."""
+        return []
+
+    def not_behind(self, position: dict, parent: dict) -> bool:
+        mine, theirs = position.get("vclock", {}), parent.get("vclock", {})
+        return all(mine.get(k, 0) >= v for k, v in theirs.items())
 
     def source_info(self) -> dict:
         return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),

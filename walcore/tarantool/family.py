@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from ..command.common import ArchiveItem, store_set
+from ..backup_common import ArchiveItem, store_set
 from ..findings import Refused
 from ..repository import Repository, stamp_seconds
 from ..repository.manifest import BackupManifest, FileEntry
@@ -31,6 +31,7 @@ os.exit(0)
 class Tarantool:
     name = "tarantool"
     uses_ledger = True  # a sealed file's verdict depends on its bytes alone
+    rewritten_kinds = ()  # Tarantool never writes a sealed file again
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         from .backup_plan import TarantoolPlan
@@ -86,7 +87,7 @@ class Tarantool:
         """The time of the file's last row: from its record, or (a record of an older walvault) from its bytes."""
         if "time" in entry.range:
             return entry.range["time"][1] if entry.range["time"] else None
-        from ..command.common import Progress
+        from ..backup_common import Progress
         from ..fsutil import owned_tempdir
         from ..repository.materialize import materialize
         from .times import row_times, snapshot_time
@@ -106,7 +107,7 @@ class Tarantool:
         or names no instance, goes to the result's (command.archive.ArchiveResult) not_sealed and refused."""
         from .layout import kind_of
 
-        files = {f.path: f for f in report.files if f.to_json()["family"] == "tarantool"}
+        files = {f.path: f for f in report.files if f.to_json()["family"] == self.name}
         chains = {c.path: c for c in report.chains}
         items = []
         newest = set()
@@ -144,9 +145,15 @@ class Tarantool:
                                                                      "message": "no file beside it names its "
                                                                                 "instance"}]})
                 continue
-            items.append(ArchiveItem(path, "tarantool", instance, Path(os.path.relpath(path, root)).as_posix(),
+            items.append(ArchiveItem(path, self.name, instance, Path(os.path.relpath(path, root)).as_posix(),
                                      kind_of(path)[0], f, root))
         return items
+
+    def archive_sources(self, report) -> set[tuple[str, str]]:
+        return set()  # a data dir's source is its archived files'
+
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+        """Nothing beyond the files' records: an xlog says where the log goes on (its PrevVClock)."""
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         from .backup_set import verdict_record
@@ -157,6 +164,16 @@ class Tarantool:
         from .times import file_range
 
         return file_range(item.verdict, item.path)
+
+    def restored_name(self, entry: FileEntry) -> str:
+        return entry.name
+
+    def finish_restore(self, manifest: BackupManifest, staging: Path) -> None:
+        """A snapshot holds no xlog: Tarantool needs its wal dir there all the same."""
+        from ..repository.materialize import wal_dir_of
+
+        if manifest.type == "snapshot":
+            (staging / wal_dir_of(manifest)).mkdir(parents=True, exist_ok=True)
 
     def point_restore(self, repo: Repository, manifest: BackupManifest, to: str, staging: Path,
                       progress: bool) -> tuple[int, dict, list, list[str]]:

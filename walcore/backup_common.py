@@ -1,0 +1,339 @@
+"""What the commands and the families share below them (as pgBackRest's src/command/backup/common.c): progress on
+stderr, storing a family plan's set as a backup (a full, an incremental or a snapshot: the order of work is in
+command/backup.py) with its files to back up and its labels, an archived file, which verdicts the ledger keeps,
+how old a temporary file is left over."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from .findings import Refused
+from .repository import Repository, Stored, utc_now, walvault_version
+from .repository.lease import Lease, LeaseLost
+from .repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked,
+                                  decode_checked, source_identity)
+from .runner import LocalRunner, run_all
+
+LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
+
+
+class NothingNew(Refused):
+    """No archived file is left to fold: the newest snapshot still covers the log (not a failure of the log)."""
+
+
+@dataclass
+class Candidate:
+    """A file to back up: where it is, its name in the backup, and how to treat it."""
+
+    path: Path
+    name: str
+    kind: str
+    mutable: bool
+    entry: FileEntry | None = None  # filled once stored or referenced
+    verdict: object | None = None  # TarantoolFile | LimestoneFile
+    checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
+    mtime_ns: int | None = None  # of the source file, when it was listed
+    spooled: bool = False  # its bytes are a copy on this machine (the newest xlog): stored from here
+
+
+@dataclass
+class ArchiveItem:
+    """A sealed file of a source to archive: where it is, its source and name there, and its verdict."""
+
+    path: Path
+    family: str
+    instance: str
+    name: str
+    kind: str
+    verdict: object
+    root: Path  # the source directory the name is relative to
+
+
+class Progress:
+    """files, bytes and rate on stderr, every few seconds, when enabled."""
+
+    def __init__(self, files: int, total: int, enabled: bool, what: str):
+        self.files, self.total, self.enabled, self.what = files, total, enabled, what
+        self.done_files = self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def advance(self, nbytes: int) -> None:
+        self.done_files += 1
+        self.done += nbytes
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= 2 or self.done_files == self.files):
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9) / 1e6
+            print(f"walvault: {self.what} {self.done_files}/{self.files} files, {self.done / 1e6:,.0f} of "
+                  f"{self.total / 1e6:,.0f} MB ({rate:,.0f} MB/s)", file=sys.stderr, flush=True)
+
+
+# A temporary file this old is no write in progress: writes of the archive and the ledger (not under the lease)
+# finish in far less.
+STALE_TEMPORARY = 3600.0
+
+
+@dataclass
+class BackupResult:
+    manifest: BackupManifest
+    notes: list[str] = field(default_factory=list)
+    removed_leftovers: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        m = self.manifest
+        return {"id": m.id, "type": m.type, "parent": m.parent, "family": m.family, "source": m.source,
+                "files": len(m.files), "bytes": m.bytes, "stored_bytes": m.stored_bytes, "position": m.position,
+                "started": m.started, "finished": m.finished, "notes": self.notes,
+                "removed_leftovers": self.removed_leftovers}
+
+
+def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupManifest | None,
+                  kind: str = "full") -> str:
+    """pgBackRest's labels: `YYYYMMDD-HHMMSSF` for a full backup, `<full>_YYYYMMDD-HHMMSSI` for an incremental,
+    and walvault's `YYYYMMDD-HHMMSSS` for a snapshot. A clock set back must not sort a new backup before older
+    ones: the label then moves past the newest. A label another source of the repository uses is skipped too, so
+    that an id names one backup (what restore and verify take)."""
+    existing = repo.backup_ids(family, instance)
+    others = {b for f, i in repo.sources() if (f, i) != (family, instance) for b in repo.backup_ids(f, i)}
+    now = time.time()
+    while True:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+        if parent is not None:
+            label = f"{parent.id.split('_')[0]}_{stamp}I"
+        else:
+            label = f"{stamp}{'S' if kind == 'snapshot' else 'F'}"
+        if all(_stamp(label) > _stamp(e) for e in existing) and label not in others:
+            return label
+        now += 1
+
+
+def _stamp(backup_id: str) -> str:
+    return backup_id.split("_")[-1][:15]
+
+
+def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3, runner=None,
+              progress: bool = False, checks: dict | None = None) -> BackupResult:
+    """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
+    caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers)."""
+    removed = _remove_leftovers(repo, plan.family, plan.instance, lease)
+    parent = None
+    chain: list[BackupManifest] = []
+    if kind == "incremental":
+        parent = _latest(repo, plan)
+        if parent is None:
+            source = plan.source_info()
+            raise Refused(f"no full backup of {plan.family} instance {plan.instance} from this source "
+                          f"({source['host']}:{source['path']}) to build an incremental on: take a full backup "
+                          "first (a backup of another copy of the instance is never the parent)", "refused")
+        chain = repo.chain(parent)
+    started = utc_now()
+    with plan:
+        candidates = plan.candidates(parent)
+        backup_id = new_backup_id(repo, plan.family, plan.instance, parent, kind)
+        prefix = repo.backup_dir(plan.family, plan.instance, backup_id)
+        try:
+            result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, runner or LocalRunner(),
+                          progress, kind, checks or {}, lease)
+        except BaseException as e:
+            # Its own objects go, its manifest too if it was stored (a commit whose reply was lost, a failure after
+            # it); a fence in the manifest's place is the breaker's, and stays.
+            main = f"{prefix}/{MANIFEST_NAME}"
+            repo.storage.remove_tree(prefix, keep=None if _own_manifest(repo, main) else main)
+            if isinstance(e, Exception) and not isinstance(e, LeaseLost):
+                _lost_first(lease, e)
+            raise
+    result.removed_leftovers = removed
+    result.notes = plan.notes + result.notes
+    return result
+
+
+def _own_manifest(repo: Repository, name: str) -> bool:
+    """A manifest is stored at `name` and it is no breaker's fence. A breaker fences only a backup without one, so
+    what reads here as a manifest now stays this writer's own."""
+    try:
+        return decode_checked(repo.storage.read_bytes(name), name).get("fenced") is not True
+    except FileNotFoundError:
+        return False
+    except ManifestError:
+        return True  # not a fence (a fence is written whole, checksummed): what this writer began
+
+
+def _lost_first(lease: Lease, error: Exception) -> None:
+    """A backup that fails after its lease was lost failed because of that (its breaker removed what it was
+    writing): LeaseLost is the error to report."""
+    try:
+        lease.confirm()
+    except LeaseLost as lost:
+        raise lost from error
+    except Exception:  # the lease cannot be read now: the error met first is the one to report
+        pass
+
+
+def _latest(repo: Repository, plan) -> BackupManifest | None:
+    """The newest full or incremental backup of the plan's source identity (a snapshot is no parent: it holds no
+    log). A copy of a data dir shares the instance but not the source: its backups are never the parent."""
+    identity = source_identity(plan.family, plan.source_info())
+    done = [r.manifest for r in repo.source_backups(plan.family, plan.instance)
+            if r.manifest is not None and r.manifest.type != "snapshot" and r.manifest.identity == identity]
+    if not done:
+        return None
+    return max(done, key=lambda m: (m.id, m.finished))
+
+
+def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease) -> list[str]:
+    """Backups without a main manifest (killed, or paused past their lease: fenced first), and the temporary files
+    of killed writes under the source and at the repository's root."""
+    for prefix in (repo.source_dir(family, instance), None):
+        repo.storage.remove_stale_temporaries(prefix, STALE_TEMPORARY)
+    removed = []
+    for backup_id in repo.backup_ids(family, instance):
+        record = repo.load_backup(family, instance, backup_id)
+        if not record.complete and repo.clear_leftovers(record, lease):
+            removed.append(backup_id)
+    return removed
+
+
+def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
+         prefix: str, started: str, level: int, runner, progress: bool, kind: str, extra_checks: dict,
+         lease: Lease) -> BackupResult:
+    held = {}  # name -> the newest entry of the parent chain holding it
+    for manifest in chain:
+        for entry in manifest.files:
+            held[entry.name] = (manifest, entry)
+    to_store = []
+    for c in candidates:
+        old = held.get(c.name)
+        st = c.path.stat()
+        c.mtime_ns = st.st_mtime_ns
+        # A sealed file never changes: the same name, size and modification time (as pgBackRest compares them)
+        # say it is the one the parent chain holds. Another history reusing a name differs in its mtime.
+        if old and not c.mutable and not old[1].mutable and (old[1].size, old[1].mtime_ns) == (st.st_size,
+                                                                                             st.st_mtime_ns):
+            c.entry = _reference(old[0], old[1])
+        else:
+            to_store.append(c)
+    tracker = Progress(len(to_store), sum(c.path.stat().st_size for c in to_store), progress, "stored")
+    by_item = {(f"{prefix}/{c.name}.zst", str(c.path)): c for c in to_store}
+    store = partial(store_object, repo, level)
+
+    def stored_one(item) -> None:
+        tracker.advance(by_item[item].path.stat().st_size)
+
+    # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads. A spooled copy is on this
+    # machine only, so it is stored from here whatever the runner.
+    results = run_all(runner, store, [i for i, c in by_item.items() if not c.spooled], threads=True, done=stored_one)
+    results.update(run_all(LocalRunner(1), store, [i for i, c in by_item.items() if c.spooled], done=stored_one))
+    for item, c in by_item.items():
+        stored = results[item]
+        old = held.get(c.name)
+        if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size:
+            repo.storage.remove(item[0])  # the same bytes are held already
+            c.entry = _reference(old[0], old[1])
+        else:
+            c.entry = _own(c, item[0], stored)
+    if chain:
+        _check_extends(plan, held, candidates)
+    checks = plan.verify(repo, candidates, runner, progress)
+    position = checks.pop("position")
+    for key, value in extra_checks.items():
+        checks[key] = {**checks.get(key, {}), **value}
+    if chain and not plan.not_behind(position, chain[-1].position):
+        raise Refused(f"the source is at {position}, behind its parent backup {chain[-1].id} at "
+                      f"{chain[-1].position}: it is not the same history", "refused")
+    for c in candidates:
+        c.entry.verification = plan.verification(c)
+    manifest = BackupManifest(
+        id=backup_id, type=kind, parent=chain[-1].id if chain else None,
+        family=plan.family, source=plan.source_info(), walvault=walvault_version(), started=started,
+        finished=utc_now(), position=position, compression={"type": "zstd", "level": level},
+        files=[c.entry for c in candidates], checks=checks)
+    lease.confirm()
+    if not commit_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json()):
+        raise LeaseLost(f"lease {lease.name} was lost: backup {backup_id} was fenced by another backup of the "
+                        "source, which judged this one dead and removed what it stored; it is not committed")
+    return BackupResult(manifest)
+
+
+def _check_extends(plan, held: dict[str, tuple[BackupManifest, FileEntry]], candidates: list[Candidate]) -> None:
+    """Refuse an incremental whose source does not extend its parent chain: every log file the chain recorded
+    (of the plan's `lineage_kinds`) that the source still has under its name must hold the same bytes (a sealed
+    one) or begin with the recorded bytes (the newest xlog, an active pwal: appended to since; a file renamed
+    since, as a limestone channel rotated, carries them under its new name: the plan's `renamed_since`). A copy or
+    a clone of the source that wrote on shares names and positions but not bytes."""
+    by_name = {c.name: c for c in candidates}
+    for name, (manifest, entry) in sorted(held.items()):
+        if entry.kind not in plan.lineage_kinds:
+            continue
+        c = by_name.get(name)
+        path = c.path if c is not None else plan.root / name
+        if entry.mutable:
+            if path.is_file() and _begins_with(path, entry):
+                continue
+            renamed = plan.renamed_since(name, entry, candidates, held)
+            if any(_begins_with(r.path, entry) for r in renamed):
+                continue
+            if not path.is_file() and not renamed:
+                continue  # gone without a trace (a pwal compacted and removed): nothing to compare
+        elif c is not None:
+            if c.entry.sha256 == entry.sha256 and c.entry.size == entry.size:
+                continue
+        elif not path.is_file() or _same_file(path, entry):
+            continue
+        raise Refused(f"the source diverged from its parent backup {manifest.id}: {name} holds other bytes "
+                      "(another history of this instance: a copy or a clone); a full backup starts a chain of "
+                      "its own", "refused")
+
+
+def _same_file(path: Path, entry: FileEntry) -> bool:
+    """Whether a sealed source file holds the recorded bytes: its size and modification time say so, else its
+    SHA-256."""
+    from .fsutil import file_sha256
+
+    st = path.stat()
+    if (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns):
+        return True
+    return st.st_size == entry.size and file_sha256(path) == entry.sha256
+
+
+def _begins_with(path: Path, entry: FileEntry) -> bool:
+    """Whether a file begins with the recorded bytes of a file that was appended to. Tarantool reopens the empty
+    xlog a clean shutdown left and writes over its EOF marker: such a recording (its verification says eof) is
+    matched without it."""
+    import hashlib
+
+    from .tarantool.block import EOF_MAGIC
+
+    tail = EOF_MAGIC if entry.kind == "xlog" and entry.verification.get("eof") else b""
+    want = entry.size - len(tail)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = want
+        while left > 0:
+            chunk = f.read(min(1 << 20, left))
+            if not chunk:
+                return False  # shorter than what the parent recorded
+            digest.update(chunk)
+            left -= len(chunk)
+    digest.update(tail)
+    return digest.hexdigest() == entry.sha256
+
+
+def store_object(repo: Repository, level: int, item: tuple[str, str]) -> Stored:
+    """One unit of a backup's copy: a source file stored as an object (wherever the runner runs it)."""
+    name, path = item
+    return repo.put_object(name, Path(path), level=level)
+
+
+def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:
+    return FileEntry(**{**entry.__dict__, "reference": entry.reference or manifest.id})
+
+
+def _own(c: Candidate, stored_name: str, stored: Stored) -> FileEntry:
+    return FileEntry(name=c.name, kind=c.kind, size=stored.size, sha256=stored.sha256, stored=stored_name,
+                     stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
+                     mutable=c.mutable, range={}, verification={}, mtime_ns=c.mtime_ns)
+
