@@ -1,5 +1,6 @@
 """What every front end does with a request (walcore.requests): check it, run its command on a runner, print the
-result with the command's renderer, and say the exit code.
+result with the command's renderer, and say the exit code (`run`); or take the result and say it its own way
+(`outcome`: the Airflow operators).
 
 Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
 rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
@@ -78,7 +79,8 @@ def _repository(request):
     return Repository(request.repo, request.repo_options)
 
 
-# -- the commands: each runs its command function and prints its result
+# -- the commands: each runs its command function and prints its result; `_<command>_result`, where there is one,
+# is the run without the printing (`outcome`)
 
 
 def _of_repository(request: rq.VerifyRequest) -> bool:
@@ -97,12 +99,11 @@ def _verify_result(request: rq.VerifyRequest, runner, show=lambda report: None):
 
 
 def _verify(request: rq.VerifyRequest, runner) -> int:
-    if _of_repository(request):
-        report = _verify_result(request, runner, show=lambda r: _show_repository_report(request, r))
-    else:
-        report = _verify_result(request, runner, show=lambda r: _show_report(request, r))
-        if not report.checkable:
-            return EXIT_CANNOT_CHECK
+    of_repository = _of_repository(request)
+    show = _show_repository_report if of_repository else _show_report
+    report = _verify_result(request, runner, show=lambda r: show(request, r))
+    if not of_repository and not report.checkable:
+        return EXIT_CANNOT_CHECK
     return EXIT_OK if report.intact else EXIT_FINDINGS
 
 

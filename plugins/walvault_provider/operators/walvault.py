@@ -1,6 +1,7 @@
 """walvault's operators: thin Airflow tasks over walcore's commands (walcore does the work; these read the
-configuration and the repository connection, log a readable summary as the last lines, and return what the
-next task or the UI needs as XCom).
+configuration and the repository connection, build the request the command line builds (walcore.requests) and
+run it with walcore.frontend.outcome, log a readable summary as the last lines, and return what the next task or
+the UI needs as XCom).
 
 Importing this module has no side effects: the configuration is read and walcore is imported when a task runs.
 """
