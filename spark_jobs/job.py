@@ -27,7 +27,7 @@ def run(spark, job: str, plan: dict) -> int:
         code = _run(request, spark)
     from walcore.fsutil import write_atomic
 
-    if job == "backup" and code == 0 and (plan.get("options") or {}).get("json"):
+    if job == "backup" and code == 0 and request.json:
         # the backup its manifest committed, for whoever cleans up after a run stopped before it read the result
         printed = json.loads(Path(output, "stdout").read_text())
         write_atomic(Path(output) / "committed.json", [json.dumps(

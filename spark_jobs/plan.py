@@ -6,7 +6,7 @@
      "repo": URL | null,                 the repository (verify: where the report and the ledger go)
      "repo_options": {...},              fsspec storage options (secrets: prefer the environment)
      "parquet": URL | null,              limestone_state: where the Parquet parts go
-     "options": {"full", "json", "progress", "type", "level", "wait", "connect"},
+     "options": {...},                   the request's other fields (its dataclass says them: `option_kinds`)
      "output": dir | null}               where the job leaves what the command prints, and its exit code
 
 With an `output` dir, the job exits 0 once the command's exit code is in `output/result.json`, and a plan given
@@ -16,11 +16,33 @@ the driver's WALVAULT_PASSWORD gives it, as for the command line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
-OPTIONS = {"verify": ("full", "json", "progress"), "backup": ("type", "level", "wait", "connect", "json", "progress"),
-           "limestone_state": ()}
+# The request fields a plan gives as keys of its own ("sources" fills the job's field of SOURCES); a job's options
+# are the request's other fields, but for what only the command line's machine uses: its worker processes, and the
+# file of --connect's password, read there.
+KEYS = ("backup", "repo", "repo_options", "parquet")
+NOT_OPTIONS = ("jobs", "password_file")
+SOURCES = {"verify": "paths", "backup": "source", "limestone_state": "dir"}
+
+
+def request_class(job: str):
+    from walcore.requests import BackupRequest, StateRequest, VerifyRequest
+
+    return {"verify": VerifyRequest, "backup": BackupRequest, "limestone_state": StateRequest}[job]
+
+
+# What an option's value must be, by its field's annotation (a string: the requests' module postpones them); None
+# is no option's value: a plan leaves out an option it does not give.
+_KINDS = {"bool": bool, "int": int, "float": (int, float), "str": str}
+
+
+def option_kinds(job: str) -> dict:
+    """The options of a job's plan: {name: what its value must be (object: anything)}, in the request's order."""
+    return {f.name: _KINDS.get(f.type.removesuffix(" | None"), object) for f in dataclasses.fields(request_class(job))
+            if f.name not in (SOURCES[job], *KEYS, *NOT_OPTIONS)}
 
 
 class PlanError(ValueError):
@@ -43,8 +65,6 @@ def load(text: str) -> dict:
 
 _TYPES = {"job": str, "sources": list, "backup": str, "repo": str, "repo_options": dict, "parquet": str,
           "options": dict, "output": str}
-_OPTION_TYPES = {"full": bool, "json": bool, "progress": bool, "type": str, "level": int, "wait": (int, float),
-                 "connect": str}
 
 
 def _check(plan: dict, job: str) -> None:
@@ -58,11 +78,11 @@ def _check(plan: dict, job: str) -> None:
         raise PlanError(f"job: the plan is for {plan.get('job')!r}, given to the {job} job")
     if not all(isinstance(s, str) and s for s in plan.get("sources") or []):
         raise PlanError("sources: a list of paths")
-    options = plan.get("options") or {}
-    if set(options) - set(OPTIONS[job]):
-        raise PlanError(f"options: {job} takes {', '.join(OPTIONS[job]) or 'none'}")
+    options, kinds = plan.get("options") or {}, option_kinds(job)
+    if set(options) - set(kinds):
+        raise PlanError(f"options: {job} takes {', '.join(kinds) or 'none'}")
     for key, value in options.items():
-        kind = _OPTION_TYPES[key]
+        kind = kinds[key]
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise PlanError(f"options.{key}: not a {getattr(kind, '__name__', 'number')}")
     if plan.get("output") is not None and not os.path.isdir(plan["output"]):
@@ -71,11 +91,8 @@ def _check(plan: dict, job: str) -> None:
 
 def request(plan: dict, job: str):
     """The request (walcore.requests) a plan stands for; PlanError naming the bad key."""
-    from walcore.requests import BackupRequest, StateRequest, VerifyRequest
-
     _check(plan, job)
     sources = plan.get("sources") or []
-    common = {"repo_options": plan.get("repo_options") or {}, **(plan.get("options") or {})}
     if job == "verify":
         if plan.get("backup") and sources:
             raise PlanError("backup: verify either sources or a backup, not both")
@@ -83,31 +100,23 @@ def request(plan: dict, job: str):
             raise PlanError("repo: verifying a backup needs the repository")
         if not sources and not plan.get("repo"):
             raise PlanError("sources: verify needs sources, or a repository")
-        return VerifyRequest.from_json({"paths": sources, "backup": plan.get("backup"), "repo": plan.get("repo"),
-                                        **common})
-    if len(sources) != 1:
+    elif len(sources) != 1:
         raise PlanError(f"sources: {job} takes one source directory")
-    if job == "backup":
-        if not plan.get("repo"):
-            raise PlanError("repo: a backup needs the repository")
-        return BackupRequest.from_json({"source": sources[0], "repo": plan["repo"], **common})
-    return StateRequest.from_json({"dir": sources[0], "parquet": plan.get("parquet"), **common})
+    if job == "backup" and not plan.get("repo"):
+        raise PlanError("repo: a backup needs the repository")
+    kind = request_class(job)
+    fields = {f.name: f.type for f in dataclasses.fields(kind)}
+    given = {key: plan.get(key) for key in KEYS if key in fields} | {"repo_options": plan.get("repo_options") or {}}
+    many = fields[SOURCES[job]].startswith("list")  # verify's paths, or one directory
+    return kind.from_json({SOURCES[job]: sources if many else sources[0], **given, **(plan.get("options") or {})})
 
 
 def of_request(request) -> tuple[str, dict]:
     """The job and plan of a request (`walvault ... --spark`)."""
-    from walcore.requests import BackupRequest, VerifyRequest
-
+    job = next(job for job in SOURCES if isinstance(request, request_class(job)))
     fields = request.to_json()
-    if isinstance(request, VerifyRequest):
-        job = "verify"
-        plan = {"sources": fields["paths"], "backup": fields["backup"], "repo": fields["repo"]}
-    elif isinstance(request, BackupRequest):
-        job = "backup"
-        plan = {"sources": [fields["source"]], "repo": fields["repo"]}
-    else:
-        job = "limestone_state"
-        plan = {"sources": [fields["dir"]], "parquet": fields["parquet"]}
-    plan["repo_options"] = fields["repo_options"]
-    plan["options"] = {k: fields[k] for k in OPTIONS[job] if fields.get(k) is not None}
+    sources = fields[SOURCES[job]]
+    plan = {"sources": sources if isinstance(sources, list) else [sources]}
+    plan |= {key: fields[key] for key in KEYS if key in fields}
+    plan["options"] = {k: fields[k] for k in option_kinds(job) if fields[k] is not None}
     return job, plan

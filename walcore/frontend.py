@@ -1,5 +1,6 @@
 """What every front end does with a request (walcore.requests): check it, run its command on a runner, print the
-result with the command's renderer, and say the exit code.
+result with the command's renderer, and say the exit code (`run`); or take the result and say it its own way
+(`outcome`: the Airflow operators).
 
 Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
 rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
@@ -58,6 +59,13 @@ def run(request: rq.Request, runner) -> int:
         return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
 
 
+def outcome(request: rq.Request, runner):
+    """What the command of a request that is not `refused` does on `runner`, printing nothing: its result, for a
+    front end that says it its own way (the Airflow operators). What the command raises is raised (`run` says it
+    and gives its exit code). For the commands in RESULTS."""
+    return RESULTS[type(request)](request, runner)
+
+
 def print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=1)
     sys.stdout.write("\n")
@@ -71,20 +79,31 @@ def _repository(request):
     return Repository(request.repo, request.repo_options)
 
 
-# -- the commands: each runs its command function and prints its result
+# -- the commands: each runs its command function and prints its result; `_<command>_result`, where there is one,
+# is the run without the printing (`outcome`)
 
 
-def _verify(request: rq.VerifyRequest, runner) -> int:
+def _of_repository(request: rq.VerifyRequest) -> bool:
+    return bool(request.repo) and not request.paths
+
+
+def _verify_result(request: rq.VerifyRequest, runner, show=lambda report: None):
+    """The report of a verify; `show(report)` is called with it before it is kept."""
     from .command.repo_verify import verify_backups
     from .command.verify import verify_sources
 
-    if request.repo and not request.paths:
-        report = verify_backups(_repository(request), request.backup, runner=runner, full=request.full,
-                                progress=request.progress, show=lambda r: _show_repository_report(request, r))
-    else:
-        report = verify_sources(request, runner=runner, show=lambda r: _show_report(request, r))
-        if not report.checkable:
-            return EXIT_CANNOT_CHECK
+    if _of_repository(request):
+        return verify_backups(_repository(request), request.backup, runner=runner, full=request.full,
+                              progress=request.progress, show=show)
+    return verify_sources(request, runner=runner, show=show)
+
+
+def _verify(request: rq.VerifyRequest, runner) -> int:
+    of_repository = _of_repository(request)
+    show = _show_repository_report if of_repository else _show_report
+    report = _verify_result(request, runner, show=lambda r: show(request, r))
+    if not of_repository and not report.checkable:
+        return EXIT_CANNOT_CHECK
     return EXIT_OK if report.intact else EXIT_FINDINGS
 
 
@@ -143,12 +162,16 @@ def _limestone_dir(path: Path) -> bool:
     return True
 
 
-def _rotate(request: rq.RotateRequest, runner) -> int:
+def _rotate_result(request: rq.RotateRequest, runner):
     from .command.rotate import rotate
 
+    return rotate(request.dir, min_bytes=request.min_bytes)
+
+
+def _rotate(request: rq.RotateRequest, runner) -> int:
     if not _limestone_dir(request.dir):
         return EXIT_CANNOT_CHECK
-    result = rotate(request.dir, min_bytes=request.min_bytes)
+    result = _rotate_result(request, runner)
     if request.json:
         print_json(result.to_json())
     else:
@@ -236,11 +259,15 @@ def _init(request: rq.InitRequest, runner) -> int:
     return EXIT_OK
 
 
-def _archive(request: rq.ArchiveRequest, runner) -> int:
+def _archive_result(request: rq.ArchiveRequest, runner):
     from .command.archive import archive
 
-    repo = _repository(request)
-    result = archive(request.paths, repo, level=request.level, runner=runner, progress=request.progress)
+    return archive(request.paths, _repository(request), level=request.level, runner=runner,
+                   progress=request.progress)
+
+
+def _archive(request: rq.ArchiveRequest, runner) -> int:
+    result = _archive_result(request, runner)
     if request.json:
         print_json(result.to_json())
     else:
@@ -279,14 +306,18 @@ def _backup(request: rq.BackupRequest, runner) -> int:
     return EXIT_OK
 
 
-def _snapshot(request: rq.SnapshotRequest, runner) -> int:
+def _snapshot_result(request: rq.SnapshotRequest, runner):
     from .command.snapshot import snapshot
+
+    return snapshot(request.source, _repository(request), connect=request.connect, level=request.level,
+                    runner=runner, progress=request.progress, wait=request.wait)
+
+
+def _snapshot(request: rq.SnapshotRequest, runner) -> int:
     from .family import plan_for
 
     plan_for(request.source, check_only=True)  # a wrong SOURCE is said first
-    repo = _repository(request)
-    result = snapshot(request.source, repo, connect=request.connect, level=request.level, runner=runner,
-                      progress=request.progress, wait=request.wait)
+    result = _snapshot_result(request, runner)
     m = result.manifest
     covers = m.checks.get("snapshot", {})
     if request.json:
@@ -304,19 +335,27 @@ def _snapshot(request: rq.SnapshotRequest, runner) -> int:
     return EXIT_OK
 
 
-def _expire(request: rq.ExpireRequest, runner) -> int:
-    from .command.expire import NoPolicy, expire, render, resolve_policy
+def _expire_result(request: rq.ExpireRequest, runner):
+    """NoPolicy without --days when the repository stores no usable policy; a stored policy's warning is said on
+    stderr before anything is expired."""
+    from .command.expire import expire, resolve_policy
 
     repo = _repository(request)
-    try:
-        days, warning = resolve_policy(repo, request.days)
-    except NoPolicy as e:
-        print(f"walvault: nothing expired: {e}", file=sys.stderr)
-        return EXIT_CANNOT_CHECK
+    days, warning = resolve_policy(repo, request.days)
     if warning:
         print(f"walvault: warning: {warning}", file=sys.stderr)
     as_of = rq.as_of_time(request.as_of) if request.as_of else None
-    result = expire(repo, days, as_of=as_of, apply=request.apply, wait=request.wait)
+    return expire(repo, days, as_of=as_of, apply=request.apply, wait=request.wait, only=request.only)
+
+
+def _expire(request: rq.ExpireRequest, runner) -> int:
+    from .command.expire import NoPolicy, render
+
+    try:
+        result = _expire_result(request, runner)
+    except NoPolicy as e:
+        print(f"walvault: nothing expired: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
     for warning in result.warnings:
         print(f"walvault: warning: {warning}", file=sys.stderr)
     if request.json:
@@ -346,10 +385,14 @@ def _policy(request: rq.PolicyRequest, runner) -> int:
     return EXIT_OK
 
 
-def _drill(request: rq.DrillRequest, runner) -> int:
+def _drill_result(request: rq.DrillRequest, runner):
     from .command.drill import drill
 
-    result = drill(_repository(request), request.backup)
+    return drill(_repository(request), request.backup)
+
+
+def _drill(request: rq.DrillRequest, runner) -> int:
+    result = _drill_result(request, runner)
     if request.json:
         print_json(result.to_json())
     else:
@@ -404,3 +447,5 @@ COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequ
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
             rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
             rq.RestoreRequest: _restore}
+RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
+           rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result}

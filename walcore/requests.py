@@ -288,10 +288,11 @@ class SnapshotRequest(_SourceRequest):
 @dataclass(kw_only=True)
 class ExpireRequest(_RepoRequest):
     command, not_done = "expire", "nothing expired"
-    days: str | None = None  # None: the repository's stored policy
+    days: str | float | None = None  # None: the repository's stored policy
     as_of: str | None = None  # None: now
     apply: bool = False
     wait: float = 0.0
+    only: set[tuple[str, str]] | None = None  # the (family, instance) sources to expire; None: every source
 
     def problem(self):
         return _first(_days_problem(self.days), _wait_problem(self.wait),

@@ -50,6 +50,11 @@ class WalvaultRepoHook(BaseHook):
         """The walcore Repository the connection names; with `create` (the configuration's `repository.create`)
         made where there is none, else a missing one is refused, named (a mistyped path must not become a new
         empty repository)."""
+        return self.opened(create=create)[1]
+
+    def opened(self, *, create: bool = False):
+        """The connection's target (what a request names the repository by: its url and options) and its
+        Repository, as `repository` opens it."""
         from walcore.repository import Repository
         from walcore.repository.manifest import read_info
         from walcore.repository.storage import open_storage
@@ -60,7 +65,7 @@ class WalvaultRepoHook(BaseHook):
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
                                     f"repository: create it with `walvault init --repo {storage.display}`, or set "
                                     "`repository.create: true` in the walvault configuration")
-        return Repository(target.url, target.options, create=create)
+        return target, Repository(target.url, target.options, create=create)
 
     def test_connection(self) -> tuple[bool, str]:
         try:

@@ -1,6 +1,7 @@
 """walvault's operators: thin Airflow tasks over walcore's commands (walcore does the work; these read the
-configuration and the repository connection, log a readable summary as the last lines, and return what the
-next task or the UI needs as XCom).
+configuration and the repository connection, build the request the command line builds (walcore.requests) and
+run it with walcore.frontend.outcome, log a readable summary as the last lines, and return what the next task or
+the UI needs as XCom).
 
 Importing this module has no side effects: the configuration is read and walcore is imported when a task runs.
 """
@@ -89,11 +90,13 @@ class _WalvaultOperator(BaseOperator):
         return load(self.config_path)
 
     def repository(self, config):
-        """The repository; created where there is none only when the configuration says `repository.create`."""
+        """The repository, and what names it in a request (walcore.requests: `repo`, `repo_options`); created where
+        there is none only when the configuration says `repository.create`."""
         from ..hooks.walvault import WalvaultRepoHook
 
-        return WalvaultRepoHook(self.repo_conn_id or config.repository_connection).repository(
+        target, repo = WalvaultRepoHook(self.repo_conn_id or config.repository_connection).opened(
             create=config.repository_create)
+        return repo, {"repo": target.url, "repo_options": target.options}
 
     def summary(self, title: str, lines: list[str]) -> None:
         """What people read: the task log ends with this."""
@@ -115,12 +118,13 @@ class WalvaultArchiveOperator(_WalvaultOperator):
     def execute(self, context):
         from pathlib import Path
 
-        from walcore.command.archive import archive
-        from walcore.command.rotate import rotate
+        from walcore.frontend import outcome
         from walcore.limestone.layout import LiveError
+        from walcore.requests import ArchiveRequest, RotateRequest
+        from walcore.runner import LocalRunner
 
         config = self.load_config()
-        repo = self.repository(config)
+        repo, names_repo = self.repository(config)
         lines, problems = [], []
         for source in config.sources:
             if not source.path.is_dir():
@@ -133,7 +137,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
                 lines.append(f"{source.name}: {active:,} active bytes, below {source.rotate_min_bytes:,}: not rotated")
                 continue
             try:
-                renamed = rotate(source.path, min_bytes=1).renamed
+                renamed = outcome(RotateRequest(dir=source.path, min_bytes=1), LocalRunner()).renamed
             except LiveError as e:  # a running limestone holds it: its online backup rotates
                 lines.append(f"{source.name}: not rotated: {e}")
                 continue
@@ -141,7 +145,8 @@ class WalvaultArchiveOperator(_WalvaultOperator):
                 problems.append(f"{source.name}: cannot rotate: {e}")
                 continue
             lines.append(f"{source.name}: rotated {len(renamed)} files ({active:,} active bytes)")
-        result = archive([s.path for s in config.sources if s.path.is_dir()], repo)
+        result = outcome(ArchiveRequest(paths=[s.path for s in config.sources if s.path.is_dir()], progress=False,
+                                        **names_repo), LocalRunner())
         counts = {k: len(v) for k, v in result.to_json().items()}
         lines += [f"archived {counts['stored']} files, {counts['already']} already, {counts['expired']} expired "
                   f"before, {counts['not_sealed']} not sealed"]
@@ -168,14 +173,15 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         self.enabled = enabled
 
     def execute(self, context):
-        from walcore.command.repo_verify import verify_backups
+        from walcore.frontend import outcome
+        from walcore.requests import VerifyRequest
         from walcore.runner import LocalRunner
 
         if not flag(self.enabled, "enabled"):
             raise AirflowSkipException("verify after: unticked")
-        repo = self.repository(self.load_config())
+        repo, names_repo = self.repository(self.load_config())
         # its report is kept in the repository as the CLI keeps it (the log says where)
-        report = verify_backups(repo, self.backup_id, runner=LocalRunner(), show=lambda report: None)
+        report = outcome(VerifyRequest(backup=self.backup_id, **names_repo), LocalRunner())
         lines = [f"backup {b['id']}: {b['status']}" for b in report.backups]
         lines += [f"  {f['code']}: {f.get('file', '')} {f['message']}" for b in report.backups for f in b["findings"]]
         lines += [f"repository: {f['code']}: {f['message']}" for f in report.repository["findings"]]
@@ -207,16 +213,19 @@ class WalvaultSnapshotOperator(_SourceOperator):
 
     def execute(self, context):
         from walcore.command.common import NothingNew
-        from walcore.command.snapshot import snapshot
+        from walcore.frontend import outcome
+        from walcore.requests import SnapshotRequest
+        from walcore.runner import LocalRunner
 
         from ..hooks.walvault import tarantool_uri
 
         config = self.load_config()
         source = config.source(self.source)
-        repo = self.repository(config)
+        names_repo = self.repository(config)[1]
         connect = tarantool_uri(source.connection) if source.connection else None
+        request = SnapshotRequest(source=source.path, connect=connect, wait=LEASE_WAIT, progress=False, **names_repo)
         try:
-            result = snapshot(source.path, repo, connect=connect, wait=LEASE_WAIT)
+            result = outcome(request, LocalRunner())
         except NothingNew as e:
             self.summary(f"walvault snapshot of {source.name}", [str(e)])
             return {"id": None, "note": str(e)}
@@ -241,7 +250,7 @@ class WalvaultConfirmOperator(_SourceOperator):
 
         config = self.load_config()
         source = config.source(self.source)
-        repo = self.repository(config)
+        repo = self.repository(config)[0]
         title = f"walvault expire: confirm the coverage of {source.name} ({source.path})"
         # The repository says which instance the source's backups are filed under: the source itself is not read
         # (a running limestone holds its directory; the worker may not see it).
@@ -286,7 +295,10 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.confirmed = confirmed
 
     def execute(self, context):
-        from walcore.command.expire import check_days, expire, render
+        from walcore.command.expire import render
+        from walcore.frontend import outcome
+        from walcore.requests import ExpireRequest
+        from walcore.runner import LocalRunner
 
         only = None
         if self.confirmed != EVERY_SOURCE:
@@ -295,10 +307,11 @@ class WalvaultExpireOperator(_WalvaultOperator):
                 raise AirflowFailException(f"no confirmation to expire by (got {self.confirmed!r}): nothing expired")
             only = {(self.confirmed["family"], self.confirmed["instance"])}
         config = self.load_config()
-        repo = self.repository(config)
+        names_repo = self.repository(config)[1]
         apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
-        days = check_days(self.days if self.days not in (None, "", "None") else config.retention_days)
-        result = expire(repo, days, apply=apply, wait=LEASE_WAIT, only=only)
+        days = self.days if self.days not in (None, "", "None") else config.retention_days
+        result = outcome(ExpireRequest(days=days, apply=apply, wait=LEASE_WAIT, only=only, **names_repo),
+                         LocalRunner())
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
         if any(s.stopped for s in result.sources):
@@ -312,16 +325,18 @@ class WalvaultDrillOperator(_SourceOperator):
     counts. The verdict is recorded beside the backup, so `walvault backups` marks one whose drill failed."""
 
     def execute(self, context):
-        from walcore.command.drill import drill
+        from walcore.frontend import outcome
+        from walcore.requests import DrillRequest
+        from walcore.runner import LocalRunner
 
         config = self.load_config()
         source = config.source(self.source)
-        repo = self.repository(config)
+        repo, names_repo = self.repository(config)
         backups = [m for m in repo.backups_of(source.path) if m.type != "snapshot"]
         if not backups:
             raise AirflowException(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
         newest = max(backups, key=lambda m: (m.finished, m.id))
-        result = drill(repo, newest.id)
+        result = outcome(DrillRequest(backup=newest.id, **names_repo), LocalRunner())
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
                      result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
         if result.status != "ok":
