@@ -16,7 +16,7 @@ import walcore
 ROOT = Path(walcore.__file__).resolve().parent.parent  # the tree on PYTHONPATH: a branch's, or main's
 PRODUCT = ("walcore", "spark_jobs", "plugins/walvault_provider", "dags")
 COMMAND = "walcore.command."
-NOT_COMMANDS = {"walcore.command", "walcore.command.common"}  # the package and what the commands share
+NOT_COMMANDS = {"walcore.command"}  # the package
 
 
 def _module_name(path: Path) -> str:

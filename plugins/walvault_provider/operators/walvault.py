@@ -212,7 +212,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
     limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
 
     def execute(self, context):
-        from walcore.command.common import NothingNew
+        from walcore.backup_common import NothingNew
         from walcore.frontend import outcome
         from walcore.requests import SnapshotRequest
         from walcore.runner import LocalRunner
