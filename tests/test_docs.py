@@ -31,7 +31,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Whole walvault commands shown but not run here, and why.
 NOT_RUN = {
     "walvault verify samples --spark spark://127.0.0.1:7077":
-        "needs the standalone cluster the lines before it start; tests/test_spark_jobs.py runs the verify job "
+        "needs the standalone cluster the lines before it start; tests/test_spark_submit.py runs the verify job "
         "on a standalone master and worker and compares it with the command",
 }
 
@@ -46,7 +46,7 @@ OTHER_COMMANDS = {
     ".venv/bin/python -m pytest": "the test suite itself",
     "WALVAULT_NEMESIS_SCHEDULES=20 .venv/bin/python -m pytest": "the test suite itself, longer",
     ".venv/bin/spark-class": "starts a Spark master or worker that stays up (spark_jobs/cluster.py starts the same "
-                             "for tests/test_spark_jobs.py)",
+                             "for tests/test_spark_submit.py)",
     "export": "sets the environment of the lines after it",
     "kill %2 %1": "stops the jobs the lines before it started",
     "airflow db migrate": "Airflow against the configuration the lines before it export; tests/test_dags.py migrates "
