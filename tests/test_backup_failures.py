@@ -1,12 +1,13 @@
 """How backup, restore and `verify --repo` fail: each failure is refused with a clear reason, and nothing is lost.
 
 The failure cases of pgBackRest's, WAL-G's and tt's test suites (shared/docs/peers.md), against real parts:
-data dirs written by a real Tarantool, the real `walvault` command in a subprocess for every outcome under test
-(exit code, message, no traceback), and repositories on a local path and on a real S3 API on 127.0.0.1 (every
-test taking `repo_target` runs over both). Each test checks the outcome AND that nothing was lost: the source is
-unchanged (tree_snapshot before/after), a refused backup leaves the repository as it was, earlier backups still
-verify and restore. Setting up (earlier backups) and looking inside the repository is done in process, to keep
-the file fast: each `walvault` run over S3 spends ~1.5 s importing its S3 client.
+data dirs written by a real Tarantool, the `walvault` command line for every outcome under test (exit code,
+message, no traceback), and repositories on a local path and on a real S3 API on 127.0.0.1 (every test taking
+`repo_target` runs over both). Each test checks the outcome AND that nothing was lost: the source is unchanged
+(tree_snapshot before/after), a refused backup leaves the repository as it was, earlier backups still verify and
+restore. Setting up (earlier backups) and looking inside the repository is done in process, and so is the command
+line (run_main) unless a kill, a pause, a resource limit or another live process is what is tested: each
+`walvault` process over S3 spends ~1.5 s importing its S3 client.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 import tarantool_real as tr
 from walcore.runner import LocalRunner
 from walcore.repository.storage import RepositoryError
-from conftest import REPO, copy_tree, require_tarantool, run_cli, tree_snapshot, walvault_command
+from conftest import REPO, copy_tree, require_tarantool, run_cli, run_main, tree_snapshot, walvault_command
 
 pytestmark = require_tarantool
 
@@ -173,11 +174,11 @@ class Repo:
 
 def _restores(repo: Repo, backup_id: str, source: Path, dest: Path, *, start: bool = False,
               cli: bool = False) -> dict:
-    """Restore a backup into dest (in process, or with `cli` through walvault) and check that every restored file
-    has the source's bytes (the sources here were shut down cleanly: even the newest xlog is stored whole); with
-    `start`, also that Tarantool starts on the restore with the source's rows and vclock."""
+    """Restore a backup into dest (through the API, or with `cli` through the command line) and check that every
+    restored file has the source's bytes (the sources here were shut down cleanly: even the newest xlog is stored
+    whole); with `start`, also that Tarantool starts on the restore with the source's rows and vclock."""
     if cli:
-        result = _ok(run_cli("restore", backup_id, dest, *repo.cli, "--json"))
+        result = _ok(run_main("restore", backup_id, dest, *repo.cli, "--json"))
     else:
         result = repo.restore(backup_id, dest)
     assert result["backup"] == backup_id
@@ -243,7 +244,7 @@ def test_damaged_stored_objects_are_named_and_not_restored(src, repo_target, tmp
         repo.write(entry["stored"], _damage(kind, repo.read(entry["stored"])))
         damaged[kind] = (backup["id"], entry)
 
-    text = run_cli("verify", *repo.cli)
+    text = run_main("verify", *repo.cli)
     assert text.returncode == 1 and "Traceback" not in text.stderr
     assert "verdict: DAMAGED" in text.stdout
     report = repo.verify()
@@ -257,7 +258,7 @@ def test_damaged_stored_objects_are_named_and_not_restored(src, repo_target, tmp
 
     for kind, (backup_id, entry) in damaged.items():
         target = tmp_path / f"restored-{kind}"
-        err = _refused(run_cli("restore", backup_id, target, *repo.cli))
+        err = _refused(run_main("restore", backup_id, target, *repo.cli))
         assert err.startswith(f"walvault: not restored: backup {backup_id} cannot be restored: {entry['stored']}: ")
         assert not target.exists() and not _staging(target).exists(), kind
 
@@ -279,7 +280,7 @@ def test_missing_middle_xlog_is_refused(src, repo_target):
     (src / xlogs[gone]).unlink()
     objects, before = repo.objects(), tree_snapshot(src)
 
-    err = _refused(run_cli("backup", src, *repo.cli))
+    err = _refused(run_main("backup", src, *repo.cli))
     assert err.startswith("walvault: not backed up: the set would not restore: ")
     assert "an xlog is missing between them" in err
     assert Path(xlogs[gone - 1]).name in err and Path(xlogs[gone + 1]).name in err, "the gap is named"
@@ -300,7 +301,7 @@ def test_damaged_source_files_are_refused(src, repo_target, tmp_path):
         pos = _in_first_block(path)
         _flip(path, pos)
         before = tree_snapshot(src)
-        err = _refused(run_cli("backup", src, *repo.cli))
+        err = _refused(run_main("backup", src, *repo.cli))
         assert err.startswith("walvault: not backed up: the set would not restore: ")
         assert f"{path.name} is damaged: crc_mismatch at " in err or f"{path.name}: damaged: crc_mismatch at " in err
         assert repo.objects() == objects, "a refused backup changed the repository"
@@ -396,7 +397,7 @@ def test_killed_backup_leaves_no_backup_and_is_cleaned_up(big_src, repo_target, 
     assert incomplete, "the last kill left the objects it had stored"
 
     # `verify --repo` says the backups are intact and names the leftovers
-    text = run_cli("verify", *repo.cli)
+    text = run_main("verify", *repo.cli)
     assert text.returncode == 0 and "Traceback" not in text.stderr and "verdict: INTACT" in text.stdout
     for backup_id in sorted(kept):
         assert f"backup {backup_id} (tarantool {instance}): ok\n" in text.stdout
@@ -404,7 +405,7 @@ def test_killed_backup_leaves_no_backup_and_is_cleaned_up(big_src, repo_target, 
         assert f"leftovers of an interrupted backup (removed by the next backup): tarantool/{instance}/{backup_id}" \
                in text.stdout
     # the next backup succeeds and says it removed them; nothing is left over afterwards
-    text = _ok(run_cli("backup", big_src, *repo.cli, "--jobs", "1"), json_out=False)
+    text = _ok(run_main("backup", big_src, *repo.cli, "--jobs", "1"), json_out=False)
     for backup_id in incomplete:
         assert f"removed the leftovers of interrupted backup {backup_id}\n" in text
     assert [b for b in repo.backups() if b["status"] == "incomplete"] == []
@@ -470,7 +471,7 @@ def test_stale_leases_are_broken_live_ones_respected(src, repo_target, tmp_path)
     live = {"holder": "a" * 32, "command": "backup", "host": host, "pid": os.getpid(), "taken": now,
             "expires": now + 3600}
     repo.write(_lease_name(src), json.dumps(live).encode())
-    err = _refused(run_cli("backup", src, *repo.cli))
+    err = _refused(run_cli("backup", src, *repo.cli))  # a process: the lease names this one, another live process
     assert f"is held by backup (pid {os.getpid()} on {host}, expires in " in err
     assert json.loads(repo.read(_lease_name(src))) == live, "a live lease was broken"
     assert [n for n in repo.objects() if "/backups/" in n] == []
@@ -481,7 +482,7 @@ def test_stale_leases_are_broken_live_ones_respected(src, repo_target, tmp_path)
     ids = []
     for why, lease in stale.items():
         repo.write(_lease_name(src), json.dumps(lease).encode())
-        ids.append(_ok(run_cli("backup", src, *repo.cli, "--json"))["id"])
+        ids.append(_ok(run_main("backup", src, *repo.cli, "--json"))["id"])
         assert not any(n.startswith("locks/") for n in repo.objects()), f"{why}: a lease was left behind"
     assert [b["id"] for b in repo.backups()] == ids
     assert repo.orphans() == []
@@ -524,13 +525,13 @@ def test_manifest_naming_a_path_outside_is_refused(src, repo_target, tmp_path):
     before_area = tree_snapshot(area)
 
     for backup_id, evil in forged.items():
-        err = _refused(run_cli("restore", backup_id, target, *repo.cli))
+        err = _refused(run_main("restore", backup_id, target, *repo.cli))
         assert err.startswith(f"walvault: not restored: backup {backup_id} cannot be restored: ")
         assert f"refused repository name {evil!r}" in err
         assert tree_snapshot(area) == before_area, "the refused restore wrote something"
         assert not _staging(target).exists()
         # `verify --repo BACKUP` reports it damaged (exit 1)
-        text = run_cli("verify", *repo.cli, backup_id)
+        text = run_main("verify", *repo.cli, backup_id)
         assert text.returncode == 1 and "Traceback" not in text.stderr, text.stderr
         assert f"backup {backup_id} (tarantool {_instance(src)}): damaged" in text.stdout and evil in text.stdout
     assert _file_sha(Path("/etc/passwd")) == passwd
@@ -540,7 +541,7 @@ def test_manifest_naming_a_path_outside_is_refused(src, repo_target, tmp_path):
     assert listed[good["id"]]["status"] == "ok"
     # `latest` is the newest usable backup: the good one, and the restore says which newer ones it passed over
     target = tmp_path / "restored"
-    out = _ok(run_cli("restore", "latest", target, *repo.cli), json_out=False)
+    out = _ok(run_main("restore", "latest", target, *repo.cli), json_out=False)
     for backup_id, evil in forged.items():
         assert f"note: backup {backup_id} is newer but cannot be used (" in out and evil in out
     assert f"restored backup {good['id']} into {target}: {good['files']} files" in out
@@ -562,19 +563,19 @@ def test_damaged_main_manifest_with_a_good_copy(src, repo_target, tmp_path):
     obj["finished"] = "2000-01-01T00:00:00Z"  # valid JSON, but not what its checksum covers
     repo.write(name, json.dumps(obj).encode())
 
-    (listed,) = _ok(run_cli("backups", *repo.cli, "--json"))["backups"]
+    (listed,) = _ok(run_main("backups", *repo.cli, "--json"))["backups"]
     assert listed["id"] == backup["id"] and listed["status"] == "manifest_copy_used"
     assert listed["problem"] == f"{name} does not match its checksum: it was changed or damaged; {name}.copy was used"
     assert listed["finished"] == backup["finished"], "the copy's content is what is shown"
     # verify reports it (exit 1: the manifest lost its redundancy), and the backup itself is ok to restore
-    text = run_cli("verify", *repo.cli)
+    text = run_main("verify", *repo.cli)
     assert text.returncode == 1 and "Traceback" not in text.stderr
     assert f"backup {backup['id']} (tarantool {_instance(src)}): ok" in text.stdout
     assert f"  manifest_damaged:  {name} does not match its checksum" in text.stdout
     assert "verdict: DAMAGED" in text.stdout
     # restore works and says which file it used
     target = tmp_path / "restored"
-    out = _ok(run_cli("restore", backup["id"], target, *repo.cli), json_out=False)
+    out = _ok(run_main("restore", backup["id"], target, *repo.cli), json_out=False)
     assert out.startswith(f"note: the manifest's main file was not used: {name} does not match its checksum")
     assert f"restored backup {backup['id']} into {target}: {backup['files']} files" in out
     for p in target.rglob("*"):
@@ -672,7 +673,7 @@ def test_interrupted_restore_resumes(big_src, repo_target, tmp_path):
                and _file_sha(p) == _file_sha(big_src / p.relative_to(staging)))
     assert good >= 18
 
-    out = _ok(run_cli("restore", backup["id"], target, *repo.cli), json_out=False)
+    out = _ok(run_main("restore", backup["id"], target, *repo.cli), json_out=False)
     assert out == (f"restored backup {backup['id']} into {target}: {backup['files']} files, {backup['bytes']:,} bytes "
                    f"({good} kept from an interrupted run)\n")
     _restores(repo, backup["id"], big_src, tmp_path / "fresh")  # the same check on a fresh restore, then compare
@@ -696,7 +697,7 @@ def test_staging_left_by_another_restore_is_not_mixed_in(src, repo_target, tmp_p
     (staging / "memtx" / "99999999999999999999.snap").write_bytes(b"SNAP\n0.13\n\n")
     (staging / "wal").mkdir()
     (staging / "wal" / "00000000000000000000.xlog.walvault-part").write_bytes(b"partial")
-    out = _ok(run_cli("restore", backup["id"], target, *repo.cli), json_out=False)
+    out = _ok(run_main("restore", backup["id"], target, *repo.cli), json_out=False)
     names = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
     assert names == sorted(f["name"] for f in repo.manifest(backup)["files"]), "files of another restore joined"
     for name in names:
@@ -714,12 +715,12 @@ def test_restore_into_non_empty_target_is_refused(src, repo_target, tmp_path):
     target.mkdir()
     (target / "keep.txt").write_text("mine")
     before = tree_snapshot(target)
-    err = _refused(run_cli("restore", backup["id"], target, *repo.cli))
+    err = _refused(run_main("restore", backup["id"], target, *repo.cli))
     assert err == f"walvault: not restored: {target} exists and is not an empty directory: nothing was written\n"
     assert tree_snapshot(target) == before and not _staging(target).exists()
     as_file = tmp_path / "file-target"
     as_file.write_text("a file")
-    err = _refused(run_cli("restore", "latest", as_file, *repo.cli))
+    err = _refused(run_main("restore", "latest", as_file, *repo.cli))
     assert "exists and is not an empty directory" in err
     assert as_file.read_text() == "a file" and not _staging(as_file).exists()
     (tmp_path / "empty").mkdir()  # an empty directory is fine
@@ -743,7 +744,7 @@ def test_archive_of_two_sources_keeps_each_newest_vylog_out(src, other_instance,
     other = copy_tree(other_instance, tmp_path / "other")
     before = tree_snapshot(src), tree_snapshot(other)
     newest = [max((d / "vinyl").glob("*.vylog")) for d in (src, other)]
-    result = _ok(run_cli("archive", src, other, *repo.cli, "--json"))
+    result = _ok(run_main("archive", src, other, *repo.cli, "--json"))
     for vylog in newest:
         assert str(vylog) in result["not_sealed"] and str(vylog) not in result["stored"]
         assert not [n for n in repo.names() if n.endswith(f"/archive/vinyl/{vylog.name}.zst")]
@@ -759,7 +760,7 @@ def test_restore_latest_with_two_sources_is_refused(src, other_instance, tmp_pat
     repo.backup(src)
     repo.backup(copy_tree(other_instance, tmp_path / "other"))
     target = tmp_path / "restored"
-    proc = run_cli("restore", "latest", target, *repo.cli)
+    proc = run_main("restore", "latest", target, *repo.cli)
     assert "Traceback" not in proc.stderr
     assert proc.returncode in (1, 2) and _instance(src) in proc.stderr and _instance(other_instance) in proc.stderr
     assert not target.exists()
@@ -828,7 +829,7 @@ def test_temporary_files_of_killed_writes_are_removed(src, tmp_path):
     for p in planted:
         p.write_bytes(b"{")
         os.utime(p, (old, old))
-    _ok(run_cli("backup", src, *repo.cli, "--json"))
+    _ok(run_main("backup", src, *repo.cli, "--json"))
     assert [p for p in planted if p.exists()] == []
 
 
@@ -854,6 +855,6 @@ def test_point_in_time_restore_does_not_use_a_backup_started_after_the_point(src
 
     _rewrite_manifest(repo, later, change)
     target = tmp_path / "restored"
-    result = _ok(run_cli("restore", "latest", target, *repo.cli, "--to", f"@{point:.3f}", "--json"))
+    result = _ok(run_main("restore", "latest", target, *repo.cli, "--to", f"@{point:.3f}", "--json"))
     assert result["point"]["base"] != later["id"], "the base's snapshot is after the point"
     assert tr.dump_data_dir(target)["vclock"] == moment["vclock"]

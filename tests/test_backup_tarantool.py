@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import tarantool_real as tr
-from conftest import new_repository, require_tarantool, run_cli, tree_snapshot
+from conftest import new_repository, require_tarantool, run_main, tree_snapshot
 
 pytestmark = require_tarantool
 
@@ -40,7 +40,7 @@ def history(tmp_path_factory):
 
 
 def _restore_and_dump(repo_target, backup_id, target, expected_id):
-    proc = run_cli("restore", backup_id, target, *repo_target.cli, "--json")
+    proc = run_main("restore", backup_id, target, *repo_target.cli, "--json")
     result = _json(proc)
     assert result["backup"] == expected_id
     return tr.dump_data_dir(target)
@@ -51,19 +51,19 @@ def test_full_then_incremental_restore_row_by_row(history, repo_target, tmp_path
     src = tmp_path / "src"
     shutil.copytree(history["a"], src)
     before = tree_snapshot(src)
-    full = _json(run_cli("backup", src, *repo_target.cli, "--json"))
+    full = _json(run_main("backup", src, *repo_target.cli, "--json"))
     assert tree_snapshot(src) == before, "backup wrote to the source"
     assert full["type"] == "full" and full["parent"] is None
     assert full["position"] == {"vclock": {str(k): v for k, v in sorted(history["dump_a"]["vclock"].items())}}
     # the source moves on to moment B: new xlogs and a new snapshot
     shutil.rmtree(src)
     shutil.copytree(history["b"], src)
-    incr = _json(run_cli("backup", src, *repo_target.cli, "--type", "incremental", "--json"))
+    incr = _json(run_main("backup", src, *repo_target.cli, "--type", "incremental", "--json"))
     assert incr["type"] == "incremental" and incr["parent"] == full["id"]
     assert incr["position"] == {"vclock": {str(k): v for k, v in sorted(history["dump_b"]["vclock"].items())}}
     assert 0 < incr["stored_bytes"] < incr["bytes"], "an incremental stores only what its parent does not hold"
 
-    listed = _json(run_cli("backups", *repo_target.cli, "--json"))["backups"]
+    listed = _json(run_main("backups", *repo_target.cli, "--json"))["backups"]
     assert [b["id"] for b in listed] == [full["id"], incr["id"]]
     assert {b["status"] for b in listed} == {"ok"}
     assert set(listed[0]) >= {"id", "type", "parent", "source", "family", "status", "files", "bytes", "stored_bytes",
@@ -77,7 +77,7 @@ def test_full_then_incremental_restore_row_by_row(history, repo_target, tmp_path
     assert restored_b["spaces"] == history["dump_b"]["spaces"]
     assert restored_b["instance_uuid"] == history["dump_b"]["instance_uuid"]
 
-    report = _json(run_cli("verify", *repo_target.cli, "--json"))
+    report = _json(run_main("verify", *repo_target.cli, "--json"))
     assert report["intact"] is True and len(report["backups"]) == 2
     assert report["objects"] > 0
 
@@ -90,10 +90,10 @@ def test_incremental_references_the_parent_and_keeps_the_log_unbroken(history, t
     src = tmp_path / "src"
     shutil.copytree(history["a"], src)
     repo_dir = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo_dir, "--json"))
+    full = _json(run_main("backup", src, "--repo", repo_dir, "--json"))
     shutil.rmtree(src)
     shutil.copytree(history["b"], src)
-    incr = _json(run_cli("backup", src, "--repo", repo_dir, "--type", "incremental", "--json"))
+    incr = _json(run_main("backup", src, "--repo", repo_dir, "--type", "incremental", "--json"))
     repo = Repository(str(repo_dir))
     full_m = repo.find(full["id"]).manifest
     incr_m = repo.find(incr["id"]).manifest
@@ -111,7 +111,7 @@ def test_incremental_references_the_parent_and_keeps_the_log_unbroken(history, t
 
 
 def test_incremental_without_full_is_refused(history, tmp_path):
-    proc = run_cli("backup", history["a"], "--repo", new_repository(tmp_path / "repo"), "--type", "incremental")
+    proc = run_main("backup", history["a"], "--repo", new_repository(tmp_path / "repo"), "--type", "incremental")
     assert proc.returncode == 1
     assert "no full backup" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -120,8 +120,8 @@ def test_incremental_of_another_instance_is_refused(history, tmp_path):
     other = tmp_path / "other"
     tr.generate_instance(other, wal_max_size=16384, scale=1, snapshots=1)
     repo = new_repository(tmp_path / "repo")
-    _json(run_cli("backup", history["a"], "--repo", repo, "--json"))
-    proc = run_cli("backup", other, "--repo", repo, "--type", "incremental")
+    _json(run_main("backup", history["a"], "--repo", repo, "--json"))
+    proc = run_main("backup", other, "--repo", repo, "--type", "incremental")
     assert proc.returncode == 1 and "no full backup" in proc.stderr
     assert tr.read_manifest(other)["instance_uuid"] in proc.stderr
 
@@ -133,8 +133,8 @@ def test_crashed_source_restores(crashed_instance, tmp_path):
     shutil.copytree(crashed_instance, src)
     expected = tr.dump_data_dir(src)
     repo = new_repository(tmp_path / "repo")
-    full = _json(run_cli("backup", src, "--repo", repo, "--json"))
-    proc = run_cli("restore", full["id"], tmp_path / "restored", "--repo", repo)
+    full = _json(run_main("backup", src, "--repo", repo, "--json"))
+    proc = run_main("restore", full["id"], tmp_path / "restored", "--repo", repo)
     assert proc.returncode == 0, proc.stderr
     restored = tr.dump_data_dir(tmp_path / "restored")
     assert restored["vclock"] == expected["vclock"]

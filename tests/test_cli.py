@@ -1,4 +1,5 @@
-"""The walvault command line, run as the installed entry point in a subprocess."""
+"""The walvault command line: walcore.cli.main in process, and the installed entry point in a subprocess where the
+process is what is tested (its exit code, its output bytes)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import walcore.scan_paths as verify_mod
-from conftest import (REPO, SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, tree_snapshot,
-                      walvault_command)
+from conftest import (REPO, SHARED, TARANTOOL_FIXTURES, copy_tree, require_shared, run_cli, run_main,
+                      tree_snapshot, walvault_command)
 from tarantool_bytes import framing
 from walcore.runner import LocalRunner
 from walcore.tarantool.block import FIXHEADER_SIZE
@@ -54,7 +55,7 @@ def damaged_features(tmp_path):
 @require_shared
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_exit_0_on_the_fixtures(command):
-    proc = run_cli(command, TARANTOOL_FIXTURES)
+    proc = run_main(command, TARANTOOL_FIXTURES)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     no_traceback(proc)
     assert proc.stdout.rstrip().endswith("verdict: INTACT")
@@ -64,7 +65,7 @@ def test_exit_0_on_the_fixtures(command):
 @pytest.mark.parametrize("command", ["inspect", "verify"])
 def test_exit_1_on_a_damaged_copy(command, damaged_features):
     work, xlog, block = damaged_features
-    proc = run_cli(command, work)
+    proc = run_main(command, work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     no_traceback(proc)
     assert "verdict: FINDINGS" in proc.stdout
@@ -77,7 +78,7 @@ def test_exit_1_on_a_damaged_copy(command, damaged_features):
 @require_shared
 def test_exit_1_for_a_damaged_file_given_alone(damaged_features):
     _, xlog, _ = damaged_features
-    proc = run_cli("verify", xlog)
+    proc = run_cli("verify", xlog)  # the real entry point's exit code
     assert proc.returncode == 1
     no_traceback(proc)
 
@@ -91,7 +92,7 @@ def test_exit_1_for_a_damaged_file_given_alone(damaged_features):
 ], ids=["verify", "inspect", "with-a-good-path", "json"])
 def test_exit_2_on_a_missing_path(args, tmp_path):
     missing = tmp_path / "no" / "such.xlog"
-    proc = run_cli(*[a.format(missing=missing, fixtures=TARANTOOL_FIXTURES / "features") for a in args])
+    proc = run_main(*[a.format(missing=missing, fixtures=TARANTOOL_FIXTURES / "features") for a in args])
     assert proc.returncode == 2
     no_traceback(proc)
     assert str(missing) in proc.stderr
@@ -105,7 +106,7 @@ def test_exit_2_when_there_is_nothing_to_check(command, tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("not a WAL\n")
     for path in (tmp_path / "empty", tmp_path / "other"):
-        proc = run_cli(command, str(path))
+        proc = run_main(command, str(path))
         assert proc.returncode == 2
         no_traceback(proc)
         assert "no WAL files" in proc.stderr and str(path) in proc.stderr
@@ -118,13 +119,13 @@ def test_exit_2_when_one_path_has_nothing_to_check(command, tmp_path):
     """Every path given must hold something checked: an empty directory beside a good one, or one
     holding only *.inprogress files (which are never checked as finished files), is exit 2."""
     good = copy_tree(TARANTOOL_FIXTURES / "concurrent", tmp_path / "good")
-    assert run_cli(command, good).returncode == 0
+    assert run_main(command, good).returncode == 0
     (tmp_path / "empty").mkdir()
     (tmp_path / "writing").mkdir()
     snap = next(good.glob("*.snap"))
     (tmp_path / "writing" / (snap.name + ".inprogress")).write_bytes(snap.read_bytes())
     for path in (tmp_path / "empty", tmp_path / "writing"):
-        proc = run_cli(command, good, path)
+        proc = run_main(command, good, path)
         assert proc.returncode == 2, proc.stdout
         no_traceback(proc)
         assert "no WAL files" in proc.stderr and str(path) in proc.stderr and str(good) not in proc.stderr
@@ -136,11 +137,11 @@ def test_a_file_given_by_name_must_be_a_wal_file(tmp_path):
     # xlog still says what it is in its meta.
     notes = tmp_path / "notes.txt"
     notes.write_text("not a WAL\n")
-    proc = run_cli("verify", notes)
+    proc = run_main("verify", notes)
     assert proc.returncode == 2 and "no WAL files" in proc.stderr, proc.stdout
     renamed = tmp_path / "backup.bin"
     renamed.write_bytes((TARANTOOL_FIXTURES / "concurrent" / "00000000000000000000.xlog").read_bytes())
-    proc = run_cli("verify", "--json", renamed)
+    proc = run_main("verify", "--json", renamed)
     assert proc.returncode == 0, proc.stderr
     assert [f["kind"] for f in json.loads(proc.stdout)["files"]] == ["xlog"]
 
@@ -151,7 +152,7 @@ def test_a_limestone_blob_file_given_by_name_stands_for_its_log_directory():
     sample = REPO / "samples" / "limestone" / "01-clean"
     blob = next(sample.glob("blob/dir_*/*.blob"))
     xlog = TARANTOOL_FIXTURES / "concurrent" / "00000000000000000000.xlog"
-    proc = run_cli("verify", "--json", blob, xlog)
+    proc = run_main("verify", "--json", blob, xlog)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert [f["kind"] for f in report["files"] if f["family"] == "tarantool"] == ["xlog"]
@@ -168,7 +169,7 @@ def test_paths_reached_through_symlinks_are_checked(tmp_path):
         (links / p.name).symlink_to(p)
     (tmp_path / "alias").symlink_to(real, target_is_directory=True)
     for path in (links, tmp_path / "alias"):
-        proc = run_cli("verify", path)
+        proc = run_main("verify", path)
         assert proc.returncode == 0, proc.stderr
 
 
@@ -177,7 +178,7 @@ def test_symlink_loop_in_a_limestone_dir(tmp_path):
     work = copy_tree(SHARED / "fixtures" / "limestone" / "01-clean", tmp_path / "log")
     (work / "epoch").unlink()
     (work / "epoch").symlink_to("epoch")  # a loop: stat says ELOOP
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     no_traceback(proc)
     assert proc.returncode == 2
     assert [f["code"] for f in json.loads(proc.stdout)["dirs"][0]["findings"]] == ["unreadable_epoch"]
@@ -206,7 +207,7 @@ def test_file_name_not_utf8_prints(tmp_path):
     ["inspect", "--jobs", "0", "x"],
 ], ids=lambda a: " ".join(a) or "nothing")
 def test_exit_2_on_bad_usage(args):
-    proc = run_cli(*args)
+    proc = run_main(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     no_traceback(proc)
     assert "walvault" in proc.stderr
@@ -214,7 +215,7 @@ def test_exit_2_on_bad_usage(args):
 
 
 def test_help_exits_0():
-    proc = run_cli("verify", "--help")
+    proc = run_cli("verify", "--help")  # the real entry point's exit and stdout
     assert proc.returncode == 0
     assert "--jobs" in proc.stdout and "--json" in proc.stdout
 
@@ -224,7 +225,7 @@ def test_help_exits_0():
 
 @require_shared
 def test_json_has_the_contract_keys():
-    proc = run_cli("inspect", "--json", TARANTOOL_FIXTURES)
+    proc = run_main("inspect", "--json", TARANTOOL_FIXTURES)
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
     assert set(data) == {"files", "chains", "dirs", "scan_core"} and data["dirs"] == []
@@ -266,7 +267,7 @@ def test_json_has_the_contract_keys():
 @require_shared
 def test_json_findings_carry_code_offset_message(damaged_features):
     work, xlog, block = damaged_features
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1
     no_traceback(proc)
     data = json.loads(proc.stdout)
@@ -291,12 +292,12 @@ def test_json_findings_carry_code_offset_message(damaged_features):
 def test_inspect_lists_every_file_and_verify_prints_a_verdict():
     root = TARANTOOL_FIXTURES / "features"
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in SUFFIXES)
-    proc = run_cli("inspect", root)
+    proc = run_main("inspect", root)
     assert proc.returncode == 0
     listed = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("OK ")]
     assert sorted(listed) == files
     assert proc.stdout.rstrip().splitlines()[-1] == "verdict: INTACT"
-    proc = run_cli("verify", root)
+    proc = run_main("verify", root)
     assert proc.returncode == 0
     lines = proc.stdout.rstrip().splitlines()
     assert lines[-1] == "verdict: INTACT"
@@ -316,7 +317,7 @@ def test_inprogress_files_are_reported_not_damage(tmp_path):
     garbage.write_bytes(b"\xd5\xba\x0b\xab this is not a vylog" * 50)
     half = work / "vinyl" / "513" / "0" / "00000000000000000099.run.inprogress"
     half.write_bytes(snap.read_bytes()[:700])
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 0, proc.stdout
     no_traceback(proc)
     data = json.loads(proc.stdout)
@@ -326,7 +327,7 @@ def test_inprogress_files_are_reported_not_damage(tmp_path):
         assert statuses[p.name]["findings"] == []
     assert {f["status"] for n, f in statuses.items() if not n.endswith(".inprogress")} == {"ok"}
     assert all(c["status"] == "ok" for c in data["chains"])
-    text = run_cli("inspect", work)
+    text = run_main("inspect", work)
     assert text.returncode == 0
     assert "3 in progress" in text.stdout and "verdict: INTACT" in text.stdout
 
@@ -347,7 +348,7 @@ def test_inspect_and_verify_never_modify_the_source(tmp_path):
     for jobs in ("1", "2"):
         for command in ("inspect", "verify"):
             for extra in ([], ["--json"]):
-                proc = run_cli(command, "--jobs", jobs, *extra, work)
+                proc = run_main(command, "--jobs", jobs, *extra, work)
                 no_traceback(proc)
                 codes.add(proc.returncode)
                 assert tree_snapshot(work) == before, (command, jobs, extra)
@@ -390,7 +391,7 @@ def test_jobs_2_split_scan_equals_jobs_1(monkeypatch, big_wal, tmp_path, damage)
         target = copy_tree(clean, tmp_path / damage)
         p = target / xlog.name
         p.write_bytes(bytes(_damage(damage, bytearray(p.read_bytes()))))
-    proc = run_cli("verify", "--json", "--jobs", "1", target)
+    proc = run_main("verify", "--json", "--jobs", "1", target)
     assert proc.returncode == (0 if damage == "clean" else 1), proc.stderr
     sequential = json.loads(proc.stdout)
 
@@ -414,8 +415,8 @@ def test_jobs_2_split_scan_equals_jobs_1(monkeypatch, big_wal, tmp_path, damage)
 def test_jobs_2_on_a_wal_bigger_than_split_size_via_cli(tmp_path):
     files = generate_wal(tmp_path / "wal", target_bytes=verify_mod.SPLIT_SIZE + (8 << 20))
     assert max(p.stat().st_size for p in files) > verify_mod.SPLIT_SIZE
-    one = run_cli("verify", "--json", "--jobs", "1", tmp_path / "wal")
-    two = run_cli("verify", "--json", "--jobs", "2", tmp_path / "wal")
+    one = run_main("verify", "--json", "--jobs", "1", tmp_path / "wal")
+    two = run_main("verify", "--json", "--jobs", "2", tmp_path / "wal")
     assert one.returncode == two.returncode == 0
     assert json.loads(one.stdout) == json.loads(two.stdout)
 
@@ -428,7 +429,7 @@ def test_nil_lsn_in_a_snapshot_is_a_finding_not_a_crash(tmp_path):
     with TarantoolWriter(path, "SNAP", instance="aaaaaaaa-bbbb-4ccc-8ddd-0000000000f2", vclock={}) as w:
         w.write_block([({0: 2, 3: None}, {0x10: 512, 0x21: [1]}), ({0: 2, 3: 1}, {0x10: 512, 0x21: [2]})],
                       compressed=False)
-    proc = run_cli("verify", path)
+    proc = run_main("verify", path)
     no_traceback(proc)
     assert proc.returncode == 1
 
@@ -441,18 +442,18 @@ def test_fifos_and_devices_are_never_opened(tmp_path):
     wal = tmp_path / "wal"
     copy_tree(TARANTOOL_FIXTURES / "features" / "wal", wal)
     os.mkfifo(wal / "00000000000000009999.xlog")
-    proc = run_cli("verify", "--json", wal)
+    proc = run_main("verify", "--json", wal)
     assert proc.returncode == 0, proc.stderr
     paths = {Path(f["path"]).name for f in json.loads(proc.stdout)["files"]}
     assert "00000000000000009999.xlog" not in paths and "00000000000000000437.xlog" in paths
     limestone = tmp_path / "log"
     copy_tree(SHARED / "fixtures" / "limestone" / "01-clean", limestone)
     os.mkfifo(limestone / "pwal_0009")
-    proc = run_cli("verify", "--json", limestone)
+    proc = run_main("verify", "--json", limestone)
     assert proc.returncode == 2, proc.stderr
     d = json.loads(proc.stdout)["dirs"][0]
     assert (d["status"], [(f["code"], Path(f["file"]).name) for f in d["findings"]]) == (
         "cannot_check", [("not_a_file", "pwal_0009")])
-    proc = run_cli("verify", wal / "00000000000000009999.xlog")
+    proc = run_main("verify", wal / "00000000000000009999.xlog")
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
     no_traceback(proc)

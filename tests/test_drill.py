@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 
-from conftest import copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_cli
+from conftest import copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_main
 
 
 def _backups(repo) -> dict:
-    return {b["id"]: b for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    return {b["id"]: b for b in json.loads(run_main("backups", "--repo", repo, "--json").stdout)["backups"]}
 
 
 @require_tarantool
 def test_a_tarantool_backup_starts_at_its_recorded_vclock(real_instance, tmp_path):
     repo = new_repository(tmp_path / "repo")
-    backup = json.loads(run_cli("backup", real_instance, "--repo", repo, "--json").stdout)
-    proc = run_cli("drill", backup["id"], "--repo", repo, "--json")
+    backup = json.loads(run_main("backup", real_instance, "--repo", repo, "--json").stdout)
+    proc = run_main("drill", backup["id"], "--repo", repo, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout)
     assert result["status"] == "ok" and any("tarantool started on it at the recorded vclock" in c
@@ -27,13 +27,13 @@ def test_a_tarantool_backup_starts_at_its_recorded_vclock(real_instance, tmp_pat
 def test_a_damaged_object_fails_the_drill_and_marks_the_backup(tmp_path):
     src = copy_limestone_fixture("20-random-small", tmp_path, "src")
     repo = new_repository(tmp_path / "repo")
-    backup = json.loads(run_cli("backup", src, "--repo", repo, "--json").stdout)
-    assert run_cli("drill", "latest", "--repo", repo).returncode == 0
+    backup = json.loads(run_main("backup", src, "--repo", repo, "--json").stdout)
+    assert run_main("drill", "latest", "--repo", repo).returncode == 0
     victim = max(repo.rglob("backups/*/pwal_*.zst"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x10
     victim.write_bytes(bytes(data))
-    proc = run_cli("drill", "latest", "--repo", repo)
+    proc = run_main("drill", "latest", "--repo", repo)
     assert proc.returncode == 1 and "FAILED" in proc.stdout and victim.name in proc.stdout
     assert _backups(repo)[backup["id"]]["drill"]["status"] == "failed"
-    assert "DRILL FAILED" in run_cli("backups", "--repo", repo).stdout
+    assert "DRILL FAILED" in run_main("backups", "--repo", repo).stdout

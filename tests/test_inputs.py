@@ -14,7 +14,8 @@ import pytest
 
 import tarantool_real as tr
 import test_tarantool_live
-from conftest import REPO, RepoTarget, new_repository, require_tarantool, run_cli, tree_snapshot, walvault_command
+from conftest import (REPO, RepoTarget, new_repository, require_tarantool, run_cli, run_main, tree_snapshot,
+                      walvault_command)
 
 from test_tarantool_live import PASSWORD, USER
 
@@ -49,7 +50,7 @@ def test_bad_repository_urls_exit_2_and_write_nothing(source, tmp_path, url, say
     cwd.mkdir()
     before = tree_snapshot(cwd)
     for command in (["archive", source], ["backup", source], ["backups"], ["init"]):
-        proc = run_cli(*command, "--repo", url, cwd=cwd)
+        proc = run_main(*command, "--repo", url, cwd=cwd)
         _one_line_exit_2(proc, "--repo", says)
         assert tree_snapshot(cwd) == before, command
 
@@ -59,13 +60,13 @@ def test_bad_repository_urls_exit_2_and_write_nothing(source, tmp_path, url, say
 
 def test_init_makes_a_repository_once_and_refuses_a_directory_of_other_things(tmp_path):
     repo = tmp_path / "deep" / "repo"
-    proc = run_cli("init", "--repo", repo, "--json")
+    proc = run_main("init", "--repo", repo, "--json")
     assert proc.returncode == 0, proc.stderr
     made = json.loads(proc.stdout)
     assert made["created"] is True and made["format"] >= 1
     assert sorted(p.name for p in repo.iterdir()) == ["walvault.repo", "walvault.repo.copy"]
     before = tree_snapshot(repo)
-    again = run_cli("init", "--repo", repo)
+    again = run_main("init", "--repo", repo)
     assert again.returncode == 0 and "already" in again.stdout, again.stderr
     assert tree_snapshot(repo) == before
 
@@ -73,9 +74,9 @@ def test_init_makes_a_repository_once_and_refuses_a_directory_of_other_things(tm
     other.mkdir()
     (other / "cat.jpg").write_bytes(b"\xff\xd8")
     before = tree_snapshot(other)
-    _one_line_exit_2(run_cli("init", "--repo", other), str(other), "not empty")
+    _one_line_exit_2(run_main("init", "--repo", other), str(other), "not empty")
     assert tree_snapshot(other) == before
-    _one_line_exit_2(run_cli("init", "--repo", other / "cat.jpg"), "is not a directory")
+    _one_line_exit_2(run_main("init", "--repo", other / "cat.jpg"), "is not a directory")
     assert tree_snapshot(other) == before
 
 
@@ -83,18 +84,18 @@ def test_init_over_local_and_s3_storage(repo_target):
     """The same over both kinds of storage: made once, then left alone; a prefix holding other objects refused."""
     from walcore.repository.storage import open_storage
 
-    first = run_cli("init", *repo_target.cli, "--json")
+    first = run_main("init", *repo_target.cli, "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["created"] is True
     storage = open_storage(repo_target.url, repo_target.options)
     assert storage.exists("walvault.repo") and storage.exists("walvault.repo.copy")
-    second = run_cli("init", *repo_target.cli, "--json")
+    second = run_main("init", *repo_target.cli, "--json")
     assert second.returncode == 0 and json.loads(second.stdout)["created"] is False
     other = RepoTarget(repo_target.kind, repo_target.url + "-other", repo_target.options)
     open_storage(other.url, other.options).write_bytes("notes.txt", b"not a repository")
-    _one_line_exit_2(run_cli("init", *other.cli), "not empty")
+    _one_line_exit_2(run_main("init", *other.cli), "not empty")
     assert not open_storage(other.url, other.options).exists("walvault.repo")
-    _one_line_exit_2(run_cli("backups", *other.cli), "is not a walvault repository")
+    _one_line_exit_2(run_main("backups", *other.cli), "is not a walvault repository")
 
 
 @pytest.mark.parametrize("command", [
@@ -105,7 +106,7 @@ def test_every_command_on_a_location_without_a_repository_exits_2_and_creates_no
     mistyped = tmp_path / "repo-typo"
     before = tree_snapshot(tmp_path)
     command = [{"TARGET": tmp_path / "restored", "SOURCE": source}.get(a, a) for a in command]
-    proc = run_cli(*command, "--repo", mistyped)
+    proc = run_main(*command, "--repo", mistyped)
     _one_line_exit_2(proc, f"{mistyped} is not a walvault repository", f"walvault init --repo {mistyped}")
     assert not mistyped.exists()
     assert tree_snapshot(tmp_path) == before
@@ -119,7 +120,7 @@ def tarantool_backup(source, tmp_path_factory) -> Path:
     """A repository holding one backup of `source`."""
     repo = tmp_path_factory.mktemp("inputs-backup") / "repo"
     new_repository(repo)
-    proc = run_cli("backup", source, "--repo", repo)
+    proc = run_main("backup", source, "--repo", repo)
     assert proc.returncode == 0, proc.stderr
     return repo
 
@@ -127,7 +128,7 @@ def tarantool_backup(source, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("point", ["@1e30", "yesterday", "{1: x}", "epoch:", "1:2:3"])
 def test_a_point_that_is_none_exits_2_before_anything_runs(tarantool_backup, tmp_path, point):
     before = tree_snapshot(tmp_path)
-    proc = run_cli("restore", "latest", tmp_path / "restored", "--repo", tarantool_backup, "--to", point)
+    proc = run_main("restore", "latest", tmp_path / "restored", "--repo", tarantool_backup, "--to", point)
     _one_line_exit_2(proc, "--to", "is not a point")
     assert tree_snapshot(tmp_path) == before
 
@@ -135,7 +136,7 @@ def test_a_point_that_is_none_exits_2_before_anything_runs(tarantool_backup, tmp
 @pytest.mark.parametrize("seconds", ["nan", "inf", "-1"])
 def test_wait_must_be_a_finite_number_of_seconds(tmp_path, seconds):
     before = tree_snapshot(tmp_path)
-    proc = run_cli("backup", tmp_path, "--repo", tmp_path / "repo", "--wait", seconds)
+    proc = run_main("backup", tmp_path, "--repo", tmp_path / "repo", "--wait", seconds)
     _one_line_exit_2(proc, "--wait")
     assert tree_snapshot(tmp_path) == before
 
@@ -143,7 +144,8 @@ def test_wait_must_be_a_finite_number_of_seconds(tmp_path, seconds):
 def test_restore_refuses_a_dangling_symlink_target(tarantool_backup, tmp_path):
     link = tmp_path / "restored"
     link.symlink_to(tmp_path / "nowhere")
-    _one_line_exit_2(run_cli("restore", "latest", link, "--repo", tarantool_backup), str(link), "symbolic link")
+    proc = run_cli("restore", "latest", link, "--repo", tarantool_backup)  # once through the real entry point
+    _one_line_exit_2(proc, str(link), "symbolic link")
     assert os.listdir(tmp_path) == ["restored"] and link.is_symlink()
     assert not (tmp_path / "nowhere").exists()
 
@@ -151,7 +153,7 @@ def test_restore_refuses_a_dangling_symlink_target(tarantool_backup, tmp_path):
 def test_restore_refuses_a_target_inside_the_repository(tarantool_backup):
     before = tree_snapshot(tarantool_backup)
     for target in (tarantool_backup / "restored", tarantool_backup / "tarantool" / "restored"):
-        _one_line_exit_2(run_cli("restore", "latest", target, "--repo", tarantool_backup), str(target),
+        _one_line_exit_2(run_main("restore", "latest", target, "--repo", tarantool_backup), str(target),
                          "inside the repository")
     assert tree_snapshot(tarantool_backup) == before
 
@@ -181,18 +183,18 @@ def test_a_vclock_point_without_a_component_says_it_took_it_as_0(tmp_path):
     assert proc.returncode == 0, proc.stderr
     repo = tmp_path / "repo"
     new_repository(repo)
-    backup = run_cli("backup", source, "--repo", repo, "--json")
+    backup = run_main("backup", source, "--repo", repo, "--json")
     assert backup.returncode == 0, backup.stderr
     position = json.loads(backup.stdout)["position"]["vclock"]
     assert position.get("0") == 3, position
-    proc = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", f"{{1: {position['1']}}}",
+    proc = run_main("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", f"{{1: {position['1']}}}",
                    "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert any("no component 0: taken as 0" in note for note in result["notes"]), result["notes"]
     assert "0" not in result["point"]["vclock"]
     # a point naming both components needs no such note
-    proc = run_cli("restore", "latest", tmp_path / "restored-all", "--repo", repo, "--to",
+    proc = run_main("restore", "latest", tmp_path / "restored-all", "--repo", repo, "--to",
                    f"{{1: {position['1']}, 0: 3}}", "--json")
     assert proc.returncode == 0, proc.stderr
     assert not any("taken as 0" in note for note in json.loads(proc.stdout)["notes"])
@@ -201,7 +203,7 @@ def test_a_vclock_point_without_a_component_says_it_took_it_as_0(tmp_path):
 def test_a_full_target_filesystem_names_the_path_and_leaves_no_staging(tmp_path, real_instance):
     repo = tmp_path / "repo"
     new_repository(repo)
-    backup = run_cli("backup", real_instance, "--repo", repo, "--json")
+    backup = run_main("backup", real_instance, "--repo", repo, "--json")
     assert backup.returncode == 0, backup.stderr
     assert json.loads(backup.stdout)["bytes"] > 256 << 10, "the backup must not fit in the 128 KiB filesystem"
     mnt = tmp_path / "small-fs"
@@ -210,7 +212,7 @@ def test_a_full_target_filesystem_names_the_path_and_leaves_no_staging(tmp_path,
         pytest.skip("mount -t tmpfs is not permitted here")
     try:
         target = mnt / "restored"
-        proc = run_cli("restore", "latest", target, "--repo", repo)
+        proc = run_main("restore", "latest", target, "--repo", repo)
         _one_line_exit_2(proc, str(target), "No space left on device", "removed")
         assert os.listdir(mnt) == []
     finally:
@@ -252,7 +254,7 @@ def test_a_spark_plan_keeps_the_password_out_of_the_command_line():
 def test_a_password_in_the_uri_is_warned_about_without_being_printed(tmp_path):
     repo = tmp_path / "repo"
     new_repository(repo)
-    proc = run_cli("backup", tmp_path, "--repo", repo, "--connect", "backup:pw-in-argv@127.0.0.1:1")
+    proc = run_main("backup", tmp_path, "--repo", repo, "--connect", "backup:pw-in-argv@127.0.0.1:1")
     assert proc.returncode == 2
     assert "pw-in-argv" not in proc.stderr + proc.stdout
     assert ("walvault: warning: a password in --connect is visible in the process list; use WALVAULT_PASSWORD or "
@@ -264,7 +266,7 @@ def test_a_user_name_with_an_at_sign_still_hides_the_password(tmp_path, monkeypa
     besides it is one line and exit 2, not a traceback."""
     repo = tmp_path / "repo"
     new_repository(repo)
-    monkeypatch.setenv("WALVAULT_PASSWORD", "from-env")
+    monkeypatch.setenv("WALVAULT_PASSWORD", "from-env")  # a process: what it reads from its environment
     proc = run_cli("backup", tmp_path, "--repo", repo, "--connect", "me@corp:pw-in-argv@127.0.0.1:1")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "pw-in-argv" not in proc.stderr + proc.stdout and "from-env" not in proc.stderr + proc.stdout
@@ -280,7 +282,7 @@ def test_password_file_problems_exit_2(tmp_path, problem):
         secret.write_text("" if problem == "empty" else "from-file\n")
     connect = {"both": ["--connect", "backup:in-uri@127.0.0.1:1"], "no-connect": []}.get(
         problem, ["--connect", "backup@127.0.0.1:1"])
-    proc = run_cli("backup", tmp_path, "--repo", repo, *connect, "--password-file", secret)
+    proc = run_main("backup", tmp_path, "--repo", repo, *connect, "--password-file", secret)
     line = _one_line_exit_2(proc, "--password-file")
     assert "from-file" not in line and "in-uri" not in line
 

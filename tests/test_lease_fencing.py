@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import tarantool_real as tr
-from conftest import REPO, copy_tree, require_tarantool, run_cli, walvault_command
+from conftest import REPO, copy_tree, require_tarantool, run_cli, run_main, walvault_command
 
 from walcore.repository.lease import acquire
 from walcore.repository.storage import Storage, open_storage
@@ -107,7 +107,7 @@ def test_a_backup_paused_past_its_lease_on_another_host_is_fenced(src, repo_targ
         assert _stored_not_committed(_storage(repo_target), src) == a_id, "A committed before it was paused"
         # What another host sees once A's lease is past its time: a holder it cannot check, expired.
         _rewrite_lease(storage, name, host="other-host.example", expires=time.time() - 1)
-        second = run_cli("backup", src, *repo_target.cli, "--json")
+        second = run_cli("backup", src, *repo_target.cli, "--json")  # a process beside the paused one
         assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr
         b = json.loads(second.stdout)
         assert b["removed_leftovers"] == [a_id]
@@ -119,14 +119,14 @@ def test_a_backup_paused_past_its_lease_on_another_host_is_fenced(src, repo_targ
     assert first.returncode == 1, (out, err)
     assert _last_line(err).startswith(f"walvault: not backed up: lease {name} was lost"), err
 
-    listed = run_cli("backups", *repo_target.cli, "--json")
+    listed = run_main("backups", *repo_target.cli, "--json")
     assert listed.returncode == 0, listed.stderr
     assert [(x["id"], x["status"]) for x in json.loads(listed.stdout)["backups"]] == [(b["id"], "ok")]
     prefix = f"tarantool/{tr.read_manifest(src)['instance_uuid']}/backups/{a_id}"
     assert _storage(repo_target).list(prefix) == [f"{prefix}/backup.manifest"], "only the fence is left of A"
-    verify = run_cli("verify", *repo_target.cli)
+    verify = run_main("verify", *repo_target.cli)
     assert verify.returncode == 0 and "verdict: INTACT" in verify.stdout, verify.stdout + verify.stderr
-    restored = run_cli("restore", b["id"], tmp_path / "restored", *repo_target.cli)
+    restored = run_main("restore", b["id"], tmp_path / "restored", *repo_target.cli)
     assert restored.returncode == 0, restored.stderr
     assert not _storage(repo_target).exists(name), "every lease was released"
 
@@ -142,7 +142,7 @@ def test_a_paused_backup_on_this_host_is_never_broken_by_age(src, repo_target):
         _wait_for(lambda: _stored_not_committed(_storage(repo_target), src), first, _step(repo_target))
         _pause(first)
         _rewrite_lease(storage, name, expires=time.time() - 30)  # paused well past its time
-        second = run_cli("backup", src, *repo_target.cli)
+        second = run_cli("backup", src, *repo_target.cli)  # a process: the holder must be another one on this host
         assert second.returncode == 1, second.stdout + second.stderr
         assert _last_line(second.stderr).startswith(
             f"walvault: not backed up: {name} is held by backup (pid {first.pid} on {socket.gethostname()}, "
@@ -154,9 +154,9 @@ def test_a_paused_backup_on_this_host_is_never_broken_by_age(src, repo_target):
             first.wait()
     assert first.returncode == 0, err
     a = json.loads(out)
-    listed = run_cli("backups", *repo_target.cli, "--json")
+    listed = run_main("backups", *repo_target.cli, "--json")
     assert [(x["id"], x["status"]) for x in json.loads(listed.stdout)["backups"]] == [(a["id"], "ok")]
-    verify = run_cli("verify", *repo_target.cli)
+    verify = run_main("verify", *repo_target.cli)
     assert verify.returncode == 0 and "verdict: INTACT" in verify.stdout, verify.stdout + verify.stderr
 
 
@@ -180,7 +180,7 @@ def test_a_junk_lease_is_named_never_a_traceback_or_a_wait(src, repo_target):
     for why, body in _junk_leases(time.time()).items():
         storage.write_bytes(name, body)
         t0 = time.monotonic()
-        proc = run_cli("backup", src, *repo_target.cli, "--wait", "30", timeout=60)
+        proc = run_cli("backup", src, *repo_target.cli, "--wait", "30", timeout=60)  # a process: a wait would end
         assert proc.returncode == 2, f"{why}: rc {proc.returncode}: {proc.stdout} {proc.stderr}"
         assert time.monotonic() - t0 < 20, f"{why}: it waited"
         line = _last_line(proc.stderr)
@@ -277,7 +277,7 @@ def test_an_archive_whose_lease_was_lost_writes_no_record(src, repo_target):
             proc.wait()
         if taker is not None:
             taker.release()
-    again = run_cli("archive", src, *repo_target.cli)
+    again = run_main("archive", src, *repo_target.cli)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(_records(_storage(repo_target), src)) > len(records)
 

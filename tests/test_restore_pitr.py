@@ -10,7 +10,7 @@ import time
 import pytest
 
 import tarantool_real as tr
-from conftest import require_tarantool, run_cli
+from conftest import require_tarantool, run_main
 
 pytestmark = require_tarantool
 
@@ -22,8 +22,8 @@ def two_backups(tmp_path_factory):
     root = tmp_path_factory.mktemp("pitr")
     src, repo = root / "src", root / "repo"
     tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=1)
-    assert run_cli("init", "--repo", repo).returncode == 0
-    assert run_cli("backup", src, "--repo", repo).returncode == 0
+    assert run_main("init", "--repo", repo).returncode == 0
+    assert run_main("backup", src, "--repo", repo).returncode == 0
     tr.write_more(src, rows=800, snapshot=False, seed=1)
     moment = root / "moment"
     shutil.copytree(src, moment)
@@ -31,14 +31,14 @@ def two_backups(tmp_path_factory):
     after_moment = time.time()
     time.sleep(0.3)
     tr.write_more(src, rows=1500, snapshot=True, seed=2)
-    proc = run_cli("backup", src, "--repo", repo, "--type", "incremental")
+    proc = run_main("backup", src, "--repo", repo, "--type", "incremental")
     assert proc.returncode == 0, proc.stderr
     return {"repo": repo, "src": src, "expected": tr.dump_data_dir(moment), "time": after_moment,
             "end": tr.dump_data_dir(src)}
 
 
 def _restore_to(two_backups, point: str, target):
-    proc = run_cli("restore", "latest", target, "--repo", two_backups["repo"], "--to", point, "--json")
+    proc = run_main("restore", "latest", target, "--repo", two_backups["repo"], "--to", point, "--json")
     assert "Traceback" not in proc.stderr
     return proc
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from conftest import TARANTOOL_FIXTURES, require_shared, run_cli
+from conftest import TARANTOOL_FIXTURES, require_shared, run_cli, run_main
 from tarantool_bytes import HEADER, block_rows, framing, replace_payload
 from walcore import scancore
 from walcore.tarantool.block import tarantool_crc32c
@@ -188,10 +188,10 @@ print("ok")
 
 def test_version_and_inspect_name_the_core(monkeypatch):
     xlog = sorted(TARANTOOL_FIXTURES.rglob("*.xlog"))[0]
-    version = run_cli("--version")
+    version = run_main("--version")
     assert version.returncode == 0 and "scan core: compiled (walcore._scan)" in version.stdout
-    inspect = run_cli("inspect", xlog)
+    inspect = run_main("inspect", xlog)
     assert inspect.returncode == 0 and "scan core: compiled (walcore._scan)" in inspect.stdout
-    monkeypatch.setenv("WALVAULT_PURE", "1")
+    monkeypatch.setenv("WALVAULT_PURE", "1")  # processes: what is tested is the variable reaching the command
     assert "scan core: pure Python (WALVAULT_PURE=1)" in run_cli("--version").stdout
     assert '"scan_core": "pure Python (WALVAULT_PURE=1)"' in run_cli("inspect", "--json", xlog).stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr
-from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, require_tarantool, run_cli
+from conftest import TARANTOOL_FIXTURES, append_vylog_records, copy_tree, require_shared, require_tarantool, run_main
 from tarantool_bytes import framing
 from walcore.runner import LocalRunner
 from walcore.tarantool.meta import MAX_META_SIZE, parse_meta, vclock_sum
@@ -177,10 +177,10 @@ def test_crashed_instance_newest_xlog_is_open(crashed_instance):
     (chain,) = report.chains
     assert chain.status == "ok"
 
-    proc = run_cli("verify", crashed_instance)
+    proc = run_main("verify", crashed_instance)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = run_cli("verify", "--json", crashed_instance)
+    proc = run_main("verify", "--json", crashed_instance)
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
     statuses = {Path(f["path"]).name: f["status"] for f in data["files"] if f["kind"] == "xlog"}
@@ -199,7 +199,7 @@ def test_verify_while_tarantool_writes(tmp_path):
         assert writer.stdout.readline() == "ready\n", writer.stderr.read()
         grown_during = 0
         for jobs in ("1", "2", "1", "2"):
-            proc = run_cli("verify", "--json", "--jobs", jobs, work)
+            proc = run_main("verify", "--json", "--jobs", jobs, work)
             files = json.loads(proc.stdout)["files"]
             newest = max((f for f in files if f["kind"] == "xlog"), key=lambda f: f["path"])
             assert (proc.returncode, newest["status"], newest["findings"]) == (0, "open", []), proc.stdout
@@ -209,7 +209,7 @@ def test_verify_while_tarantool_writes(tmp_path):
         writer.stdin.close()
         writer.wait(timeout=120)
     assert writer.returncode == 0
-    assert run_cli("verify", work).returncode == 0  # closed by a clean exit: every file whole
+    assert run_main("verify", work).returncode == 0  # closed by a clean exit: every file whole
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +258,7 @@ def test_unclosed_xlog_cut_short_before_the_next_one_is_damage(restarted_instanc
     (chain,) = report.chains
     assert chain.status == "damaged"
     assert "rows_lost" in [x.code for x in chain.findings]
-    proc = run_cli("verify", work)
+    proc = run_main("verify", work)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
 
 
@@ -389,7 +389,7 @@ def _continue_features(tmp_path: Path) -> tuple[Path, Path, int, set[int]]:
 @require_shared
 def test_tarantool_recovers_from_an_xlog_written_by_walcore(tmp_path):
     work, last, n, new_ids = _continue_features(tmp_path)
-    before = run_cli("verify", "--json", work)
+    before = run_main("verify", "--json", work)
     assert before.returncode == 0, before.stdout + before.stderr
     f = next(f for f in json.loads(before.stdout)["files"] if f["path"].endswith(last.name))
     assert (f["status"], f["rows"], f["zstd_blocks"], f["lsn_ranges"]) == ("ok", n, 2, {"1": [430, 429 + n]})
@@ -404,7 +404,7 @@ def test_tarantool_recovers_from_an_xlog_written_by_walcore(tmp_path):
     assert newest != last
     meta = parse_meta(newest.read_bytes()[:MAX_META_SIZE])
     assert meta.prev_vclock == {0: 8, 1: 429} and meta.vclock == {0: 8, 1: 429 + n}
-    after = run_cli("verify", work)
+    after = run_main("verify", work)
     assert after.returncode == 0, after.stdout + after.stderr
     assert "verdict: INTACT" in after.stdout
 
@@ -417,7 +417,7 @@ def test_tarantool_refuses_the_same_xlog_with_one_byte_changed(tmp_path):
     data = bytearray(last.read_bytes())
     data[offsets[0] + 19 + 5] ^= 0x01  # inside the first block's rows
     last.write_bytes(bytes(data))
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1
     f = next(f for f in json.loads(proc.stdout)["files"] if f["path"].endswith(last.name))
     assert f["status"] == "damaged"
@@ -443,7 +443,7 @@ def test_missing_run_in_use_is_found_and_tarantool_refuses_to_start(real_instanc
     work = copy_tree(real_instance, tmp_path / "data")
     newest_run = _runs(work, 0)[-1].with_suffix(suffix)  # the output of the last dump or compaction: in use
     newest_run.unlink()
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     vylog = sorted((work / "vinyl").glob("*.vylog"))[-1]
@@ -468,7 +468,7 @@ def test_run_a_crash_cut_short_is_in_progress_and_tarantool_starts(real_instance
     written = _runs(work, 0)[-1].read_bytes()
     cut = work / "vinyl" / "513" / "0" / f"{100000:020d}.run"
     cut.write_bytes(written[:len(written) * 2 // 3])
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     f = _file_report(json.loads(proc.stdout), cut)
     assert f["status"] == "in_progress" and f["findings"], f
@@ -480,7 +480,7 @@ def test_run_a_crash_cut_short_is_in_progress_and_tarantool_starts(real_instance
 def test_vylog_ahead_of_the_newest_snapshot_is_found_and_tarantool_refuses_to_start(real_instance, tmp_path):
     work = copy_tree(real_instance, tmp_path / "data")
     sorted((work / "memtx").glob("*.snap"))[-1].unlink()  # someone deleted the snapshot, not the vylog
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     f = _file_report(report, sorted((work / "vinyl").glob("*.vylog"))[-1])
@@ -492,7 +492,7 @@ def test_vylog_ahead_of_the_newest_snapshot_is_found_and_tarantool_refuses_to_st
 def test_vylog_tarantool_wrote_dropping_a_tree_twice_is_refused(tmp_path):
     # A data dir Tarantool 2.6 wrote itself (tests/data/tarantool/README.md) and then refused to start on.
     work = copy_tree(Path(__file__).parent / "data" / "tarantool" / "drop-lsm-twice", tmp_path / "data")
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     f = _file_report(json.loads(proc.stdout), sorted((work / "vinyl").glob("*.vylog"))[-1])
     assert [(x["code"], "LSM tree 77 twice" in x["message"]) for x in f["findings"]] == [("bad_vylog_record", True)]
@@ -505,7 +505,7 @@ def test_missing_run_that_compaction_replaced_is_no_finding_and_tarantool_starts
     oldest = _runs(work, 0)[0]  # merged into a newer run by compaction, kept only until garbage collection
     oldest.unlink()
     oldest.with_suffix(".index").unlink()
-    proc = run_cli("verify", work)
+    proc = run_main("verify", work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = tr.start_recovery(work)
     assert result.ok, result.error
@@ -573,7 +573,7 @@ def test_wal_dir_below_work_dir_is_one_chain_with_its_snapshots(tmp_path):
     assert {Path(s["path"]).parent for s in chain.snapshots} == {work} and len(chain.snapshots) == 2
     (work / "wal" / Path(snap["replay_from"]).name).unlink()
 
-    proc = run_cli("verify", "--json", work)
+    proc = run_main("verify", "--json", work)
     assert proc.returncode == 1, proc.stdout
     (chain,) = json.loads(proc.stdout)["chains"]
     assert "snapshot_gap" in [f["code"] for f in chain["findings"]]
