@@ -9,8 +9,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import walcore
 
 ROOT = Path(walcore.__file__).resolve().parent.parent  # the tree on PYTHONPATH: a branch's, or main's
