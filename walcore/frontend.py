@@ -473,6 +473,12 @@ def _status(request: rq.StatusRequest, runner) -> int:
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
+def _position(position: dict) -> str:
+    """A position as people read it: vclock {0: 9, 1: 1149}, epoch 40."""
+    return ", ".join(f"{kind} " + ("{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+                                   if isinstance(value, dict) else str(value)) for kind, value in position.items())
+
+
 def _status_lines(result) -> list[str]:
     from .command.status import duration
 
@@ -486,19 +492,19 @@ def _status_lines(result) -> list[str]:
         if s.backup:
             b = s.backup
             lines.append(f"  backup   {b['id']} ({b['type']}), {duration(b['age_seconds'])} old, restores to "
-                         f"{b['position']}")
+                         f"{_position(b['position'])}")
         a = s.archive
-        lines.append(f"  archive  reaches {a['position']}" + (f", written {duration(a['age_seconds'])} ago"
+        lines.append(f"  archive  reaches {_position(a['position'])}" + (f", written {duration(a['age_seconds'])} ago"
                                                               if a['age_seconds'] is not None else "")
                      if a else "  archive  empty")
         if s.source is None:
             lines.append("  source   not on this host: its archive lag is not judged")
         else:
             lag = "unknown" if s.archive_lag_seconds is None else duration(s.archive_lag_seconds)
-            lines.append(f"  source   reaches {s.source['position']}; the archive lags it by {lag}")
+            lines.append(f"  source   reaches {_position(s.source['position'])}; the archive lags it by {lag}")
         if s.window is not None:
             anchor = s.window["anchor"]
-            lines.append(f"  window   covered by {anchor['name']} at {anchor['position']} ({anchor['time']})"
+            lines.append(f"  window   covered by {anchor['name']} at {_position(anchor['position'])} ({anchor['time']})"
                          if anchor else f"  window   UNCOVERED since {s.window['start']}")
         d = s.drill
         lines.append(f"  drill    {d['status']} {d['time']} (backup {d['backup']})" if d else "  drill    never")
