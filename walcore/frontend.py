@@ -4,7 +4,8 @@ result with the command's renderer, and say the exit code (`run`); or take the r
 
 Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
 rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
-directory, a damaged stored object, a lease held by another backup); 2 nothing could be checked or done
+directory, a damaged stored object, a lease held by another backup), or for status a source stale, uncovered or
+failing its last drill; 2 nothing could be checked or done
 (a path is missing or unreadable, holds no WAL files, is in use by a running limestone, the repository or
 a running Tarantool cannot be reached, --repo names a location holding no repository — only `init` makes one —,
 or the command line is wrong).
