@@ -90,7 +90,7 @@ class Limestone:
 
         logs = [e for e in entries if e.kind in ("pwal_rotated", "epoch_rotated") and e.range.get("epochs")]
         epoch = archive_complete(repo, self.name, instance, source)
-        if not epoch:
+        if epoch is None:  # not recorded (an older walvault's archive): as far as an archived file reaches
             epoch = max((e.range["epochs"][1] for e in logs), default=None)
         if epoch is None:
             return None
@@ -102,13 +102,16 @@ class Limestone:
         from .epoch import scan_epoch
         from .layout import kind_of
 
-        best = None
+        found = []  # (epoch, when written)
         for path in Path(source).iterdir():
             if kind_of(path.name) in ("epoch", "epoch_rotated") and path.is_file():
                 epoch = scan_epoch(path.read_bytes()).durable_epoch
-                if epoch is not None and (best is None or (epoch, path.stat().st_mtime) > best[::2]):
-                    best = (epoch, self.describe_position(epoch), path.stat().st_mtime)
-        return best
+                if epoch is not None:
+                    found.append((epoch, path.stat().st_mtime))
+        if not found:
+            return None
+        epoch, written = max(found)
+        return epoch, self.describe_position(epoch), written
 
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The sealed files of each checked directory of a report (rotated pwal and epoch files, blobs, each content
