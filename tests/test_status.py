@@ -219,6 +219,20 @@ def test_an_empty_repository_is_ok_and_says_it_judges_no_window(tmp_path):
     assert result["warnings"][0].startswith("no retention policy stored")
 
 
+def test_a_repository_on_s3_too(repo_target, tmp_path):
+    """The bytes by kind come from the store's own listing: a local directory's, or S3's."""
+    ls = copy_limestone_fixture("20-random-small", tmp_path, "ls")
+    repo_target.repository()
+    assert run_main("rotate", ls).returncode == 0
+    assert run_main("archive", ls, *repo_target.cli).returncode == 0
+    proc = run_main("status", *repo_target.cli, "--json")
+    result = _json(proc)
+    (source,) = result["sources"]
+    assert source["archive"]["position"] == source["source"]["position"] == {"epoch": 40}
+    assert source["problems"] == ["no backup that restores (and whose last drill did not fail)"]
+    assert proc.returncode == 1 and result["bytes"]["archive"] > 0 and result["bytes"]["backups"] == 0
+
+
 # -- Debian's prometheus scraping `walvault status --serve`
 
 
