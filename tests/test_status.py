@@ -219,6 +219,19 @@ def test_an_empty_repository_is_ok_and_says_it_judges_no_window(tmp_path):
     assert result["warnings"][0].startswith("no retention policy stored")
 
 
+def test_an_unreadable_manifest_is_a_problem_of_its_instance(tmp_path):
+    built = _build(tmp_path)
+    backup = built["backup"]["id"]
+    for manifest in Path(built["repo"]).rglob(f"backups/{backup}/backup.manifest*"):
+        manifest.write_text("{}")
+    with clock_at(built["done"] + DAY + HOUR):
+        code, result = _status(built["repo"])
+    tt = _by_family(result)["tarantool"]
+    assert code == 1 and tt["backup"] is None and tt["window"]["covered"] is False
+    assert tt["problems"][0].startswith(f"the manifest of backup {backup} cannot be read (")
+    assert _by_family(result)["limestone"]["ok"]
+
+
 def test_a_repository_on_s3_too(repo_target, tmp_path):
     """The bytes by kind come from the store's own listing: a local directory's, or S3's."""
     ls = copy_limestone_fixture("20-random-small", tmp_path, "ls")

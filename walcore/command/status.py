@@ -10,7 +10,7 @@ an anchor at or before the window's start); and its last drill's verdict. For th
 
 A source has a problem when it has no backup that restores, its newest one is older than `max_backup_age`, its
 archive lags the reachable directory by more than `max_archive_lag` (or holds nothing of a directory that has a
-log), its window is not covered, or its last drill failed. Without a stored policy the windows are not judged.
+log), its window is not covered, its last drill failed, or a manifest of its instance cannot be read. Without a stored policy the windows are not judged.
 
 `exposition` says a result in Prometheus' text format (node exporter's textfile collector reads it from
 `write_textfile`'s file; `walvault status --serve` answers scrapes with it).
@@ -107,7 +107,11 @@ def status(repo: Repository, *, max_backup_age: float = 26 * HOUR,
 def _instance_status(repo: Repository, family: str, instance: str, now: float,
                      result: StatusResult) -> list[SourceStatus]:
     fam = family_named(family)
-    manifests = [r.manifest for r in repo.source_backups(family, instance) if r.manifest is not None]
+    records = repo.source_backups(family, instance)
+    manifests = [r.manifest for r in records if r.manifest is not None]
+    # A backup whose manifest cannot be read is of no known directory: each of the instance's says it.
+    unreadable = [f"the manifest of backup {r.id} cannot be read ({r.problem})" for r in records
+                  if r.manifest is None and r.complete]
     restorable = restorable_backups(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
@@ -116,7 +120,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         places = {(None, None)}
     found = []
     for host, path in sorted(places, key=lambda p: (str(p[0]), str(p[1]))):
-        s = SourceStatus(family, instance, host, path)
+        s = SourceStatus(family, instance, host, path, problems=list(unreadable))
         own = [m for m in manifests if (m.source.get("host"), m.source.get("path")) == (host, path)]
         usable = [m for m in own if restorable[m.id]]
         good = [m for m in usable if (drills[m.id] or {}).get("status") != "failed"]
