@@ -392,6 +392,7 @@ FILE_TIERS = {
     "test_scan_core_tarantool.py": "unit",
     "test_scan_fuzz_regressions.py": "unit",
     "test_spark_jobs.py": "integration",
+    "test_status.py": "unit",
     "test_spark_submit.py": "integration",
     "test_tarantool_cursor.py": "unit",
     "test_tarantool_damage.py": "unit",
@@ -411,6 +412,7 @@ TEST_TIERS = {
     "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
     "test_spark_submit.py::test_spark_flag_on_a_standalone_cluster_prints_what_the_command_prints": "system",
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
+    "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus
 }
 
 # Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.
