@@ -215,7 +215,7 @@ class LocalTarantool:
         raise TimeoutError(f"tarantool did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s")
 
     def connection(self) -> dict:
-        return {"conn_type": "generic", "host": "127.0.0.1", "port": self.port, "login": TARANTOOL_USER,
+        return {"conn_type": "tarantool", "host": "127.0.0.1", "port": self.port, "login": TARANTOOL_USER,
                 "password": self.password()}
 
     def stop(self) -> None:
