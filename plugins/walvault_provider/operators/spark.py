@@ -22,7 +22,7 @@ from .walvault import with_provider_defaults
 
 # walcore's LeaseBusy as the command's last line says it: exit 1 as any refusal, but another command of the source
 # holds its lease, which passes: retried, unlike a verdict.
-_LEASE_HELD = re.compile(r" is held by .*: another \S+ of this source is running$")
+_LEASE_HELD = re.compile(r" is held by .*: another .* of this source is running$")
 
 
 def job_failure(job: str, code: int, last_line: str) -> AirflowException:
