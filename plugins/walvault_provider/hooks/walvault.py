@@ -89,4 +89,3 @@ class WalvaultRepoHook(BaseHook):
         except Exception as e:  # shown in the UI's connection test, whatever went wrong
             return False, str(e)
         return True, f"walvault repository {repo.display} (format {repo.info.get('format')})"
-
