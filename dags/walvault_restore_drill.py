@@ -15,7 +15,9 @@ CONFIG = load()
 
 
 @dag(dag_id="walvault_restore_drill", schedule=CONFIG.schedules["restore_drill"], start_date=datetime(2026, 1, 1),
-     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+     catchup=False, max_active_runs=1, tags=["walvault", "restore-drill", *CONFIG.families], doc_md=__doc__,
+     description="Restore the newest backup of each source into scratch and prove it",
+     default_args=CONFIG.runs.default_args("restore_drill"), dagrun_timeout=CONFIG.runs.dagrun_timeout("restore_drill"))
 def walvault_restore_drill():
     WalvaultDrillOperator.per_source(CONFIG, "drill")
 

@@ -14,7 +14,9 @@ CONFIG = load()
 
 
 @dag(dag_id="walvault_snapshot", schedule=CONFIG.schedules["snapshot"], start_date=datetime(2026, 1, 1),
-     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+     catchup=False, max_active_runs=1, tags=["walvault", "snapshot", *CONFIG.families], doc_md=__doc__,
+     description="A verified covering snapshot of each source, the coverage retention relies on",
+     default_args=CONFIG.runs.default_args("snapshot"), dagrun_timeout=CONFIG.runs.dagrun_timeout("snapshot"))
 def walvault_snapshot():
     WalvaultSnapshotOperator.per_source(CONFIG, "snapshot")
 

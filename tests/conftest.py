@@ -413,6 +413,7 @@ TEST_TIERS = {
     "test_spark_submit.py::test_spark_flag_on_a_standalone_cluster_prints_what_the_command_prints": "system",
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
     "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus
+    "test_airflow_config.py::test_airflow_lists_the_provider_and_tests_its_connections": "system",  # airflow CLI
 }
 
 # Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.
