@@ -15,6 +15,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import spark_job
 from walvault_provider.operators.walvault import LEASE_WAIT, WalvaultVerifyOperator, scheduled_backup_type
 
@@ -44,7 +45,8 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
         options = {"type": kind, "json": True, "wait": LEASE_WAIT}
         if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
             options["connect"] = tarantool_uri(source.connection)
-        plans[f"backup-{source.name}"] = {"sources": [str(source.path)], "options": options}
+        # named by its source: the name labels the plan's mapped tasks (the UI, a failure's mail)
+        plans[source.name] = {"sources": [str(source.path)], "options": options}
     return plans
 
 
@@ -57,7 +59,7 @@ def record(result: dict) -> dict:
 
 
 @dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
-     max_active_runs=1, tags=["walvault"], doc_md=__doc__,
+     max_active_runs=1, tags=["walvault"], doc_md=__doc__, **dag_callbacks(CONFIG),
      params={"source": Param(NAMES[0], enum=NAMES, description="the configured source to back up (a scheduled "
                              "run backs up every source)"),
              "type": Param("full", enum=["full", "incremental"], description="full, or incremental on the newest "
