@@ -76,7 +76,7 @@ def mailbox():
 @pytest.mark.parametrize("text, key", [
     ("notify: {smtp: {to: [a@example.com]}, events: [failure, paged]}", "notify.events[1]"),
     ("notify: {smtp: {to: [a@example.com]}, events: []}", "notify.events"),
-    ("notify: {smtp: {to: [a@example.com]}, on: [failure]}", "notify.True"),  # YAML reads `on` as true
+    ("notify: {smtp: {to: [a@example.com]}, on: [failure]}", "notify.on"),  # YAML reads `on` as true
     ("notify: {smtp: {to: []}}", "notify.smtp.to"),
     ("notify: {smtp: {to: ['a@example.com, b@example.com']}}", "notify.smtp.to[0]"),
     ("notify: {smtp: {to: [a@example.com, a@example.com]}}", "notify.smtp.to[1]"),

@@ -255,6 +255,8 @@ def parse(raw, path: Path) -> Config:
 def _notify(raw: dict, fail) -> Notify | None:
     if raw.get("notify") is None:
         return None
+    if isinstance(raw["notify"], dict) and True in raw["notify"]:
+        fail("notify.on", "YAML reads the key `on` as true: the events are listed under `events`")
     notify = _section(raw, "notify", ("smtp", "events"), fail)
     if not isinstance(notify.get("smtp"), dict):
         fail("notify.smtp", "a mapping (connection, from, to): the one notifier shipped")
