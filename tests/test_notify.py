@@ -3,8 +3,8 @@
 
 A failed task's mail names the source, the DAG, the task and the cause in its subject and first lines: a real
 operator of a real DAG file fails on a real repository, with the callback context Airflow builds; then
-`airflow dags test` runs the backup DAG to a failure (an incremental with no full: one mail) and to success
-(one recovery mail)."""
+`airflow dags test` runs the backup DAG to a failure (an incremental with no full: one mail), to success (one
+recovery mail), and to success again (none)."""
 
 from __future__ import annotations
 
@@ -196,9 +196,14 @@ def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_pa
                         json.dumps({"source": "ls", "type": "full", "verify": True}))
     log = recovered.stdout + recovered.stderr
     assert recovered.returncode == 0 and "DagRun Finished" in log and "state=success" in log, log[-3000:]
-    assert len(mailbox.messages) == 2, [m["Subject"] for m in mailbox.messages]
+    assert len(mailbox.messages) == 2, log[-6000:]
     message = mailbox.messages[1]
     assert message["Subject"].startswith("walvault: walvault_backup recovered: ")
     assert message["Subject"].endswith(f"succeeded after {failed_run} failed")
     assert body_lines(message)[0] == "DAG: walvault_backup"
     assert mailbox.logins == [(LOGIN, PASSWORD)] * 2
+
+    again = airflow(env, "dags", "test", "walvault_backup", "--conf",
+                    json.dumps({"source": "ls", "type": "incremental", "verify": False}))
+    assert again.returncode == 0 and "state=success" in again.stdout + again.stderr
+    assert len(mailbox.messages) == 2, "a success after a success sends nothing"
