@@ -8,6 +8,7 @@ from datetime import datetime
 from airflow.sdk import dag, task
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import spark_job
 from walvault_provider.operators.walvault import WalvaultArchiveOperator
 
@@ -39,7 +40,7 @@ def report(result: dict) -> dict:
 @dag(dag_id="walvault_archive", schedule=CONFIG.schedules["archive"], start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault", "archive", *CONFIG.families], doc_md=__doc__,
      description="Rotate limestone sources, archive every source's sealed WAL, verify what was archived with Spark",
-     default_args=CONFIG.runs.default_args("archive"), dagrun_timeout=CONFIG.runs.dagrun_timeout("archive"))
+     **dag_callbacks(CONFIG, CONFIG.runs.default_args("archive")), dagrun_timeout=CONFIG.runs.dagrun_timeout("archive"))
 def walvault_archive():
     archived = WalvaultArchiveOperator(task_id="rotate_and_archive", fail_on_problems=False)
     verify = spark_job("verify", plan=verify_plan, plan_args=[archived.output], result=report,

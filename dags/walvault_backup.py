@@ -16,6 +16,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import spark_job
 from walvault_provider.operators.walvault import WalvaultVerifyOperator, scheduled_backup_type
 
@@ -46,7 +47,8 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
         options = {"type": kind, "json": True, "wait": config.runs.lease_wait}
         if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
             options["connect"] = TarantoolHook(source.connection).uri()
-        plans[f"backup-{source.name}"] = {"sources": [str(source.path)], "options": options}
+        # named by its source: the name labels the plan's mapped tasks (the UI, a failure's mail)
+        plans[source.name] = {"sources": [str(source.path)], "options": options}
     return plans
 
 
@@ -61,7 +63,7 @@ def record(result: dict) -> dict:
 @dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
      max_active_runs=1, tags=["walvault", "backup", *CONFIG.families], doc_md=__doc__,
      description="Full or incremental backup of each source with Spark, recorded and verified in the repository",
-     default_args=CONFIG.runs.default_args("backup"), dagrun_timeout=CONFIG.runs.dagrun_timeout("backup"),
+     **dag_callbacks(CONFIG, CONFIG.runs.default_args("backup")), dagrun_timeout=CONFIG.runs.dagrun_timeout("backup"),
      params={"source": Param(NAMES[0], enum=NAMES, description="the configured source to back up (a scheduled "
                              "run backs up every source)"),
              "type": Param("full", enum=["full", "incremental"], description="full, or incremental on the newest "

@@ -44,6 +44,13 @@ connections, which the file names. Every error names the key at fault.
                                        # retried: a waiting task holds a worker slot, a task waiting to retry none
       task_timeout_minutes: {backup: 360}   # per DAG: execution_timeout of each of its tasks
       run_timeout_minutes: {backup: 720}    # per DAG: dagrun_timeout, the whole run with its retries
+    notify:                            # optional: no mail without it
+      smtp:
+        connection: smtp_default       # an Airflow SMTP connection: host, port, login, password, TLS (extra)
+        from: walvault@example.com     # optional: else the connection's `from_email` extra
+        to: [oncall@example.com]
+      events: [failure, recovery]      # a task failed; a run succeeded after the DAG's previous run failed (the
+                                       # key is not `on`: YAML reads that as true)
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a task id part as it is
 _CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
 _SECRET_WORDS = ("password", "secret", "token", "access_key", "private_key")
+NOTIFY_EVENTS = ("failure", "recovery")
+_ADDRESS = re.compile(r"[^@\s,;<>]+@[^@\s,;<>]+")  # one bare address: a list in one string would be split unseen
 
 
 class ConfigError(ValueError):
@@ -116,6 +125,16 @@ class Runs:
 
 
 @dataclass(frozen=True)
+class Notify:
+    """Where failure and recovery mail goes (walvault_provider.notifications): the SMTP server and its credentials
+    are the Airflow connection's, never this file's."""
+    to: tuple[str, ...]
+    events: frozenset[str] = frozenset(NOTIFY_EVENTS)
+    connection: str = "smtp_default"
+    sender: str | None = None  # None: the connection's `from_email` extra
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     sources: tuple[Source, ...]
@@ -127,6 +146,7 @@ class Config:
     repository_create: bool = False  # whether the DAGs may create a missing repository
     late_after_minutes: float = 30  # a scheduled run starting later than this after its time only plans
     runs: Runs = field(default_factory=Runs)
+    notify: Notify | None = None  # None: no mail
 
     @property
     def families(self) -> list[str]:
@@ -206,9 +226,10 @@ def parse(raw, path: Path) -> Config:
         raise ConfigError(f"{where}: {key}: {message}")
 
     if not isinstance(raw, dict):
-        fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark, runs)")
+        fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark, runs, "
+             "notify)")
     _no_secrets(raw, "", fail)
-    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs"), "", fail)
+    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs", "notify"), "", fail)
     backup = _section(raw, "backup", ("full_every_days",), fail)
     repository = _section(raw, "repository", ("connection", "create"), fail)
     retention = _section(raw, "retention", ("days",), fail)
@@ -279,7 +300,8 @@ def parse(raw, path: Path) -> Config:
     if isinstance(full_every, bool) or not isinstance(full_every, (int, float)) or not 0 < full_every <= 366:
         fail("backup.full_every_days", f"{full_every!r} is not a number of days (more than 0, at most 366)")
     return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
-                  float(full_every), repository_create, float(late_after), _runs(raw, fail))
+                  float(full_every), repository_create, float(late_after), _runs(raw, fail),
+                  _notify(raw, fail))
 
 
 def _runs(raw: dict, fail) -> Runs:
@@ -305,6 +327,36 @@ def _runs(raw: dict, fail) -> Runs:
                 fail(f"runs.{key}.{dag}", f"{value!r} is not a number of minutes (more than 0, at most a week)")
         timeouts[key] = {**defaults, **{dag: float(value) for dag, value in given.items()}}
     return Runs(owner.strip(), retries, **minutes, **timeouts)
+
+
+def _notify(raw: dict, fail) -> Notify | None:
+    if raw.get("notify") is None:
+        return None
+    if isinstance(raw["notify"], dict) and True in raw["notify"]:
+        fail("notify.on", "YAML reads the key `on` as true: the events are listed under `events`")
+    notify = _section(raw, "notify", ("smtp", "events"), fail)
+    if not isinstance(notify.get("smtp"), dict):
+        fail("notify.smtp", "a mapping (connection, from, to): the one notifier shipped")
+    smtp = _section(notify, "smtp", ("connection", "from", "to"), lambda key, message: fail(f"notify.{key}", message))
+    connection = smtp.get("connection", "smtp_default")
+    if not _conn_id(connection):
+        fail("notify.smtp.connection", f"{connection!r} is not an Airflow connection id")
+    sender = smtp.get("from")
+    if sender is not None and not (isinstance(sender, str) and _ADDRESS.fullmatch(sender)):
+        fail("notify.smtp.from", f"{sender!r} is not one mail address")
+    to = smtp.get("to")
+    if not isinstance(to, list) or not to:
+        fail("notify.smtp.to", "a list of at least one mail address")
+    for i, address in enumerate(to):
+        if not (isinstance(address, str) and _ADDRESS.fullmatch(address)) or address in to[:i]:
+            fail(f"notify.smtp.to[{i}]", f"{address!r} is not one mail address, or is listed twice")
+    events = notify.get("events", list(NOTIFY_EVENTS))
+    if not isinstance(events, list) or not events:
+        fail("notify.events", f"a list of at least one of {', '.join(NOTIFY_EVENTS)}")
+    for i, event in enumerate(events):
+        if event not in NOTIFY_EVENTS or event in events[:i]:
+            fail(f"notify.events[{i}]", f"{event!r} is not one of {', '.join(NOTIFY_EVENTS)}, or is listed twice")
+    return Notify(tuple(to), frozenset(events), connection, sender)
 
 
 def _conn_id(value) -> bool:

@@ -50,6 +50,11 @@ def work_dir(run_id: str, task: str) -> Path:
     return path
 
 
+def plan_name(run_id: str, plan_arg: str) -> str:
+    """The name the DAG gave a plan (`plan_arg` is `@<plan file>`): its work directory's, less the run's prefix."""
+    return Path(plan_arg.removeprefix("@")).parent.name.removeprefix(_run_prefix(run_id))
+
+
 def stop_jobs(run_id: str, timeout: float = 5) -> list[int]:
     """Stop every process of a run's jobs still running (a run marked failed or stopped leaves them behind):
     each process whose command line or environment names one of the run's work directories (spark-submit and

@@ -34,6 +34,18 @@ def job_failure(job: str, code: int, last_line: str) -> AirflowException:
         else AirflowException(message)
 
 
+PLAN_LABEL = "walvault_plan"  # the context key a job's tasks set to their plan's name, a mapped task's label
+PLAN_LABEL_TEMPLATE = f"{{{{ {PLAN_LABEL} }}}}"
+
+
+def label_plan(context, plan_arg: str) -> None:
+    """Give a job's task its plan's name (the source a backup plan is named by): its map_index_template renders it,
+    after the task ran or failed, as its label in the UI and in its failure mail."""
+    from ..spark import plan_name
+
+    context[PLAN_LABEL] = plan_name(context["run_id"], plan_arg)
+
+
 class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     """A walvault Spark job (its `@plan` the one application argument), whose task fails when the walvault command
     did: exit 1 (a verdict: damage, a refusal) fails it without a retry, exit 2 (could not check) or a lease held
@@ -52,6 +64,7 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context):
         from ..spark import job_result
 
+        label_plan(context, self.application_args[0])
         super().execute(context)
         code, _out, err = job_result(self.application_args[0])
         if code == 0:
@@ -121,12 +134,16 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         return arg
 
     @task(task_id=result.__name__, doc_md=result.__doc__,
-          trigger_rule="none_skipped" if result_after_failure else "all_success")
+          trigger_rule="none_skipped" if result_after_failure else "all_success",
+          map_index_template=PLAN_LABEL_TEMPLATE if group_id is not None else None)
     def read_result(application_args: list[str]) -> dict:
         import json
 
+        from airflow.sdk import get_current_context
+
         from ..spark import job_result
 
+        label_plan(get_current_context(), application_args[0])
         code, out, err = job_result(application_args[0])
         returned = result(json.loads(out) if code == 0 or out.strip().startswith("{") else {})
         if code != 0:
@@ -138,7 +155,9 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
 
         submitted = WalvaultSparkSubmitOperator(task_id=submit_task_id or f"spark_{job}",
                                                 application=application(job), application_args=application_args,
-                                                conn_id=conn_id, name=f"walvault-{job}")
+                                                conn_id=conn_id, name=f"walvault-{job}",
+                                                map_index_template=PLAN_LABEL_TEMPLATE if group_id is not None
+                                                else None)
         output = read_result(application_args)
         submitted >> output
         if then is not None:
