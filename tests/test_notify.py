@@ -154,10 +154,10 @@ notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [onca
         callback(context)
 
     (message,) = mailbox.messages
-    cause = f"AirflowException: tt: no backup of {tmp_path / 'tt'} in {tmp_path / 'repo'} to drill"
+    cause = f"AirflowFailException: tt: no backup of {tmp_path / 'tt'} in {tmp_path / 'repo'} to drill"
     subject = message["Subject"]  # the cause's first line, up to 160 characters of it
     assert subject.endswith("...") and f"walvault: walvault_restore_drill drill_tt failed for tt: {cause}".startswith(
-        subject.removesuffix("...")) and "failed for tt: AirflowException: tt: no backup of " in subject, subject
+        subject.removesuffix("...")) and "failed for tt: AirflowFailException: tt: no backup of " in subject, subject
     assert body_lines(message)[:4] == ["Source: tt", "DAG: walvault_restore_drill", "Task: drill_tt (try 1)",
                                        f"Cause: {cause}"]
     assert message["From"] == "walvault@example.com" and message["To"] == "oncall@example.com, dba@example.com"
