@@ -8,6 +8,7 @@ from datetime import datetime
 from airflow.sdk import dag, task
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import spark_job
 from walvault_provider.operators.walvault import WalvaultArchiveOperator
 
@@ -37,7 +38,9 @@ def report(result: dict) -> dict:
 
 
 @dag(dag_id="walvault_archive", schedule=CONFIG.schedules["archive"], start_date=datetime(2026, 1, 1),
-     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__)
+     catchup=False, max_active_runs=1, tags=["walvault", "archive", *CONFIG.families], doc_md=__doc__,
+     description="Rotate limestone sources, archive every source's sealed WAL, verify what was archived with Spark",
+     **dag_callbacks(CONFIG, CONFIG.runs.default_args("archive")), dagrun_timeout=CONFIG.runs.dagrun_timeout("archive"))
 def walvault_archive():
     archived = WalvaultArchiveOperator(task_id="rotate_and_archive", fail_on_problems=False)
     verify = spark_job("verify", plan=verify_plan, plan_args=[archived.output], result=report,
@@ -45,11 +48,12 @@ def walvault_archive():
 
     @task(trigger_rule="none_failed")
     def outcome(archived: dict) -> None:
-        """The run fails for what the archive could not do, once what it did archive is verified."""
-        from airflow.sdk.exceptions import AirflowException
+        """The run fails for what the archive could not do, once what it did archive is verified (not retried: the
+        next run archives again)."""
+        from airflow.sdk.exceptions import AirflowFailException
 
         if archived["problems"]:
-            raise AirflowException(f"{len(archived['problems'])} problems: " + "; ".join(archived["problems"]))
+            raise AirflowFailException(f"{len(archived['problems'])} problems: " + "; ".join(archived["problems"]))
         print("walvault archive: no problem")
 
     verify.done >> outcome(archived.output) >> verify.clean_up

@@ -4,9 +4,10 @@ verify after, and the Spark master. On schedule: every source, incremental unles
 `backup.full_every_days` old (or there is none), each in a group of its own (one source's failure does not stop
 the others'). A scheduled run that starts more than `schedules.late_after_minutes` after its time (the catch-up
 Airflow creates at once on unpause, or after the scheduler was down) backs up nothing: nobody asked for it now.
-Runs never overlap: one at a time, and each backup waits up to an hour for its source's lease. The Spark task
-fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's jobs still
-running before it removes their directory, and records the backups they committed."""
+Runs never overlap: one at a time; a backup whose source's lease another command holds waits
+`runs.lease_wait_minutes`, then its task is retried (a waiting task holds a worker slot, one waiting to retry none).
+The Spark task fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's
+jobs still running before it removes their directory, and records the backups they committed."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import spark_job
-from walvault_provider.operators.walvault import LEASE_WAIT, WalvaultVerifyOperator, scheduled_backup_type
+from walvault_provider.operators.walvault import WalvaultVerifyOperator, scheduled_backup_type
 
 CONFIG = load()
 NAMES = [s.name for s in CONFIG.sources]
@@ -26,7 +28,8 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
     """One Spark plan per source to back up; a running Tarantool's password only in the plan file."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from walvault_provider.hooks.walvault import WalvaultRepoHook, tarantool_uri
+    from walvault_provider.hooks.tarantool import TarantoolHook
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
     from walvault_provider.operators.walvault import late_minutes
 
     config = load()
@@ -41,10 +44,11 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
     plans = {}
     for source in sources:
         kind = params["type"] if manual else scheduled_backup_type(repo, source.path, config.full_every_days)
-        options = {"type": kind, "json": True, "wait": LEASE_WAIT}
+        options = {"type": kind, "json": True, "wait": config.runs.lease_wait}
         if source.connection:  # a running Tarantool: its checkpoint pinned by box.backup.start()
-            options["connect"] = tarantool_uri(source.connection)
-        plans[f"backup-{source.name}"] = {"sources": [str(source.path)], "options": options}
+            options["connect"] = TarantoolHook(source.connection).uri()
+        # named by its source: the name labels the plan's mapped tasks (the UI, a failure's mail)
+        plans[source.name] = {"sources": [str(source.path)], "options": options}
     return plans
 
 
@@ -57,7 +61,9 @@ def record(result: dict) -> dict:
 
 
 @dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
-     max_active_runs=1, tags=["walvault"], doc_md=__doc__,
+     max_active_runs=1, tags=["walvault", "backup", *CONFIG.families], doc_md=__doc__,
+     description="Full or incremental backup of each source with Spark, recorded and verified in the repository",
+     **dag_callbacks(CONFIG, CONFIG.runs.default_args("backup")), dagrun_timeout=CONFIG.runs.dagrun_timeout("backup"),
      params={"source": Param(NAMES[0], enum=NAMES, description="the configured source to back up (a scheduled "
                              "run backs up every source)"),
              "type": Param("full", enum=["full", "incremental"], description="full, or incremental on the newest "

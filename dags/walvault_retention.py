@@ -16,13 +16,16 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from walvault_provider.config import load
+from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.walvault import WalvaultConfirmOperator, WalvaultExpireOperator
 
 CONFIG = load()
 
 
 @dag(dag_id="walvault_retention", schedule=CONFIG.schedules["retention"], start_date=datetime(2026, 1, 1),
-     catchup=False, max_active_runs=1, tags=["walvault"], doc_md=__doc__,
+     catchup=False, max_active_runs=1, tags=["walvault", "retention", *CONFIG.families], doc_md=__doc__,
+     description="Confirm each source's coverage, then expire what the recovery window no longer needs",
+     **dag_callbacks(CONFIG, CONFIG.runs.default_args("retention")), dagrun_timeout=CONFIG.runs.dagrun_timeout("retention"),
      params={"dry_run": Param(True, type="boolean", description="show the plan only; delete nothing (a manual "
                               "run; a scheduled run applies the policy when it starts on time)")})
 def walvault_retention():

@@ -55,6 +55,7 @@ def environment(home: Path, *, config: Path, repository: str, work_dir: Path, sp
            # the scheduler's tasks reach the api-server here; the default assumes port 8080
            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
+           "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",  # the connection form's Test button
            "WALVAULT_CONFIG": str(config),
            "WALVAULT_WORK_DIR": str(work_dir),
            "SPARK_LOCAL_IP": "127.0.0.1",
@@ -215,7 +216,7 @@ class LocalTarantool:
         raise TimeoutError(f"tarantool did not listen on 127.0.0.1:{self.port} within {timeout:.0f} s")
 
     def connection(self) -> dict:
-        return {"conn_type": "generic", "host": "127.0.0.1", "port": self.port, "login": TARANTOOL_USER,
+        return {"conn_type": "tarantool", "host": "127.0.0.1", "port": self.port, "login": TARANTOOL_USER,
                 "password": self.password()}
 
     def stop(self) -> None:

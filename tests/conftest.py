@@ -381,6 +381,7 @@ FILE_TIERS = {
     "test_limestone_random.py": "unit",
     "test_lineage.py": "integration",
     "test_nemesis.py": "integration",
+    "test_notify.py": "unit",  # an SMTP server in this process; the DAG run's test is `system` (TEST_TIERS)
     "test_redundancy_and_clock.py": "integration",
     "test_repository.py": "unit",
     "test_resources.py": "integration",
@@ -392,6 +393,7 @@ FILE_TIERS = {
     "test_scan_core_tarantool.py": "unit",
     "test_scan_fuzz_regressions.py": "unit",
     "test_spark_jobs.py": "integration",
+    "test_status.py": "unit",
     "test_spark_submit.py": "integration",
     "test_tarantool_cursor.py": "unit",
     "test_tarantool_damage.py": "unit",
@@ -409,8 +411,11 @@ FILE_TIERS = {
 # Tests costlier than their file's tier that no rule of `tier_of` sees (file::name, without parameters).
 TEST_TIERS = {
     "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
+    "test_notify.py::test_a_failed_backup_sends_one_mail_and_its_recovery_another": "system",  # airflow dags test
     "test_spark_submit.py::test_spark_flag_on_a_standalone_cluster_prints_what_the_command_prints": "system",
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
+    "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus
+    "test_airflow_config.py::test_airflow_lists_the_provider_and_tests_its_connections": "system",  # airflow CLI
 }
 
 # Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.

@@ -9,6 +9,7 @@ loopback.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, S3_CREDENTIALS, new_repository, require_tarantool, run_cli
-from walvault_provider.config import ConfigError, config_path, load
+from walvault_provider.config import DEFAULT_TASK_TIMEOUTS, ConfigError, config_path, load
 
 SHIPPED = REPO / "dags" / "walvault.yaml"
 
@@ -92,6 +93,14 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: r, password: hunter2}",
      "repository.password"),
     ("sources: [{name: a, family: tarantool, path: /x, aws_secret_access_key: k}]", "sources[0].aws_secret_access_key"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {retries: -1}", "runs.retries"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {retry: 3}", "runs.retry"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {owner: ''}", "runs.owner"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {lease_wait_minutes: soon}", "runs.lease_wait_minutes"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {task_timeout_minutes: {bakup: 5}}",
+     "runs.task_timeout_minutes.bakup"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {run_timeout_minutes: {backup: 0}}",
+     "runs.run_timeout_minutes.backup"),
 ])
 def test_every_error_names_its_key(tmp_path, text, key):
     path = _write(tmp_path, text)
@@ -99,6 +108,74 @@ def test_every_error_names_its_key(tmp_path, text, key):
         load(path)
     assert f"{path}: {key}:" in str(e.value)
     assert "hunter2" not in str(e.value)
+
+
+def test_runs_give_every_task_an_owner_retries_with_back_off_and_timeouts(tmp_path):
+    """The `runs` section: what each DAG's default_args and dagrun_timeout are, its defaults, and an override per
+    DAG leaving the other DAGs' defaults."""
+    from datetime import timedelta
+
+    config = load(_write(tmp_path, GOOD))
+    assert config.runs.default_args("backup") == {
+        "owner": "walvault", "retries": 3, "retry_delay": timedelta(minutes=5), "retry_exponential_backoff": 2.0,
+        "max_retry_delay": timedelta(minutes=30), "execution_timeout": timedelta(hours=6)}
+    assert config.runs.dagrun_timeout("backup") == timedelta(hours=12) and config.runs.lease_wait == 300
+    runs = load(_write(tmp_path, GOOD + "runs: {owner: dba, retries: 0, lease_wait_minutes: 1, "
+                                        "task_timeout_minutes: {archive: 10}, run_timeout_minutes: {drill: 1}}"
+                       .replace("drill", "restore_drill"))).runs
+    assert runs.default_args("archive")["owner"] == "dba" and runs.default_args("archive")["retries"] == 0
+    assert runs.default_args("archive")["execution_timeout"] == timedelta(minutes=10)
+    assert runs.default_args("backup")["execution_timeout"] == timedelta(hours=6), "the other DAGs keep theirs"
+    assert runs.dagrun_timeout("restore_drill") == timedelta(minutes=1) and runs.lease_wait == 60
+
+
+def test_verdicts_fail_at_once_and_passing_causes_are_retried():
+    """What a task raises decides whether Airflow retries it: a walvault verdict (a refusal for what was found,
+    damage, a configuration that cannot be used) is AirflowFailException; a lease held, a repository or a
+    Tarantool out of reach, or a source that could not be checked goes up as it is (retried). The Spark task
+    says it from the command's exit code and last line."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from walcore.findings import Refused
+    from walcore.repository import ObjectDamaged
+    from walcore.repository.lease import LeaseBusy
+    from walcore.tarantool.live import LiveError
+    from walvault_provider.config import ConfigError
+    from walvault_provider.operators.spark import job_failure
+    from walvault_provider.operators.walvault import verdicts
+
+    for verdict in (Refused("the set would not restore"), ObjectDamaged("objects/ab: sha256 differs"),
+                    ConfigError("walvault.yaml: sources: missing")):
+        with pytest.raises(AirflowFailException, match=str(verdict).split(":")[0]):
+            with verdicts():
+                raise verdict
+    for passing in (LeaseBusy("held"), LiveError("127.0.0.1:3301: cannot connect"), OSError("unreachable"),
+                    Refused("cannot read pwal_0001", status="cannot_check")):
+        with pytest.raises(type(passing)):
+            with verdicts():
+                raise passing
+    refusal = job_failure("walvault", 1, "walvault: not backed up: pwal_0001 is repairable")
+    assert isinstance(refusal, AirflowFailException) and str(refusal).startswith("walvault exited 1: ")
+    held = job_failure("walvault", 1, "walvault: not backed up: locks/limestone-x.lease is held by backup (pid 7 "
+                                      "on h, expires in 60 s): another backup or expiry of this source is running")
+    unreachable = job_failure("backup", 2, "walvault: not backed up: s3://b/repo: cannot reach the repository")
+    assert type(held) is AirflowException and type(unreachable) is AirflowException
+
+
+def test_a_held_lease_reads_as_the_spark_task_expects(tmp_path):
+    """The Spark task tells a held lease from a refusal by the command's last line: walcore's own message."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from walcore.repository import Repository
+    from walcore.repository.lease import LeaseBusy
+    from walvault_provider.operators.spark import job_failure
+
+    repo = Repository(str(tmp_path / "repo"), create=True)
+    with repo.lease("limestone", "x", "backup"):
+        with pytest.raises(LeaseBusy) as held:
+            with repo.lease("limestone", "x", "expire", wait=0):
+                pass
+    assert not isinstance(job_failure("walvault", 1, f"walvault: not backed up: {held.value}"), AirflowFailException)
 
 
 def test_unreadable_or_not_yaml(tmp_path):
@@ -149,6 +226,47 @@ def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
         WalvaultRepoHook("empty").target()
 
 
+def test_the_hook_takes_storage_options_as_json_text(monkeypatch, tmp_path):
+    """The UI's form may keep the options as the JSON text typed in: read as the mapping it says; anything else is
+    refused, naming the connection."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
+
+    _connection(monkeypatch, {"conn_type": "walvault_repo",
+                              "extra": {"url": str(tmp_path), "options": '{"auto_mkdir": true}'}})
+    assert WalvaultRepoHook().target().options == {"auto_mkdir": True}
+    for bad in ('{"auto_mkdir": tru', "[1, 2]"):
+        _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path), "options": bad}})
+        with pytest.raises(AirflowException, match="connection 'walvault_repo': extra 'options' is not"):
+            WalvaultRepoHook().target()
+
+
+def test_the_dags_carry_owner_retries_timeouts_descriptions_and_tags(tmp_path, monkeypatch):
+    """Every task of every DAG has the configured owner, retries with back-off and an execution_timeout; every DAG
+    a description, tags (walvault, its own, the sources' families) and a dagrun_timeout; each operator its doc."""
+    from datetime import timedelta
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("WALVAULT_CONFIG", str(_write(tmp_path, GOOD + "runs: {owner: dba, retries: 2, "
+                                                                    "task_timeout_minutes: {backup: 90}}")))
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    assert len(bag.dags) == 5
+    for dag in bag.dags.values():
+        short = dag.dag_id.removeprefix("walvault_")
+        assert dag.description and dag.doc_md, dag.dag_id
+        assert {"walvault", short.replace("_", "-"), "tarantool", "limestone"} <= set(dag.tags), dag.tags
+        assert dag.dagrun_timeout and dag.dagrun_timeout > timedelta(0), dag.dag_id
+        for t in dag.tasks:
+            assert (t.owner, t.retries, t.retry_exponential_backoff) == ("dba", 2, 2.0), t.task_id
+            assert t.execution_timeout == (timedelta(minutes=90) if short == "backup" else
+                                           timedelta(minutes=DEFAULT_TASK_TIMEOUTS[short])), t.task_id
+            if t.task_type.startswith("Walvault"):
+                assert t.doc_md == type(t).__doc__, t.task_id
+
+
 def test_the_hook_keeps_s3_credentials_in_the_connection(monkeypatch, s3_endpoint, tmp_path):
     import s3fs
 
@@ -193,6 +311,87 @@ def test_the_provider_describes_itself_as_airflow_providers_do():
     for conn in info["connection-types"]:
         module, name = conn["hook-class-name"].rsplit(".", 1)
         assert getattr(importlib.import_module(module), name).conn_type == conn["connection-type"]
+
+
+def test_the_connection_forms_are_what_the_ui_shows():
+    """The forms Airflow's UI draws from get_provider_info(): valid to its schema of field behaviours; the
+    repository's url and options as fields of their own, S3's keys as login and password, the host and port
+    hidden; a Tarantool's host, port, user and password, the extra hidden."""
+    import jsonschema
+
+    import airflow
+    from walvault_provider import get_provider_info
+
+    schema = json.loads((Path(airflow.__file__).parent / "customized_form_field_behaviours.schema.json").read_text())
+    forms = {c["connection-type"]: c for c in get_provider_info()["connection-types"]}
+    for form in forms.values():
+        behaviour = form["ui-field-behaviour"]
+        jsonschema.validate({"hidden_fields": behaviour["hidden-fields"], "relabeling": behaviour["relabeling"],
+                             "placeholders": behaviour.get("placeholders", {})}, schema)
+    repo, tarantool = forms["walvault_repo"], forms["tarantool"]
+    assert set(repo["conn-fields"]) == {"url", "options"}
+    assert {"host", "port"} <= set(repo["ui-field-behaviour"]["hidden-fields"])
+    assert repo["ui-field-behaviour"]["relabeling"] == {"login": "S3 access key id",
+                                                        "password": "S3 secret access key"}
+    assert not {"host", "port", "login", "password"} & set(tarantool["ui-field-behaviour"]["hidden-fields"])
+
+
+def _installed_metadata(site: Path) -> Path:
+    """The package metadata an install of this checkout writes (setuptools' egg_info, from pyproject.toml: its entry
+    points included), in `site`, which goes first on PYTHONPATH: Airflow finds the provider as it finds an installed
+    one, through its `apache_airflow_provider` entry point."""
+    site.mkdir()
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(site)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return site
+
+
+@require_tarantool
+def test_airflow_lists_the_provider_and_tests_its_connections(tmp_path):
+    """`airflow providers list` names walvault; its two connection types have their forms (the repository's url
+    and options as extra fields, S3's keys as login and password; a Tarantool's host, port, user and password);
+    `airflow connections test` answers through each hook: a repository that is there, a running Tarantool over
+    iproto, and a wrong password refused, saying why."""
+    from devenv import LocalTarantool, environment
+
+    site = _installed_metadata(tmp_path / "site")
+    repo = new_repository(tmp_path / "repo")
+    tt = LocalTarantool(tmp_path / "tt").start(rows=10)
+    try:
+        live = tt.connection()
+        env = environment(tmp_path / "home", config=SHIPPED, repository=str(repo), work_dir=tmp_path / "work",
+                          connections={"tt_live": live, "tt_wrong": {**live, "password": "not-its-password"}})
+        env.update({"AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+                    "PYTHONPATH": os.pathsep.join(map(str, (site, REPO, REPO / "plugins")))})
+
+        def airflow(*args) -> subprocess.CompletedProcess:
+            return subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env,
+                                  capture_output=True, text=True, timeout=300)
+
+        def listing(*args) -> list[dict]:
+            proc = airflow(*args, "--output", "json")
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            # Airflow logs to stdout too: the listing is the line holding the JSON array
+            return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("[{")))
+
+        (provider,) = [p for p in listing("providers", "list") if p["package_name"] == "walvault"]
+        assert provider["description"].startswith("Verify, back up and retain")
+        hooks = {h["connection_type"]: h for h in listing("providers", "hooks")}
+        assert hooks["walvault_repo"]["class"] == "walvault_provider.hooks.walvault.WalvaultRepoHook"
+        assert hooks["tarantool"]["class"] == "walvault_provider.hooks.tarantool.TarantoolHook"
+        assert {"walvault_repo", "tarantool"} <= {b["field_behaviours"] for b in listing("providers", "behaviours")}
+        widgets = {w["connection_parameter_name"] for w in listing("providers", "widgets")}
+        assert {"extra__walvault_repo__url", "extra__walvault_repo__options"} <= widgets
+
+        for conn_id in ("walvault_repo", "tt_live"):
+            proc = airflow("connections", "test", conn_id)
+            assert proc.returncode == 0 and "Connection success!" in proc.stdout, proc.stdout + proc.stderr
+        proc = airflow("connections", "test", "tt_wrong")
+        assert proc.returncode == 1 and "Connection failed!" in proc.stdout, proc.stdout + proc.stderr
+        assert f"127.0.0.1:{tt.port}" in proc.stdout and "not-its-password" not in proc.stdout + proc.stderr
+    finally:
+        tt.stop()
 
 
 def test_a_spark_plan_is_private_from_its_first_byte(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -45,6 +46,7 @@ OPERATOR_ENV = {
     "WALVAULT_SOURCES_DIR": "/srv/test-walvault/sources",
     "WALVAULT_REPOSITORY_DIR": "/srv/test-walvault/repository",
     "WALVAULT_TARANTOOL_MAIN": "tarantool://walvault:tt-test-secret@tarantool.test.internal:3301",
+    "WALVAULT_ADMIN_PASSWORD": "admin-test-secret-1312",
 }
 REQUIRED = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?", COMPOSE.read_text())))
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|_KEY)$")  # POSTGRES_PASSWORD, ..._JWT_SECRET, ..._FERNET_KEY
@@ -298,6 +300,95 @@ def test_startup_order_migration_first_and_health_checks(rendered):
             if how.get("condition") == "service_healthy":
                 assert services[dependency].get("healthcheck", {}).get("test"), \
                     f"{name} waits for {dependency} to be healthy, which has no healthcheck"
+
+
+# --- who reaches the UI ----------------------------------------------------------------------------------------
+
+def published(rendered: dict, name: str) -> list[tuple[str, int]]:
+    """(host address, host port) of each port service `name` publishes; "" for every interface."""
+    found = []
+    for item in rendered["services"][name].get("ports") or []:
+        if isinstance(item, dict):
+            found.append((str(item.get("host_ip", "")), int(item["published"])))
+            continue
+        parts = str(item).split("/")[0].split(":")
+        found.append((parts[0] if len(parts) == 3 else "", int(parts[-2] if len(parts) > 1 else parts[0])))
+    return found
+
+
+def test_every_port_is_published_on_loopback_unless_walvault_ui_bind_says_otherwise(rendered, tmp_path):
+    """The UI (and Spark's) listen on the host's 127.0.0.1 by default: reaching them from elsewhere is a choice the
+    operator makes (WALVAULT_UI_BIND), not what `up` does."""
+    api = one(rendered, "api-server")
+    for name in rendered["services"]:
+        for address, _port in published(rendered, name):
+            assert address == "127.0.0.1", f"{name} publishes a port on {address or 'every interface'}"
+    assert [port for _, port in published(rendered, api)] == [DEFAULT_API_PORT]
+    proc = run_compose("config", env={**OPERATOR_ENV, "WALVAULT_UI_BIND": "0.0.0.0", "AIRFLOW_API_PORT": "8443"},
+                       tmp=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    told = yaml.safe_load(proc.stdout)
+    assert published(told, api) == [("0.0.0.0", 8443)]
+    assert published(told, one(told, "spark-master")) == published(rendered, one(rendered, "spark-master"))
+
+
+FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+
+def test_logins_are_the_fab_auth_managers_with_an_admin_from_the_operators_environment(rendered):
+    """No development login ships: every Airflow process uses the FAB auth manager (users in the metadata
+    database), which the lock installs in the image; the simple auth manager's users and passwords file are gone;
+    airflow-init creates the admin from the operator's WALVAULT_ADMIN_* after migrating the database."""
+    import importlib
+
+    lock = (REPO / "requirements.lock").read_text()
+    assert re.search(r"^apache-airflow-providers-fab==\S+$", lock, re.M), "the image would lack the FAB provider"
+    module, name = FAB_AUTH_MANAGER.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name)
+    for service in airflow_services(rendered):
+        env = env_of(rendered, service)
+        assert env.get("AIRFLOW__CORE__AUTH_MANAGER") == FAB_AUTH_MANAGER, service
+        assert not [k for k in env if "SIMPLE_AUTH_MANAGER" in k], f"{service}: simple auth manager settings"
+    init = one(rendered, "airflow-init")
+    env, script = env_of(rendered, init), " ".join(_command(rendered["services"][init]))
+    assert env["WALVAULT_ADMIN_PASSWORD"] == OPERATOR_ENV["WALVAULT_ADMIN_PASSWORD"]
+    assert env["WALVAULT_ADMIN_USER"] == "admin"
+    assert script.index("airflow db migrate") < script.index("airflow users create --role Admin")
+    api = env_of(rendered, one(rendered, "api-server"))
+    assert api.get("AIRFLOW__CORE__TEST_CONNECTION") == "Enabled", "the connection form's Test button is off"
+    repository = mount_holding(rendered, one(rendered, "api-server"), "/data/repository")
+    assert repository is not None and repository.read_only, "the Test button reads the repository, read-only"
+
+
+def test_the_init_migrates_and_creates_the_admin_once(rendered, tmp_path):
+    """airflow-init's own script, run here on SQLite with its paths under a temporary directory: the FAB auth
+    manager's tables are made and the admin exists with the Admin role; a second start keeps it and succeeds."""
+    init = one(rendered, "airflow-init")
+    script = _command(rendered["services"][init])[-1].replace("$$", "$").replace("/data/", f"{tmp_path}/data/")
+    for directory in ("repository", "work"):
+        (tmp_path / "data" / directory).mkdir(parents=True)
+    bin_dir = Path(sys.executable).parent
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}, **env_of(rendered, init),
+           "AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path / 'airflow.db'}",
+           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for attempt in ("first", "second"):
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{attempt} start: {(proc.stdout + proc.stderr)[-3000:]}"
+    assert "admin already exists" in proc.stdout, proc.stdout[-2000:]
+    proc = subprocess.run([str(bin_dir / "airflow"), "users", "list", "--output", "json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    users = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("[{")))
+    assert [(u["username"], u["roles"]) for u in users] == [("admin", ["Admin"])], users
+    # the operator's password logs the admin in, as the UI's login form checks it; another does not
+    check = ("import sys\n"
+             "from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder\n"
+             "with get_application_builder() as appbuilder, appbuilder.app.test_request_context():\n"
+             "    print([appbuilder.sm.auth_user_db('admin', p) is not None for p in sys.argv[1:]])\n")
+    proc = subprocess.run([sys.executable, "-c", check, OPERATOR_ENV["WALVAULT_ADMIN_PASSWORD"], "admin"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    # Airflow logs to stdout too: the answer is a line of its own
+    assert "[True, False]" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 # --- what the DAGs need ---------------------------------------------------------------------------------------

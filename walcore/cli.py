@@ -163,6 +163,22 @@ COMMANDS = (
             "start a real tarantool on it (where installed) and check the recorded vclock; limestone: check the "
             "restored directory, its durable epoch and entries. Exit 1 when the drill fails."),
     Command("backups", rq.BackupsRequest, "list the repository's backups, oldest first", (*REPO, JSON)),
+    Command("status", rq.StatusRequest, "per source: its newest good backup, archive, lag, recovery window and "
+            "drill; as text, JSON or Prometheus metrics",
+            (*REPO, JSON, Arg("--prometheus", action="store_true", help="print the Prometheus text exposition"),
+             Arg("--textfile", type=Path, metavar="PATH", help="also write the exposition to PATH, atomically (node "
+                 "exporter's textfile collector reads *.prom)"),
+             Arg("--serve", metavar="HOST:PORT", help="serve the exposition at http://HOST:PORT/metrics, taken anew "
+                 "for each scrape, until stopped"),
+             Arg("--max-backup-age", type=float, metavar="HOURS",
+                 help="a source whose newest good backup is older is stale (default 26)"),
+             Arg("--max-archive-lag", type=float, metavar="MINUTES",
+                 help="a source whose archive lags its directory on this host by more is stale (default 60)")),
+            description="Per source of the repository: the newest backup that restores (its id, age and position), "
+            "how far the archive reaches and how old that is, how far it lags the source directory where that is "
+            "on this host, whether the retention policy's recovery window is covered (by which anchor), and the "
+            "last drill's verdict; and the repository's bytes by kind. Exit 1 when a source is stale, uncovered "
+            "or failed its last drill."),
     Command("restore", rq.RestoreRequest, "restore a backup into an empty directory (optionally to a point in time)",
             (Arg("backup", metavar="BACKUP", help="a backup id, or latest"),
              Arg("target", type=Path, metavar="TARGET", help="an empty or missing directory"), *REPO,

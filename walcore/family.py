@@ -68,6 +68,16 @@ class Family(Protocol):
     def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
         """When an archived file's log ends, by the log's own time (None: it does not say)."""
 
+    def archive_reach(self, repo: Repository, instance: str, source: dict,
+                      entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
+        """How far the archive of one source directory (`source`: a manifest's host and path; `entries`: its
+        archive records) reaches in the log: (rank, the position as reports say it, when that point was written
+        by the log's own time, None where the log does not say); None: it holds no log."""
+
+    def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
+        """How far a source directory on this host reaches in the log, as archive_reach says it (None: it holds
+        no log); read from its newest files only."""
+
     def restored_name(self, entry: FileEntry) -> str:
         """Where a file of a backup goes in a restore: its place in the family's layout."""
 

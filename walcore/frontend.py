@@ -4,7 +4,8 @@ result with the command's renderer, and say the exit code (`run`); or take the r
 
 Exit codes, for every command: 0 done and intact; 1 findings, or refused for a stated reason (repair and
 rotate because of what was found; a backup whose set would not restore, a restore into a non-empty
-directory, a damaged stored object, a lease held by another backup); 2 nothing could be checked or done
+directory, a damaged stored object, a lease held by another backup), or for status a source stale, uncovered or
+failing its last drill; 2 nothing could be checked or done
 (a path is missing or unreadable, holds no WAL files, is in use by a running limestone, the repository or
 a running Tarantool cannot be reached, --repo names a location holding no repository — only `init` makes one —,
 or the command line is wrong).
@@ -442,10 +443,83 @@ def _restore(request: rq.RestoreRequest, runner) -> int:
     return EXIT_OK
 
 
+def _status_result(request: rq.StatusRequest, runner):
+    from .command.status import HOUR, MINUTE, status
+
+    return status(_repository(request), max_backup_age=request.max_backup_age * HOUR,
+                  max_archive_lag=request.max_archive_lag * MINUTE)
+
+
+def _status(request: rq.StatusRequest, runner) -> int:
+    from .command.status import exposition, serve, write_textfile
+
+    if request.serve is not None:
+        host, port = rq.serve_address(request.serve)
+        _repository(request)  # a wrong --repo is said now, not at the first scrape
+        serve(host, port, lambda: exposition(_status_result(request, runner)),
+              ready=lambda address: print(f"walvault: serving http://{request.serve.rpartition(':')[0]}:{address[1]}"
+                                          "/metrics until stopped", file=sys.stderr, flush=True))
+        return EXIT_OK
+    result = _status_result(request, runner)
+    for warning in result.warnings:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
+    if request.textfile is not None:
+        write_textfile(request.textfile, exposition(result))
+    if request.json:
+        print_json(result.to_json())
+    elif request.prometheus:
+        sys.stdout.write(exposition(result))
+    else:
+        print("\n".join(_status_lines(result)))
+    return EXIT_OK if result.ok else EXIT_FINDINGS
+
+
+def _position(position: dict) -> str:
+    """A position as people read it: vclock {0: 9, 1: 1149}, epoch 40."""
+    return ", ".join(f"{kind} " + ("{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+                                   if isinstance(value, dict) else str(value)) for kind, value in position.items())
+
+
+def _status_lines(result) -> list[str]:
+    from .command.status import duration
+
+    sizes = ", ".join(f"{kind} {n:,}" for kind, n in result.bytes.items() if n)
+    lines = [f"repository {result.repository}: {sum(result.bytes.values()):,} bytes ({sizes or 'empty'})",
+             f"recovery window: {result.policy_days} days" if result.policy_days is not None
+             else "recovery window: no policy stored, not judged"]
+    for s in result.sources:
+        where = f"{s.host}:{s.path}" if s.path else "(directory not recorded)"
+        lines.append(f"{s.family} {s.instance} {where}: {'OK' if s.ok else 'PROBLEM'}")
+        if s.backup:
+            b = s.backup
+            lines.append(f"  backup   {b['id']} ({b['type']}), {duration(b['age_seconds'])} old, restores to "
+                         f"{_position(b['position'])}")
+        a = s.archive
+        lines.append(f"  archive  reaches {_position(a['position'])}" + (f", written {duration(a['age_seconds'])} ago"
+                                                              if a['age_seconds'] is not None else "")
+                     if a else "  archive  empty")
+        if s.source is None:
+            lines.append("  source   not on this host: its archive lag is not judged")
+        else:
+            lag = "unknown" if s.archive_lag_seconds is None else duration(s.archive_lag_seconds)
+            lines.append(f"  source   reaches {_position(s.source['position'])}; the archive lags it by {lag}")
+        if s.window is not None:
+            anchor = s.window["anchor"]
+            lines.append(f"  window   covered by {anchor['name']} at {_position(anchor['position'])} ({anchor['time']})"
+                         if anchor else f"  window   UNCOVERED since {s.window['start']}")
+        d = s.drill
+        lines.append(f"  drill    {d['status']} {d['time']} (backup {d['backup']})" if d else "  drill    never")
+        lines += [f"  problem: {p}" for p in s.problems]
+    if not result.sources:
+        lines.append("no sources")
+    return lines
+
+
 COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequest: _rotate,
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
             rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
-            rq.RestoreRequest: _restore}
+            rq.RestoreRequest: _restore, rq.StatusRequest: _status}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
-           rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result}
+           rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result,
+           rq.StatusRequest: _status_result}

@@ -335,3 +335,44 @@ class RestoreRequest(_RepoRequest):
                       if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or point(self.to))
                       else None,
                       super().problem())
+
+
+@dataclass(kw_only=True)
+class StatusRequest(_RepoRequest):
+    """Thresholds in hours and minutes, as people set them; walcore.command.status judges in seconds."""
+    command, not_done = "status", "no status"
+    prometheus: bool = False
+    textfile: Path | None = None
+    serve: str | None = None  # HOST:PORT
+    max_backup_age: float = 26.0  # hours: a daily backup and its run time
+    max_archive_lag: float = 60.0  # minutes
+
+    def problem(self):
+        return _first("--json and --prometheus: give one" if self.json and self.prometheus else None,
+                      "--serve answers scrapes; it takes no --json or --textfile" if self.serve is not None
+                      and (self.json or self.textfile is not None) else None,
+                      _address_problem(self.serve),
+                      f"--textfile {self.textfile}: its directory does not exist" if self.textfile is not None
+                      and not Path(self.textfile).parent.is_dir() else None,
+                      _threshold_problem("--max-backup-age", self.max_backup_age),
+                      _threshold_problem("--max-archive-lag", self.max_archive_lag),
+                      super().problem())
+
+
+def serve_address(text: str) -> tuple[str, int] | None:
+    """(host, port) of a --serve HOST:PORT ([::1]:PORT for IPv6); None when it names none."""
+    host, _, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        return None
+    return host, int(port)
+
+
+def _address_problem(serve: str | None) -> str | None:
+    return f"--serve {serve!r} is not HOST:PORT (e.g. 127.0.0.1:9477)" if serve is not None \
+        and serve_address(serve) is None else None
+
+
+def _threshold_problem(option: str, value: float) -> str | None:
+    return None if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 \
+        else f"{option} must be a positive number"

@@ -35,6 +35,22 @@ connections, which the file names. Every error names the key at fault.
     spark:
       connections: [spark_default]     # Spark connections (local[2] embedded, a master in production); the first
                                        # is the default, the backup form offers them all
+    runs:                              # how the DAGs' tasks are owned, retried and bounded
+      owner: walvault                  # the tasks' owner (the UI's Owner column)
+      retries: 3                       # a task failing for a passing cause (a lease held, the repository, a
+      retry_delay_minutes: 5           # Tarantool or the Spark master unreachable) is retried after 5, 10, 20
+      max_retry_delay_minutes: 30      # minutes (doubled, at most this); a verdict (damage, a refusal) never is
+      lease_wait_minutes: 5            # how long a task waits for a lease another command holds before it is
+                                       # retried: a waiting task holds a worker slot, a task waiting to retry none
+      task_timeout_minutes: {backup: 360}   # per DAG: execution_timeout of each of its tasks
+      run_timeout_minutes: {backup: 720}    # per DAG: dagrun_timeout, the whole run with its retries
+    notify:                            # optional: no mail without it
+      smtp:
+        connection: smtp_default       # an Airflow SMTP connection: host, port, login, password, TLS (extra)
+        from: walvault@example.com     # optional: else the connection's `from_email` extra
+        to: [oncall@example.com]
+      events: [failure, recovery]      # a task failed; a run succeeded after the DAG's previous run failed (the
+                                       # key is not `on`: YAML reads that as true)
 """
 
 from __future__ import annotations
@@ -51,10 +67,16 @@ FAMILIES = ("tarantool", "limestone")
 DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "0 1 * * *", "snapshot": "0 2 * * *",
                      "retention": "0 4 * * *", "restore_drill": "0 5 * * 0"}
 DEFAULT_ROTATE_MIN_BYTES = 64 << 20
+# Per DAG (minutes): execution_timeout of each task (the longest: a full backup or a drill of a big source), and
+# dagrun_timeout (room for the retries). An archive runs every 15 minutes: it is bounded under its next runs'.
+DEFAULT_TASK_TIMEOUTS = {"archive": 60, "backup": 360, "snapshot": 180, "retention": 120, "restore_drill": 360}
+DEFAULT_RUN_TIMEOUTS = {"archive": 120, "backup": 720, "snapshot": 360, "retention": 240, "restore_drill": 720}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a task id part as it is: no two names make one id
 _CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
 _SECRET_WORDS = ("password", "secret", "token", "access_key", "private_key")
+NOTIFY_EVENTS = ("failure", "recovery")
+_ADDRESS = re.compile(r"[^@\s,;<>]+@[^@\s,;<>]+")  # one bare address: a list in one string would be split unseen
 
 
 class ConfigError(ValueError):
@@ -71,6 +93,48 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Runs:
+    """How the DAGs' tasks are owned, retried and bounded (the `runs` section)."""
+    owner: str = "walvault"
+    retries: int = 3
+    retry_delay_minutes: float = 5
+    max_retry_delay_minutes: float = 30
+    lease_wait_minutes: float = 5
+    task_timeout_minutes: dict = field(default_factory=lambda: dict(DEFAULT_TASK_TIMEOUTS))
+    run_timeout_minutes: dict = field(default_factory=lambda: dict(DEFAULT_RUN_TIMEOUTS))
+
+    @property
+    def lease_wait(self) -> float:
+        """Seconds a task waits for a lease before it fails to be retried (walcore's `wait`)."""
+        return self.lease_wait_minutes * 60
+
+    def default_args(self, dag: str) -> dict:
+        """The default_args of the DAG `dag` (a key of DEFAULT_SCHEDULES): owner, retries with back-off, and each
+        task's execution_timeout. A verdict raises AirflowFailException, which no retry follows."""
+        from datetime import timedelta
+
+        return {"owner": self.owner, "retries": self.retries,
+                "retry_delay": timedelta(minutes=self.retry_delay_minutes), "retry_exponential_backoff": 2.0,
+                "max_retry_delay": timedelta(minutes=self.max_retry_delay_minutes),
+                "execution_timeout": timedelta(minutes=self.task_timeout_minutes[dag])}
+
+    def dagrun_timeout(self, dag: str):
+        from datetime import timedelta
+
+        return timedelta(minutes=self.run_timeout_minutes[dag])
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Where failure and recovery mail goes (walvault_provider.notifications): the SMTP server and its credentials
+    are the Airflow connection's, never this file's."""
+    to: tuple[str, ...]
+    events: frozenset[str] = frozenset(NOTIFY_EVENTS)
+    connection: str = "smtp_default"
+    sender: str | None = None  # None: the connection's `from_email` extra
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     sources: tuple[Source, ...]
@@ -81,6 +145,13 @@ class Config:
     full_every_days: float = 7
     repository_create: bool = False  # whether the DAGs may create a missing repository
     late_after_minutes: float = 30  # a scheduled run starting later than this after its time only plans
+    runs: Runs = field(default_factory=Runs)
+    notify: Notify | None = None  # None: no mail
+
+    @property
+    def families(self) -> list[str]:
+        """The configured sources' families: the DAGs' tags."""
+        return sorted({s.family for s in self.sources})
 
     @property
     def spark_connection(self) -> str:
@@ -155,9 +226,10 @@ def parse(raw, path: Path) -> Config:
         raise ConfigError(f"{where}: {key}: {message}")
 
     if not isinstance(raw, dict):
-        fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark)")
+        fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark, runs, "
+             "notify)")
     _no_secrets(raw, "", fail)
-    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark"), "", fail)
+    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs", "notify"), "", fail)
     backup = _section(raw, "backup", ("full_every_days",), fail)
     repository = _section(raw, "repository", ("connection", "create"), fail)
     retention = _section(raw, "retention", ("days",), fail)
@@ -228,7 +300,63 @@ def parse(raw, path: Path) -> Config:
     if isinstance(full_every, bool) or not isinstance(full_every, (int, float)) or not 0 < full_every <= 366:
         fail("backup.full_every_days", f"{full_every!r} is not a number of days (more than 0, at most 366)")
     return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
-                  float(full_every), repository_create, float(late_after))
+                  float(full_every), repository_create, float(late_after), _runs(raw, fail),
+                  _notify(raw, fail))
+
+
+def _runs(raw: dict, fail) -> Runs:
+    section = _section(raw, "runs", tuple(Runs.__dataclass_fields__), fail)
+    owner = section.get("owner", Runs.owner)
+    if not isinstance(owner, str) or not owner.strip():
+        fail("runs.owner", f"{owner!r} is not a name")
+    retries = section.get("retries", Runs.retries)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+        fail("runs.retries", f"{retries!r} is not a number of retries (0 to 20)")
+    minutes = {}
+    for key in ("retry_delay_minutes", "max_retry_delay_minutes", "lease_wait_minutes"):
+        value = section.get(key, getattr(Runs, key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1440:
+            fail(f"runs.{key}", f"{value!r} is not a number of minutes (0 to 1440)")
+        minutes[key] = float(value)
+    timeouts = {}
+    for key, defaults in (("task_timeout_minutes", DEFAULT_TASK_TIMEOUTS),
+                          ("run_timeout_minutes", DEFAULT_RUN_TIMEOUTS)):
+        given = _section(section, key, tuple(defaults), lambda k, m: fail(f"runs.{k}", m))
+        for dag, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 10080:
+                fail(f"runs.{key}.{dag}", f"{value!r} is not a number of minutes (more than 0, at most a week)")
+        timeouts[key] = {**defaults, **{dag: float(value) for dag, value in given.items()}}
+    return Runs(owner.strip(), retries, **minutes, **timeouts)
+
+
+def _notify(raw: dict, fail) -> Notify | None:
+    if raw.get("notify") is None:
+        return None
+    if isinstance(raw["notify"], dict) and True in raw["notify"]:
+        fail("notify.on", "YAML reads the key `on` as true: the events are listed under `events`")
+    notify = _section(raw, "notify", ("smtp", "events"), fail)
+    if not isinstance(notify.get("smtp"), dict):
+        fail("notify.smtp", "a mapping (connection, from, to): the one notifier shipped")
+    smtp = _section(notify, "smtp", ("connection", "from", "to"), lambda key, message: fail(f"notify.{key}", message))
+    connection = smtp.get("connection", "smtp_default")
+    if not _conn_id(connection):
+        fail("notify.smtp.connection", f"{connection!r} is not an Airflow connection id")
+    sender = smtp.get("from")
+    if sender is not None and not (isinstance(sender, str) and _ADDRESS.fullmatch(sender)):
+        fail("notify.smtp.from", f"{sender!r} is not one mail address")
+    to = smtp.get("to")
+    if not isinstance(to, list) or not to:
+        fail("notify.smtp.to", "a list of at least one mail address")
+    for i, address in enumerate(to):
+        if not (isinstance(address, str) and _ADDRESS.fullmatch(address)) or address in to[:i]:
+            fail(f"notify.smtp.to[{i}]", f"{address!r} is not one mail address, or is listed twice")
+    events = notify.get("events", list(NOTIFY_EVENTS))
+    if not isinstance(events, list) or not events:
+        fail("notify.events", f"a list of at least one of {', '.join(NOTIFY_EVENTS)}")
+    for i, event in enumerate(events):
+        if event not in NOTIFY_EVENTS or event in events[:i]:
+            fail(f"notify.events[{i}]", f"{event!r} is not one of {', '.join(NOTIFY_EVENTS)}, or is listed twice")
+    return Notify(tuple(to), frozenset(events), connection, sender)
 
 
 def _conn_id(value) -> bool:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
 from walcore.fsutil import write_atomic
 
@@ -50,6 +50,11 @@ def work_dir(run_id: str, task: str) -> Path:
     return path
 
 
+def plan_name(run_id: str, plan_arg: str) -> str:
+    """The name the DAG gave a plan (`plan_arg` is `@<plan file>`): its work directory's, less the run's prefix."""
+    return Path(plan_arg.removeprefix("@")).parent.name.removeprefix(_run_prefix(run_id))
+
+
 def stop_jobs(run_id: str, timeout: float = 5) -> list[int]:
     """Stop every process of a run's jobs still running (a run marked failed or stopped leaves them behind):
     each process whose command line or environment names one of the run's work directories (spark-submit and
@@ -80,8 +85,9 @@ def committed(run_id: str) -> list[dict]:
     return found
 
 
-class StoppedJobs(AirflowException):
-    """A run's teardown found jobs of the run still running and stopped them: the run was stopped under them."""
+class StoppedJobs(AirflowFailException):
+    """A run's teardown found jobs of the run still running and stopped them: the run was stopped under them (not
+    retried: a retry would find nothing to stop and turn the teardown green)."""
 
 
 def clean_up(run_id: str, ti=None) -> dict:
@@ -109,12 +115,16 @@ def clean_up(run_id: str, ti=None) -> dict:
 
 
 def check_connection(conn_id: str) -> None:
-    """The Spark connection must exist and be of type spark: a missing one would silently mean master yarn."""
+    """The Spark connection must exist and be of type spark: a missing one would silently mean master yarn. Either
+    fault is the configuration's, which no retry mends (AirflowFailException)."""
     from airflow.sdk import BaseHook
 
-    conn = BaseHook.get_connection(conn_id)
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as e:
+        raise AirflowFailException(str(e)) from None
     if conn.conn_type != "spark":
-        raise AirflowException(f"the Spark connection {conn_id!r} is of type {conn.conn_type!r}, not spark")
+        raise AirflowFailException(f"the Spark connection {conn_id!r} is of type {conn.conn_type!r}, not spark")
 
 
 def _output(directory: Path) -> Path:

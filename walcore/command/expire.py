@@ -38,40 +38,21 @@ from dataclasses import dataclass, field
 from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
-from ..repository import STAMP, Repository, RepositoryError, stamp_seconds, walvault_version
+from ..repository import Repository, RepositoryError, stamp_seconds, walvault_version
 from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
+from ..retention import (DAY, check_days, describe_anchor, iso, restorable_backups, stored_policy,
+                         window_anchor)
 
-DAY = 86400.0
-MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
 LOG_KINDS = ("xlog", "snap", "pwal_rotated", "epoch_rotated")
 CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
 
 
 class NoPolicy(RuntimeError):
     """No --days and no policy stored in the repository: nothing is deleted without one."""
-
-
-def check_days(value) -> float:
-    """A recovery window in days: a number from 1 to MAX_DAYS (ValueError naming what is wrong)."""
-    try:
-        days = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"the window {value!r} is not a number of days") from None
-    if isinstance(value, bool) or not math.isfinite(days):
-        raise ValueError(f"the window {value!r} is not a finite number of days")
-    if days < 1:
-        raise ValueError(f"the window {value!r} is below one day: it would expire what was just written")
-    if days > MAX_DAYS:
-        raise ValueError(f"the window {value!r} is over {MAX_DAYS} days")
-    return int(days) if days.is_integer() else days
-
-
-def iso(seconds: float | None) -> str | None:
-    return None if seconds is None else time.strftime(STAMP, time.gmtime(seconds))
 
 
 @dataclass
@@ -130,18 +111,6 @@ class ExpireResult:
         return {"policy": {"days": self.days}, "as_of": iso(self.as_of), "applied": self.applied,
                 "sources": [s.to_json() for s in self.sources], "deleted": self.deleted, "audit": self.audit,
                 "warnings": self.warnings}
-
-
-def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
-    """The policy stored in the repository (None: none) and, when its main file is damaged and the copy was
-    read, a warning naming the damaged file and how to restore both; ManifestError when neither file is good."""
-    loaded = repo.load_policy()
-    if loaded is None:
-        return None, None
-    if loaded.problem is None:
-        return loaded.obj, None
-    return loaded.obj, (f"{loaded.problem}; the policy was read from {loaded.used}: set it again to restore both "
-                        f"files: walvault policy --repo {repo.display} --days {loaded.obj.get('days')}")
 
 
 def resolve_policy(repo: Repository, days) -> tuple[float, str | None]:
@@ -267,8 +236,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     fam = family_named(family)
     records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
-    stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
-    restorable = {m.id: _restorable(repo, m, stored) for m in manifests}
+    restorable = restorable_backups(repo, family, instance, manifests)
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
     identities: dict[tuple, list[BackupManifest]] = {}
@@ -277,16 +245,16 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     anchors: dict[tuple, BackupManifest | None] = {}
     kept: dict[str, str] = {}
     for identity, own in sorted(identities.items(), key=lambda i: max(fam.position_key(m) for m in i[1])):
-        anchor = _anchor(fam, [m for m in own if restorable[m.id]], window_start)
+        anchor = window_anchor(fam, [m for m in own if restorable[m.id]], window_start)
         anchors[identity] = anchor
         plan.identities.append({"host": identity[2], "path": identity[3],
-                                "anchor": _describe_anchor(fam, anchor) if anchor is not None else None})
+                                "anchor": describe_anchor(fam, anchor) if anchor is not None else None})
         for backup_id, why in _keep_backups(fam, own, restorable, anchor, window_start, repo).items():
             kept.setdefault(backup_id, why)
     # The identity of the newest backup speaks for the instance where one anchor is shown.
     shown = next((a for a in reversed(list(anchors.values())) if a is not None), None)
     if shown is not None:
-        plan.anchor = _describe_anchor(fam, shown)
+        plan.anchor = describe_anchor(fam, shown)
     plan.anchor_files = [e for a in anchors.values() if a is not None for e in a.files]
     referenced = {e.stored for m in manifests if m.id in kept for e in m.files}
     for m in sorted(manifests, key=lambda m: fam.position_key(m), reverse=True):
@@ -301,7 +269,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
                                     "of its source before it, and no kept backup's parent", {"position": m.position},
-                                    _describe_anchor(fam, anchor), (0, len(plan.delete)), backup_id=m.id,
+                                    describe_anchor(fam, anchor), (0, len(plan.delete)), backup_id=m.id,
                                     fingerprint=_manifest_bytes(repo, prefix)))
     for r in records:
         if not r.complete and shown is not None:  # an uncovered source is left as it is, garbage included
@@ -320,29 +288,6 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
         plan.keep += [{"path": i.path, "kind": i.kind, "reason": plan.blocked} for i in plan.delete]
         plan.delete = []
     return plan
-
-
-def _restorable(repo: Repository, m: BackupManifest, stored: set[str]) -> bool:
-    """Its parent chain reads and every object its manifest names is there."""
-    try:
-        repo.chain(m)
-    except RepositoryError:
-        return False
-    return all(e.stored in stored for e in m.files)
-
-
-def _anchor(fam: Family, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
-    candidates = []
-    for m in manifests:
-        snap = fam.snapshot_of(m)
-        if snap is not None and snap[1] <= window_start:
-            candidates.append((fam.snapshot_rank(snap[0]), m.finished, m.id, m))
-    return max(candidates, key=lambda c: c[:3])[3] if candidates else None
-
-
-def _describe_anchor(fam: Family, m: BackupManifest) -> dict:
-    position, taken = fam.snapshot_of(m)
-    return {"name": m.id, "position": fam.describe_position(position), "time": iso(taken)}
 
 
 def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict[str, bool],

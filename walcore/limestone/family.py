@@ -12,7 +12,7 @@ from pathlib import Path
 from ..backup_common import ArchiveItem
 from ..findings import Refused
 from ..repository import Repository, stamp_seconds, utc_now
-from ..repository.archive import complete_name, source_key
+from ..repository.archive import archive_complete, complete_name, source_key
 from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
 from .layout import REWRITTEN_KINDS, dir_instance, restored_name
 
@@ -81,6 +81,37 @@ class Limestone:
         from .layout import rotation_time
 
         return rotation_time(entry.name)
+
+    def archive_reach(self, repo: Repository, instance: str, source: dict,
+                      entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
+        """The epoch up to which every channel of the directory is archived (archive-complete; else the furthest
+        archived epoch), and the newest rotation time of an archived file at or below it."""
+        from .layout import rotation_time
+
+        logs = [e for e in entries if e.kind in ("pwal_rotated", "epoch_rotated") and e.range.get("epochs")]
+        epoch = archive_complete(repo, self.name, instance, source)
+        if epoch is None:  # not recorded (an older walvault's archive): as far as an archived file reaches
+            epoch = max((e.range["epochs"][1] for e in logs), default=None)
+        if epoch is None:
+            return None
+        times = [t for e in logs if e.range["epochs"][1] <= epoch and (t := rotation_time(e.name)) is not None]
+        return epoch, self.describe_position(epoch), max(times, default=None)
+
+    def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
+        """The durable epoch of the directory's epoch files, and when the one holding it was last written."""
+        from .epoch import scan_epoch
+        from .layout import kind_of
+
+        found = []  # (epoch, when written)
+        for path in Path(source).iterdir():
+            if kind_of(path.name) in ("epoch", "epoch_rotated") and path.is_file():
+                epoch = scan_epoch(path.read_bytes()).durable_epoch
+                if epoch is not None:
+                    found.append((epoch, path.stat().st_mtime))
+        if not found:
+            return None
+        epoch, written = max(found)
+        return epoch, self.describe_position(epoch), written
 
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The sealed files of each checked directory of a report (rotated pwal and epoch files, blobs, each content

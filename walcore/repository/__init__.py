@@ -31,8 +31,8 @@ from pathlib import Path
 
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
-from .manifest import (MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError, decode_checked,
-                       encode_checked, ensure_info, load_checked, read_info, save_checked)
+from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
+                       decode_checked, encode_checked, ensure_info, load_checked, read_info, save_checked)
 from .storage import RepositoryError, Storage, UnsafeName, check_name, open_storage
 
 FAMILIES = ("tarantool", "limestone")
@@ -101,6 +101,22 @@ class BackupRecord:
 # How long a fence stays where an interrupted backup's leftovers were. A writer paused longer than this, right
 # between proving its lease and its commit, is the one case it no longer stops.
 FENCE_KEEP = 7 * 86400.0
+
+
+# What bytes_by_kind tells apart: backups (and snapshots), the archive, the verification ledger, verification
+# reports, the expiry audit log, leases, the repository's own records (walvault.repo, walvault.policy), other.
+BYTE_KINDS = ("backups", "archive", "ledger", "reports", "audit", "locks", "metadata", "other")
+_TOP_KINDS = {"reports": "reports", "audit": "audit", "locks": "locks"}
+_SOURCE_KINDS = {"backups": "backups", "archive": "archive", "archive-complete.json": "archive", "ledger": "ledger"}
+
+
+def _kind_of_object(name: str) -> str:
+    parts = name.split("/")
+    if len(parts) == 1:
+        return "metadata" if parts[0].removesuffix(COPY_SUFFIX) in (INFO_NAME, POLICY_NAME) else "other"
+    if parts[0] in FAMILIES and len(parts) >= 3:
+        return _SOURCE_KINDS.get(parts[2], "other")
+    return _TOP_KINDS.get(parts[0], "other")
 
 
 def is_backup_id(text: str) -> bool:
@@ -438,6 +454,16 @@ class Repository:
         if chain[0].type not in ("full", "snapshot") or any(m.type == "snapshot" for m in chain[1:]):
             raise RepositoryError(f"backup {manifest.id}: its chain does not start with a full backup")
         return chain
+
+    # -- what the repository holds
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """The bytes the repository holds, by kind (BYTE_KINDS): every object counted once, by where it is in the
+        layout above."""
+        found = dict.fromkeys(BYTE_KINDS, 0)
+        for name, size in self.storage.sizes().items():
+            found[_kind_of_object(name)] += size
+        return found
 
     # -- the ledger: what verifying a file's bytes found, by their SHA-256
 

@@ -73,6 +73,14 @@ def split_archive(repo: Repository, family: str, instance: str, source: dict,
     return (own if other else own + unknown), everyone
 
 
+def archive_origins(repo: Repository, family: str, instance: str) -> set[tuple[str | None, str]]:
+    """The (host, source directory) each readable archive record of the instance says it came from (a record of
+    an older walvault that does not say is left out)."""
+    prefix = f"{repo.source_dir(family, instance)}/archive"
+    loaded = (_load_raw(repo, n) for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX))
+    return {origin for record in loaded if record is not None and (origin := _record_origin(*record)) is not None}
+
+
 def _holds(root: Path | None, entry: FileEntry) -> bool:
     if root is None or not (root / entry.name).is_file() or (root / entry.name).stat().st_size != entry.size:
         return False

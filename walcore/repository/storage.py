@@ -272,6 +272,18 @@ class Storage(ABC):
         root = self._base(None).rstrip("/") + "/"
         return sorted(p[len(root):] for p in found if p.startswith(root))
 
+    def sizes(self) -> dict[str, int]:
+        """Every object under this storage's root and its size in bytes, by name (as `list` names them)."""
+        base = self._base(None)
+        try:
+            found = self.fs.find(base, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return {}
+        except Exception as e:
+            raise self.error(f"cannot list {self.prefix}", e) from None
+        root = base.rstrip("/") + "/"
+        return {p[len(root):]: int(info.get("size") or 0) for p, info in found.items() if p.startswith(root)}
+
     def list_dirs(self, prefix: str) -> list[str]:
         """The names of the directories right under a prefix (for an object store: common prefixes)."""
         base = self.full(prefix)

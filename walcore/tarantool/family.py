@@ -102,6 +102,48 @@ class Tarantool:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def archive_reach(self, repo: Repository, instance: str, source: dict,
+                      entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
+        """The furthest end vclock of the archived xlog and snap files, and the time of that file's last row."""
+        logs = [(sum(vclock_from_json(e.range["vclock"][1]).values()), e) for e in entries
+                if e.kind in ("xlog", "snap") and e.range.get("vclock")]
+        if not logs:
+            return None
+        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind == "xlog"))
+        return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
+
+    def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
+        """The newest xlog's end vclock (an active one too) and the time of the log's last row; a data dir without
+        xlogs reaches as far as its newest snapshot."""
+        from .check import file_verdict
+        from .layout import discover
+        from .meta import MAX_META_SIZE, parse_meta
+        from .times import row_times, snapshot_time
+        from .xlog import scan_file
+
+        best = None
+        for data_dir in discover([source]).data_dirs:
+            for xlogs in data_dir.xlog_dirs.values():
+                end, written = None, None
+                for path in reversed(xlogs):  # newest first: a file just opened holds no row yet
+                    f = file_verdict(scan_file(path))
+                    end = end or f.end_vclock()
+                    if f.edge_blocks:
+                        try:
+                            written = (row_times(path, edges=f.edge_blocks) or [None, None])[1]
+                        except ValueError:  # a block being written: the time of the rows before it
+                            continue
+                        break
+                if end is not None and (best is None or sum(end.values()) > best[0]):
+                    best = (sum(end.values()), self.describe_position(end), written)
+            if best is None and data_dir.snaps:
+                with open(data_dir.snaps[-1], "rb") as f:
+                    meta = parse_meta(f.read(MAX_META_SIZE))
+                if meta is not None and meta.vclock is not None:
+                    best = (sum(meta.vclock.values()), self.describe_position(meta.vclock),
+                            snapshot_time(data_dir.snaps[-1]))
+        return best
+
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The sealed files of a verified report (scan_paths.Report) to archive; what is not sealed, or is damaged,
         or names no instance, goes to the result's (command.archive.ArchiveResult) not_sealed and refused."""

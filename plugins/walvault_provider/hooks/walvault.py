@@ -1,8 +1,9 @@
 """The repository hook: a walvault repository addressed by an Airflow connection (`walvault_repo` by default).
 
 The connection holds what the configuration file must not: where the repository is and its credentials.
-- conn_type `walvault_repo` (any type works): `extra` {"url": "/backups" | "s3://bucket/prefix", "options": {...}}
-  (fsspec storage options, e.g. {"endpoint_url": "http://127.0.0.1:9000"}); without `url`, `host` is the path.
+- conn_type `walvault_repo` (any type works; this type's form in the UI asks for the url and the options):
+  `extra` {"url": "/backups" | "s3://bucket/prefix", "options": {...}} (fsspec storage options, e.g.
+  {"endpoint_url": "http://127.0.0.1:9000"}, or their JSON text); without `url`, `host` is the path.
 - For S3, `login` and `password` are the access key id and the secret; they go to the storage options, which
   reach a Spark job only through its plan file (mode 0600, removed by the job once read), never a command line.
 """
@@ -12,17 +13,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 
-class RepositoryMissing(AirflowException):
-    """The connection names a location holding no repository, and the configuration does not create one."""
+class RepositoryMissing(AirflowFailException):
+    """The connection names a location holding no repository, and the configuration does not create one (not
+    retried: someone must create it, or mend the connection)."""
 
 
 @dataclass
 class RepoTarget:
     url: str
     options: dict = field(default_factory=dict)  # fsspec storage options, credentials included
+
+
+def _storage_options(conn_id: str, options) -> dict:
+    """The connection's storage options: a mapping, or its JSON text (as a form's text field may keep it)."""
+    import json
+
+    if isinstance(options, str) and options.strip():
+        try:
+            options = json.loads(options)
+        except ValueError as e:
+            raise AirflowException(f"connection {conn_id!r}: extra 'options' is not JSON: {e}") from None
+    if options and not isinstance(options, dict):
+        raise AirflowException(f"connection {conn_id!r}: extra 'options' is not a mapping of storage options")
+    return dict(options or {})
 
 
 class WalvaultRepoHook(BaseHook):
@@ -41,7 +57,7 @@ class WalvaultRepoHook(BaseHook):
         url = extra.get("url") or conn.host
         if not url:
             raise AirflowException(f"connection {self.walvault_conn_id!r}: no repository (extra 'url', or host)")
-        options = dict(extra.get("options") or {})
+        options = _storage_options(self.walvault_conn_id, extra.get("options"))
         if str(url).startswith("s3://") and conn.login:
             options.update({"key": conn.login, "secret": conn.password or ""})
         return RepoTarget(str(url), options)
@@ -73,10 +89,3 @@ class WalvaultRepoHook(BaseHook):
         except Exception as e:  # shown in the UI's connection test, whatever went wrong
             return False, str(e)
         return True, f"walvault repository {repo.display} (format {repo.info.get('format')})"
-
-
-def tarantool_uri(conn_id: str) -> str:
-    """[user:password@]host:port of a running Tarantool, from its Airflow connection."""
-    conn = BaseHook.get_connection(conn_id)
-    auth = f"{conn.login}:{conn.password}@" if conn.login else ""
-    return f"{auth}{conn.host}:{conn.port or 3301}"

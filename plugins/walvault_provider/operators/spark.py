@@ -8,6 +8,7 @@ Importing this module has no side effects.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,19 +17,54 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import task, task_group, teardown
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from .walvault import with_provider_defaults
+
+
+# walcore's LeaseBusy as the command's last line says it: exit 1 as any refusal, but another command of the source
+# holds its lease, which passes: retried, unlike a verdict.
+_LEASE_HELD = re.compile(r" is held by .*: another .* of this source is running$")
+
+
+def job_failure(job: str, code: int, last_line: str) -> AirflowException:
+    """What a walvault command's exit fails a task with: exit 1, a verdict (damage, a refusal), AirflowFailException,
+    which no retry follows; exit 2 (could not check: the repository, a Tarantool unreachable) or a lease held,
+    AirflowException, retried as the DAG's default_args say."""
+    message = f"{job} exited {code}: {last_line}"
+    return AirflowFailException(message) if code == 1 and not _LEASE_HELD.search(last_line) \
+        else AirflowException(message)
+
+
+PLAN_LABEL = "walvault_plan"  # the context key a job's tasks set to their plan's name, a mapped task's label
+PLAN_LABEL_TEMPLATE = f"{{{{ {PLAN_LABEL} }}}}"
+
+
+def label_plan(context, plan_arg: str) -> None:
+    """Give a job's task its plan's name (the source a backup plan is named by): its map_index_template renders it,
+    after the task ran or failed, as its label in the UI and in its failure mail."""
+    from ..spark import plan_name
+
+    context[PLAN_LABEL] = plan_name(context["run_id"], plan_arg)
+
 
 class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     """A walvault Spark job (its `@plan` the one application argument), whose task fails when the walvault command
-    did: exit 1 (a verdict: damage, a refusal) fails it without a retry, exit 2 (could not check) fails it as an
-    error; either way the log ends with the command's own last lines. Its connection is templated, so that a
-    run's params choose the Spark master (`conn_id="{{ params.spark }}"`). Killed (a run marked failed or
-    stopped), it stops spark-submit with every process under it (the JVM, the Python driver and workers)."""
+    did: exit 1 (a verdict: damage, a refusal) fails it without a retry, exit 2 (could not check) or a lease held
+    fails it to be retried; either way the log ends with the command's own last lines. Its connection is
+    templated, so that a run's params choose the Spark master (`conn_id="{{ params.spark }}"`). Killed (a run
+    marked failed or stopped), it stops spark-submit with every process under it (the JVM, the Python driver and
+    workers).
+
+    Templated: `conn_id` (as `_conn_id`) and SparkSubmitOperator's own fields (`application_args`, the plan file)."""
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "_conn_id")
+
+    def __init__(self, **kwargs):
+        super().__init__(**with_provider_defaults(type(self), kwargs))
 
     def execute(self, context):
         from ..spark import job_result
 
+        label_plan(context, self.application_args[0])
         super().execute(context)
         code, _out, err = job_result(self.application_args[0])
         if code == 0:
@@ -36,8 +72,7 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
         tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
         self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
                        "\n".join(f"  {line}" for line in tail))
-        message = f"walvault exited {code}: {tail[-1].strip()}"
-        raise AirflowFailException(message) if code == 1 else AirflowException(message)
+        raise job_failure("walvault", code, tail[-1].strip())
 
     def on_kill(self) -> None:
         from spark_jobs.submit import stop_tree
@@ -99,16 +134,20 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         return arg
 
     @task(task_id=result.__name__, doc_md=result.__doc__,
-          trigger_rule="none_skipped" if result_after_failure else "all_success")
+          trigger_rule="none_skipped" if result_after_failure else "all_success",
+          map_index_template=PLAN_LABEL_TEMPLATE if group_id is not None else None)
     def read_result(application_args: list[str]) -> dict:
         import json
 
+        from airflow.sdk import get_current_context
+
         from ..spark import job_result
 
+        label_plan(get_current_context(), application_args[0])
         code, out, err = job_result(application_args[0])
         returned = result(json.loads(out) if code == 0 or out.strip().startswith("{") else {})
         if code != 0:
-            raise AirflowException(f"{job} exited {code}: {(err.strip().splitlines() or ['(no message)'])[-1]}")
+            raise job_failure(job, code, (err.strip().splitlines() or ["(no message)"])[-1])
         return returned
 
     def submit_and_read(application_args):
@@ -116,7 +155,9 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
 
         submitted = WalvaultSparkSubmitOperator(task_id=submit_task_id or f"spark_{job}",
                                                 application=application(job), application_args=application_args,
-                                                conn_id=conn_id, name=f"walvault-{job}")
+                                                conn_id=conn_id, name=f"walvault-{job}",
+                                                map_index_template=PLAN_LABEL_TEMPLATE if group_id is not None
+                                                else None)
         output = read_result(application_args)
         submitted >> output
         if then is not None:

@@ -8,10 +8,13 @@ Importing this module has no side effects: the configuration is read and walcore
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+
+from ..config import Runs
 
 
 def flag(value, name: str) -> bool:
@@ -60,9 +63,6 @@ def retention_applies(dag_run, dry_run, tolerance_minutes: float) -> tuple[bool,
     return False, f"a {kind} run: plan only (a scheduled run on time, or a manual one with dry_run unticked, applies)"
 
 
-LEASE_WAIT = 3600.0  # how long a snapshot, an expiry or a backup waits for a lease another command holds
-
-
 def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
     """What a scheduled backup of a source is: full when it has no full backup finished within `full_every_days`
     (so that a chain stays short and a restore never needs more than that many days of incrementals), else an
@@ -76,13 +76,57 @@ def scheduled_backup_type(repo, source_path, full_every_days: float, now: float 
     return "incremental" if fulls and now - max(fulls) < full_every_days * 86400 else "full"
 
 
+@contextmanager
+def verdicts() -> Iterator[None]:
+    """walcore's verdicts fail the task at once (AirflowFailException: a retry would find the same): a refusal
+    for what was found, a damaged stored object or manifest, an unsafe name, a configuration that cannot be used.
+    Anything else (a lease held, the repository or a running Tarantool unreachable, a source that could not be
+    checked) goes up as it is, and is retried as the DAG's default_args say."""
+    from walcore.findings import Refused
+    from walcore.repository import ObjectDamaged
+    from walcore.repository.manifest import ManifestError
+    from walcore.repository.storage import UnsafeName
+
+    from ..config import ConfigError
+
+    try:
+        yield
+    except Refused as e:
+        if e.status == "cannot_check":
+            raise
+        raise AirflowFailException(str(e)) from e
+    except (ObjectDamaged, ManifestError, UnsafeName, ConfigError) as e:
+        raise AirflowFailException(f"{type(e).__name__}: {e}") from e
+
+
+def with_provider_defaults(operator: type, kwargs: dict) -> dict:
+    """An operator's keyword arguments with walvault's defaults where neither the call nor the DAG's default_args
+    (which Airflow hands each __init__ merged) name them: the owner `walvault`, and the class's docstring as the
+    task's documentation in the UI."""
+    defaults = kwargs.get("default_args") or {}
+    for key, value in (("owner", Runs.owner), ("doc_md", operator.__doc__)):
+        if key not in kwargs and key not in defaults:
+            kwargs[key] = value
+    return kwargs
+
+
 class _WalvaultOperator(BaseOperator):
+    """A walvault task (with_provider_defaults: its owner, its documentation). `work` is the task's work; a verdict
+    fails it without a retry (verdicts())."""
+
     template_fields: Sequence[str] = ("config_path",)
 
     def __init__(self, *, config_path: str | None = None, repo_conn_id: str | None = None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(**with_provider_defaults(type(self), kwargs))
         self.config_path = config_path
         self.repo_conn_id = repo_conn_id
+
+    def execute(self, context):
+        with verdicts():
+            return self.work(context)
+
+    def work(self, context):
+        raise NotImplementedError
 
     def load_config(self):
         from ..config import load
@@ -109,13 +153,15 @@ class WalvaultArchiveOperator(_WalvaultOperator):
     files of every source. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
     "counts": {...}, "problems": [...]}: the new files are what the Spark verify job checks next. A problem (a
     source missing or refused, a damaged or conflicting file) never stops the other sources' archive; it fails the
-    task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify)."""
+    task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify).
+
+    Templated: `config_path`."""
 
     def __init__(self, *, fail_on_problems: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.fail_on_problems = fail_on_problems
 
-    def execute(self, context):
+    def work(self, context):
         from pathlib import Path
 
         from walcore.frontend import outcome
@@ -155,15 +201,17 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         problems += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
         self.summary(f"walvault archive into {repo.display}", lines + problems)
         if problems and self.fail_on_problems:
-            raise AirflowException(f"{len(problems)} problems (listed above); the other sources were archived")
+            raise AirflowFailException(f"{len(problems)} problems (listed above); the other sources were archived")
         return {"new": result.stored, "counts": counts, "problems": problems}
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
     """Verify one backup (`backup_id`), or every backup, in the repository (walvault verify --repo): every stored
     object's size and SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
-    `enabled` (templated, e.g. "{{ params.verify }}"): false skips the task. Its report is kept in the repository,
-    as the CLI keeps it."""
+    `enabled` (e.g. "{{ params.verify }}"): false skips the task. Its report is kept in the repository, as the CLI
+    keeps it.
+
+    Templated: `config_path`, `backup_id`, `enabled`."""
 
     template_fields: Sequence[str] = ("config_path", "backup_id", "enabled")
 
@@ -172,7 +220,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         self.backup_id = backup_id
         self.enabled = enabled
 
-    def execute(self, context):
+    def work(self, context):
         from walcore.frontend import outcome
         from walcore.requests import VerifyRequest
         from walcore.runner import LocalRunner
@@ -193,7 +241,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
 
 
 class _SourceOperator(_WalvaultOperator):
-    """An operator on one configured source."""
+    """An operator on one configured source (templated: `config_path`, `source`)."""
 
     template_fields: Sequence[str] = ("config_path", "source")
 
@@ -209,21 +257,25 @@ class _SourceOperator(_WalvaultOperator):
 
 class WalvaultSnapshotOperator(_SourceOperator):
     """Store and verify a covering snapshot of one configured source (walvault snapshot). Nothing new to fold (a
-    limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named."""
+    limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named. A lease
+    another command holds is waited for `runs.lease_wait_minutes`, then the task fails to be retried.
 
-    def execute(self, context):
+    Templated: `config_path`, `source`."""
+
+    def work(self, context):
         from walcore.backup_common import NothingNew
         from walcore.frontend import outcome
         from walcore.requests import SnapshotRequest
         from walcore.runner import LocalRunner
 
-        from ..hooks.walvault import tarantool_uri
+        from ..hooks.tarantool import TarantoolHook
 
         config = self.load_config()
         source = config.source(self.source)
         names_repo = self.repository(config)[1]
-        connect = tarantool_uri(source.connection) if source.connection else None
-        request = SnapshotRequest(source=source.path, connect=connect, wait=LEASE_WAIT, progress=False, **names_repo)
+        connect = TarantoolHook(source.connection).uri() if source.connection else None
+        request = SnapshotRequest(source=source.path, connect=connect, wait=config.runs.lease_wait, progress=False,
+                                  **names_repo)
         try:
             result = outcome(request, LocalRunner())
         except NothingNew as e:
@@ -243,9 +295,11 @@ class WalvaultConfirmOperator(_SourceOperator):
     relies on) found, and its stored bytes re-hashed against its manifest (walvault expire's own check). Logs
     the source's plan as `walvault expire` says it (why it is uncovered, what goes and why, what is kept and
     why). Uncovered: the task is skipped, so its expiry is too; an anchor that does not re-hash fails it.
-    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to."""
+    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to.
 
-    def execute(self, context):
+    Templated: `config_path`, `source`."""
+
+    def work(self, context):
         from walcore.command.expire import confirm, render_source
 
         config = self.load_config()
@@ -284,9 +338,12 @@ class WalvaultExpireOperator(_WalvaultOperator):
     result of its WalvaultConfirmOperator) or, without it, of every source in the repository. Deletes only
     when retention_applies() says so (a manual run with `dry_run` unticked, a scheduled run on time), else
     plans. Returns the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and
-    why, as the CLI says it."""
+    why, as the CLI says it. A source whose expiry stopped (a lease held past `runs.lease_wait_minutes`, the
+    repository failing) fails the task to be retried.
 
-    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")  # an XComArg: after it
+    Templated: `config_path`, `dry_run`, `days`, `confirmed` (an XComArg: the task runs after it)."""
+
+    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")
 
     def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed=EVERY_SOURCE, **kwargs):
         super().__init__(**kwargs)
@@ -294,7 +351,7 @@ class WalvaultExpireOperator(_WalvaultOperator):
         self.days = days
         self.confirmed = confirmed
 
-    def execute(self, context):
+    def work(self, context):
         from walcore.command.expire import render
         from walcore.frontend import outcome
         from walcore.requests import ExpireRequest
@@ -310,11 +367,11 @@ class WalvaultExpireOperator(_WalvaultOperator):
         names_repo = self.repository(config)[1]
         apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
         days = self.days if self.days not in (None, "", "None") else config.retention_days
-        result = outcome(ExpireRequest(days=days, apply=apply, wait=LEASE_WAIT, only=only, **names_repo),
+        result = outcome(ExpireRequest(days=days, apply=apply, wait=config.runs.lease_wait, only=only, **names_repo),
                          LocalRunner())
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
                      + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
-        if any(s.stopped for s in result.sources):
+        if any(s.stopped for s in result.sources):  # a lease held, the repository failing: retried
             raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
 
@@ -322,9 +379,11 @@ class WalvaultExpireOperator(_WalvaultOperator):
 class WalvaultDrillOperator(_SourceOperator):
     """Restore the newest backup of one configured source into a scratch directory and prove it (walvault drill):
     every hash; Tarantool started on it at the recorded vclock where installed; limestone's checks and recorded
-    counts. The verdict is recorded beside the backup, so `walvault backups` marks one whose drill failed."""
+    counts. The verdict is recorded beside the backup, so `walvault backups` marks one whose drill failed.
 
-    def execute(self, context):
+    Templated: `config_path`, `source`."""
+
+    def work(self, context):
         from walcore.frontend import outcome
         from walcore.requests import DrillRequest
         from walcore.runner import LocalRunner
@@ -334,7 +393,8 @@ class WalvaultDrillOperator(_SourceOperator):
         repo, names_repo = self.repository(config)
         backups = [m for m in repo.backups_of(source.path) if m.type != "snapshot"]
         if not backups:
-            raise AirflowException(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to drill")
+            raise AirflowFailException(f"{source.name}: no backup of {source.path.resolve()} in {repo.display} to "
+                                       "drill")
         newest = max(backups, key=lambda m: (m.finished, m.id))
         result = outcome(DrillRequest(backup=newest.id, **names_repo), LocalRunner())
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
