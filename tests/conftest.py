@@ -373,6 +373,7 @@ FILE_TIERS = {
     "test_dags_faults.py": "system",
     "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",
+    "test_freshness.py": "unit",  # an SMTP server in this process; the DAG runs' test is `system` (TEST_TIERS)
     "test_inputs.py": "integration",
     "test_lease_fencing.py": "integration",
     "test_limestone_commands.py": "integration",
@@ -412,6 +413,7 @@ FILE_TIERS = {
 TEST_TIERS = {
     "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
     "test_notify.py::test_a_failed_backup_sends_one_mail_and_its_recovery_another": "system",  # airflow dags test
+    "test_freshness.py::test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails": "system",
     "test_spark_submit.py::test_spark_flag_on_a_standalone_cluster_prints_what_the_command_prints": "system",
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
     "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus

@@ -253,7 +253,7 @@ def test_the_dags_carry_owner_retries_timeouts_descriptions_and_tags(tmp_path, m
                                                                     "task_timeout_minutes: {backup: 90}}")))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert not bag.import_errors, bag.import_errors
-    assert len(bag.dags) == 5
+    assert len(bag.dags) == 6
     for dag in bag.dags.values():
         short = dag.dag_id.removeprefix("walvault_")
         assert dag.description and dag.doc_md, dag.dag_id

@@ -45,7 +45,7 @@ def test_the_dags_import_without_errors(airflow_env):
     listed = airflow(airflow_env["env"], "dags", "list", "--local", "--output", "json")
     # Airflow logs to stdout too: the listing is the line holding the JSON array
     ids = {d["dag_id"] for d in json.loads(next(ln for ln in listed.stdout.splitlines() if ln.startswith("[{")))}
-    assert {"walvault_archive", "walvault_backup", "walvault_snapshot", "walvault_retention"} <= ids
+    assert {"walvault_archive", "walvault_backup", "walvault_snapshot", "walvault_retention", "walvault_status"} <= ids
 
 
 def test_archive_snapshot_and_retention_dry_run(airflow_env):

@@ -470,7 +470,7 @@ def _status(request: rq.StatusRequest, runner) -> int:
     elif request.prometheus:
         sys.stdout.write(exposition(result))
     else:
-        print("\n".join(_status_lines(result)))
+        print("\n".join(status_lines(result)))
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
@@ -480,7 +480,8 @@ def _position(position: dict) -> str:
                                    if isinstance(value, dict) else str(value)) for kind, value in position.items())
 
 
-def _status_lines(result) -> list[str]:
+def status_lines(result) -> list[str]:
+    """`walvault status`'s text: the repository, then each source's backup, archive, source, window and drill."""
     from .command.status import duration
 
     sizes = ", ".join(f"{kind} {n:,}" for kind, n in result.bytes.items() if n)

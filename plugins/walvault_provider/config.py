@@ -29,6 +29,7 @@ connections, which the file names. Every error names the key at fault.
       snapshot: "0 2 * * *"           # after the snapshot it needs (each waits up to an hour for a lease)
       retention: "0 4 * * *"
       restore_drill: "0 5 * * 0"
+      status: "*/10 * * * *"          # walvault_status: the textfile and the freshness alerts
       late_after_minutes: 30           # a scheduled run that starts later than this after its time (a catch-up
                                        # at unpause, after scheduler downtime) only plans: retention deletes
                                        # nothing, a backup is skipped; the next on-time run does the work
@@ -51,6 +52,15 @@ connections, which the file names. Every error names the key at fault.
         to: [oncall@example.com]
       events: [failure, recovery]      # a task failed; a run succeeded after the DAG's previous run failed (the
                                        # key is not `on`: YAML reads that as true)
+    freshness:                         # walvault_status's alerts, each naming its source (mailed as `notify` says)
+      max_backup_age_hours: 26         # "no verified backup of S for N hours": a daily backup and its run time
+      max_archive_lag_minutes: 60      # "archive of S behind by more than M minutes" (the source on this host)
+      remind_every_hours: 4            # a source still stale is mailed again this often; its runs in between
+                                       # fail without mail (its first run stale, or a new alert, mails at once)
+    metrics:                           # optional: no textfile without it
+      textfile: /var/lib/node_exporter/textfile/walvault.prom   # walvault status's Prometheus exposition,
+                                       # written whole by every walvault_status run (relative: to this file);
+                                       # its directory must exist (node exporter's --collector.textfile.directory)
 """
 
 from __future__ import annotations
@@ -65,12 +75,15 @@ DEFAULT_NAME = "walvault.yaml"
 FAMILIES = ("tarantool", "limestone")
 # Staggered (UTC): the snapshot after the backup, retention after the snapshot it needs, the drill on Sunday.
 DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "0 1 * * *", "snapshot": "0 2 * * *",
-                     "retention": "0 4 * * *", "restore_drill": "0 5 * * 0"}
+                     "retention": "0 4 * * *", "restore_drill": "0 5 * * 0", "status": "*/10 * * * *"}
 DEFAULT_ROTATE_MIN_BYTES = 64 << 20
 # Per DAG (minutes): execution_timeout of each task (the longest: a full backup or a drill of a big source), and
-# dagrun_timeout (room for the retries). An archive runs every 15 minutes: it is bounded under its next runs'.
-DEFAULT_TASK_TIMEOUTS = {"archive": 60, "backup": 360, "snapshot": 180, "retention": 120, "restore_drill": 360}
-DEFAULT_RUN_TIMEOUTS = {"archive": 120, "backup": 720, "snapshot": 360, "retention": 240, "restore_drill": 720}
+# dagrun_timeout (room for the retries). An archive runs every 15 minutes: it is bounded under its next runs'; a
+# status reads metadata only: a check that takes 10 minutes is itself the news.
+DEFAULT_TASK_TIMEOUTS = {"archive": 60, "backup": 360, "snapshot": 180, "retention": 120, "restore_drill": 360,
+                         "status": 10}
+DEFAULT_RUN_TIMEOUTS = {"archive": 120, "backup": 720, "snapshot": 360, "retention": 240, "restore_drill": 720,
+                        "status": 60}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a task id part as it is: no two names make one id
 _CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}")
 _PRESETS = {"@once", "@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@continuous"}
@@ -135,6 +148,14 @@ class Notify:
 
 
 @dataclass(frozen=True)
+class Freshness:
+    """When walvault_status alerts on a source (the `freshness` section); the defaults are walvault status's."""
+    max_backup_age_hours: float = 26
+    max_archive_lag_minutes: float = 60
+    remind_every_hours: float = 4
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     sources: tuple[Source, ...]
@@ -147,6 +168,8 @@ class Config:
     late_after_minutes: float = 30  # a scheduled run starting later than this after its time only plans
     runs: Runs = field(default_factory=Runs)
     notify: Notify | None = None  # None: no mail
+    freshness: Freshness = field(default_factory=Freshness)
+    textfile: Path | None = None  # where walvault_status writes the Prometheus exposition; None: nowhere
 
     @property
     def families(self) -> list[str]:
@@ -227,9 +250,10 @@ def parse(raw, path: Path) -> Config:
 
     if not isinstance(raw, dict):
         fail("(top)", "the file must hold a mapping (repository, sources, retention, backup, schedules, spark, runs, "
-             "notify)")
+             "notify, freshness, metrics)")
     _no_secrets(raw, "", fail)
-    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs", "notify"), "", fail)
+    _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs", "notify", "freshness",
+                 "metrics"), "", fail)
     backup = _section(raw, "backup", ("full_every_days",), fail)
     repository = _section(raw, "repository", ("connection", "create"), fail)
     retention = _section(raw, "retention", ("days",), fail)
@@ -301,7 +325,7 @@ def parse(raw, path: Path) -> Config:
         fail("backup.full_every_days", f"{full_every!r} is not a number of days (more than 0, at most 366)")
     return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
                   float(full_every), repository_create, float(late_after), _runs(raw, fail),
-                  _notify(raw, fail))
+                  _notify(raw, fail), _freshness(raw, fail), _textfile(raw, path, fail))
 
 
 def _runs(raw: dict, fail) -> Runs:
@@ -357,6 +381,27 @@ def _notify(raw: dict, fail) -> Notify | None:
         if event not in NOTIFY_EVENTS or event in events[:i]:
             fail(f"notify.events[{i}]", f"{event!r} is not one of {', '.join(NOTIFY_EVENTS)}, or is listed twice")
     return Notify(tuple(to), frozenset(events), connection, sender)
+
+
+def _freshness(raw: dict, fail) -> Freshness:
+    section = _section(raw, "freshness", tuple(Freshness.__dataclass_fields__), fail)
+    limits = {"max_backup_age_hours": 24 * 366, "max_archive_lag_minutes": 10080, "remind_every_hours": 24 * 7}
+    values = {}
+    for key, limit in limits.items():
+        value = section.get(key, getattr(Freshness, key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit:
+            fail(f"freshness.{key}", f"{value!r} is not a number (more than 0, at most {limit})")
+        values[key] = float(value)
+    return Freshness(**values)
+
+
+def _textfile(raw: dict, path: Path, fail) -> Path | None:
+    textfile = _section(raw, "metrics", ("textfile",), fail).get("textfile")
+    if textfile is None:
+        return None
+    if not isinstance(textfile, str) or not textfile.endswith(".prom"):
+        fail("metrics.textfile", f"{textfile!r} is not a file name ending .prom (node exporter reads only those)")
+    return Path(os.path.abspath(path.parent / textfile))
 
 
 def _conn_id(value) -> bool:

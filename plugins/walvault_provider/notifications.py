@@ -5,6 +5,7 @@ file passes to `@dag`: its default_args alone when the configuration has no `not
 
 - failure: each failed task (its on_failure_callback: after its last try, so a retry sends nothing), one mail
   whose subject and first lines name the source, the DAG, the task and the cause (the exception's message);
+  none for an exception whose `mail` is False (a freshness alert already mailed: operators/status.py);
 - recovery: a DAG run that succeeded after the DAG's previous run failed (the DAG's on_success_callback), one mail.
 
 Importing this module has no side effects: the SMTP provider is imported when a mail is sent.
@@ -49,6 +50,8 @@ class WalvaultMailNotifier(BaseNotifier):
         lacks (apache/airflow#64649)."""
 
     def notify(self, context) -> None:
+        if self.event == "failure" and getattr(context.get("exception"), "mail", True) is False:
+            return
         message = failure_message(context) if self.event == "failure" else recovery_message(context)
         if message is None:
             return

@@ -1,0 +1,152 @@
+"""The walvault_status DAG: freshness alerts through the notifiers, and the Prometheus textfile.
+
+On a real repository made from the shared fixtures (a Tarantool data dir archived, and backed up two days ago
+under faketime; a limestone directory rotated, archived and snapshotted now), `airflow dags test walvault_status`
+fails the stale source's check with the alert as its cause and sends one mail naming it to a real SMTP server on
+127.0.0.1, passes the fresh source's, and writes the textfile, which prometheus_client's parser reads. A run still
+stale sends no mail; the run after a new backup sends the recovery mail; an archive lagging its source alerts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import (TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, new_repository, require_limestone,
+                      require_shared, run_cli_at, run_main)
+from test_notify import body_lines, mailbox  # noqa: F401  (mailbox: the SMTP server on 127.0.0.1, a fixture)
+from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
+from walvault_provider.config import ConfigError, load
+from walvault_provider.operators.status import alert_state
+
+pytestmark = [require_shared, require_limestone, pytest.mark.xdist_group("notify")]
+DAY, HOUR = 86400, 3600
+SOURCES = "sources: [{name: tt, family: tarantool, path: /x}]\n"
+
+
+@pytest.mark.parametrize("text, key", [
+    ("freshness: {max_backup_age_hours: 0}", "freshness.max_backup_age_hours"),
+    ("freshness: {max_archive_lag_minutes: soon}", "freshness.max_archive_lag_minutes"),
+    ("freshness: {remind_every_hours: -1}", "freshness.remind_every_hours"),
+    ("freshness: {max_backup_age: 26}", "freshness.max_backup_age"),
+    ("metrics: {textfile: /var/lib/node_exporter/walvault.txt}", "metrics.textfile"),
+    ("metrics: {path: /x.prom}", "metrics.path"),
+    ("schedules: {status: every ten minutes}", "schedules.status"),
+])
+def test_every_freshness_and_metrics_error_names_its_key(tmp_path, text, key):
+    path = tmp_path / "walvault.yaml"
+    path.write_text(SOURCES + text)
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert f"{path}: {key}:" in str(e.value)
+
+
+def test_freshness_and_textfile_defaults(tmp_path):
+    path = tmp_path / "walvault.yaml"
+    path.write_text(SOURCES)
+    config = load(path)
+    freshness = config.freshness
+    assert (freshness.max_backup_age_hours, freshness.max_archive_lag_minutes, freshness.remind_every_hours) == (
+        26, 60, 4), "walvault status's thresholds, and Alertmanager's repeat interval"
+    assert config.textfile is None and config.schedules["status"] == "*/10 * * * *"
+    path.write_text(SOURCES + "metrics: {textfile: prom/walvault.prom}\nfreshness: {max_archive_lag_minutes: 15}")
+    config = load(path)
+    assert config.textfile == tmp_path / "prom" / "walvault.prom" and config.freshness.max_archive_lag_minutes == 15
+
+
+def test_a_stale_source_is_mailed_when_it_turns_stale_then_every_few_hours():
+    """10-minute checks: the first stale one mails, the next ones do not until the reminder is due; a new kind of
+    alert mails at once; fresh, the state is gone, and the next stale check mails again."""
+    t0 = 1_800_000_000.0
+    first = alert_state(None, ["backup"], t0, 4)
+    assert first == {"kinds": ["backup"], "since": t0, "mailed": t0, "now": t0}
+    state, mailed = first, []
+    for check in range(1, 30):  # every 10 minutes for almost 5 hours
+        state = alert_state(state, ["backup"], t0 + check * 600, 4)
+        if state["mailed"] == state["now"]:
+            mailed.append(check)
+    assert mailed == [24] and state["since"] == t0, "one reminder, 4 hours after the first mail"
+    worse = alert_state(state, ["archive", "backup"], state["now"] + 600, 4)
+    assert worse["mailed"] == worse["now"], "a new alert is mailed at once"
+    assert alert_state(worse, ["backup"], worse["now"] + 600, 4)["mailed"] == worse["mailed"], "fewer: no mail"
+    assert alert_state(worse, [], worse["now"] + 600, 4) is None
+    again = alert_state(None, ["archive"], worse["now"] + 1200, 4)
+    assert again["mailed"] == again["now"] == again["since"]
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails(mailbox, tmp_path):  # noqa: F811
+    from devenv import airflow, environment, migrate
+
+    tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
+    ls = copy_limestone_fixture("20-random-small", tmp_path, "ls")
+    repo = new_repository(tmp_path / "repo")
+    assert run_main("archive", tt, "--repo", repo).returncode == 0
+    old = run_cli_at(time.time() - 2 * DAY, "backup", tt, "--repo", repo)  # finished two days ago
+    assert old.returncode == 0, old.stderr
+    assert run_main("rotate", ls).returncode == 0
+    assert run_main("archive", ls, "--repo", repo).returncode == 0
+    assert run_main("snapshot", ls, "--repo", repo).returncode == 0
+    textfile = tmp_path / "textfile" / "walvault.prom"
+    textfile.parent.mkdir()
+    config = tmp_path / "walvault.yaml"
+    config.write_text(f"""
+sources:
+  - {{name: tt, family: tarantool, path: {tt}}}
+  - {{name: ls, family: limestone, path: {ls}}}
+metrics: {{textfile: {textfile}}}
+notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [oncall@example.com]}}}}
+""")
+    env = environment(tmp_path / "home", config=config, repository=str(repo), work_dir=tmp_path / "work")
+    migrate(env)
+    env["AIRFLOW_CONN_SMTP_ONCALL"] = mailbox.connection()
+
+    def status_run(failed: bool) -> str:
+        proc = airflow(env, "dags", "test", "walvault_status")
+        log = proc.stdout + proc.stderr
+        assert ("DagRun failed" in log) == failed, log[-4000:]
+        assert failed or "Traceback" not in log, log[-4000:]
+        return log
+
+    log = status_run(failed=True)
+    assert "walvault freshness of tt: STALE" in log and "walvault freshness of ls: fresh" in log, log[-4000:]
+    assert f"written to {textfile}" in log
+    (message,) = mailbox.messages
+    subject = message["Subject"]
+    assert subject.startswith("walvault: walvault_status freshness_tt failed for tt: FreshnessAlert: no verified "
+                              "backup of tt for 26 hours: the newest, "), subject
+    lines = body_lines(message)
+    assert lines[:3] == ["Source: tt", "DAG: walvault_status", "Task: freshness_tt (try 1)"]
+    assert lines[3].startswith("Cause: FreshnessAlert: no verified backup of tt for 26 hours: ") and \
+        "finished 2d00h ago" in lines[3], lines[3]
+    families = _families(textfile.read_text())
+    ages = {s.labels["family"]: s.value for s in families["walvault_last_backup_age_seconds"].samples}
+    assert 2 * DAY <= ages["tarantool"] < 2 * DAY + HOUR and ages["limestone"] < HOUR
+    assert {s.labels["source"]: s.value for s in families["walvault_source_ok"].samples} == {
+        str(tt.resolve()): 0.0, str(ls.resolve()): 1.0}
+    assert [p.name for p in textfile.parent.iterdir()] == ["walvault.prom"], "written whole: no temporary left"
+
+    log = status_run(failed=True)  # still stale, ten minutes later: failed, but mailed 4 hours later only
+    assert "stale since the check of" in log and len(mailbox.messages) == 1, log[-4000:]
+
+    assert run_main("backup", tt, "--repo", repo).returncode == 0
+    status_run(failed=False)
+    assert len(mailbox.messages) == 2
+    assert mailbox.messages[1]["Subject"].startswith("walvault: walvault_status recovered: ")
+
+    # The limestone source goes on past its archive: epoch 45, written two hours after the archived rotation.
+    rotated = max(float(p.name.split(".")[1]) / 1000 for p in ls.glob("epoch.*"))
+    (ls / "epoch").write_bytes(RECORD.pack(DURABLE_EPOCH, 45))
+    os.utime(ls / "epoch", (rotated + 2 * HOUR, rotated + 2 * HOUR))
+    log = status_run(failed=True)
+    assert len(mailbox.messages) == 3, log[-4000:]
+    subject = mailbox.messages[2]["Subject"]
+    assert subject.startswith("walvault: walvault_status freshness_ls failed for ls: FreshnessAlert: archive of ls "
+                              "behind by more than 60 minutes: 2h00m behind"), subject
+    assert "walvault freshness of tt: fresh" in log
