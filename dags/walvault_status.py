@@ -14,7 +14,7 @@ from airflow.sdk import dag
 
 from walvault_provider.config import load
 from walvault_provider.notifications import dag_callbacks
-from walvault_provider.operators.status import WalvaultFreshnessOperator, WalvaultStatusOperator
+from walvault_provider.operators.walvault import WalvaultFreshnessOperator, WalvaultStatusOperator
 
 CONFIG = load()
 

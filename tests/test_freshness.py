@@ -20,7 +20,7 @@ from conftest import (TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, new
 from test_notify import body_lines, mailbox  # noqa: F401  (mailbox: the SMTP server on 127.0.0.1, a fixture)
 from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
 from walvault_provider.config import ConfigError, load
-from walvault_provider.operators.status import alert_state
+from walvault_provider.operators.walvault import alert_state
 
 pytestmark = [require_shared, require_limestone, pytest.mark.xdist_group("notify")]
 DAY, HOUR = 86400, 3600

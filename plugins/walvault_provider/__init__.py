@@ -21,8 +21,7 @@ def get_provider_info() -> dict:
         "hooks": [{"integration-name": "walvault", "python-modules": ["walvault_provider.hooks.walvault",
                                                                       "walvault_provider.hooks.tarantool"]}],
         "operators": [{"integration-name": "walvault", "python-modules": ["walvault_provider.operators.walvault",
-                                                                          "walvault_provider.operators.spark",
-                                                                          "walvault_provider.operators.status"]}],
+                                                                          "walvault_provider.operators.spark"]}],
         "connection-types": [
             {
                 "hook-class-name": "walvault_provider.hooks.walvault.WalvaultRepoHook",

@@ -5,7 +5,7 @@ file passes to `@dag`: its default_args alone when the configuration has no `not
 
 - failure: each failed task (its on_failure_callback: after its last try, so a retry sends nothing), one mail
   whose subject and first lines name the source, the DAG, the task and the cause (the exception's message);
-  none for an exception whose `mail` is False (a freshness alert already mailed: operators/status.py);
+  none for an exception whose `mail` is False (a freshness alert already mailed: operators/walvault.py);
 - recovery: a DAG run that succeeded after the DAG's previous run failed (the DAG's on_success_callback), one mail.
 
 Importing this module has no side effects: the SMTP provider is imported when a mail is sent.
