@@ -2,9 +2,10 @@
 
 It makes real sources (a Tarantool it starts on 127.0.0.1 under var/sources/tarantool-local, and a copy of the
 bundled limestone sample under var/sources/limestone-samples), then runs `airflow dags test` of walvault_archive,
-walvault_backup (each source), walvault_snapshot and walvault_retention (a dry run) with the configuration
-dags/walvault.yaml, a SQLite metadata database in var/airflow, the repository var/repository and Spark on
-local[2], and prints what is in the repository. Each DAG's log is kept in var/logs. Run again, it adds rows to
+walvault_backup (each source), walvault_snapshot, walvault_retention (a dry run) and walvault_status (every
+source fresh; the Prometheus textfile var/walvault.prom) with the configuration dags/walvault.yaml, a SQLite
+metadata database in var/airflow, the repository var/repository and Spark on local[2], and prints what is in the
+repository. Each DAG's log is kept in var/logs. Run again, it adds rows to
 the Tarantool and goes on from what the repository holds (incremental backups, nothing archived twice).
 
 Usage: .venv/bin/python scripts/pipeline.py      (scripts/setup runs it)
@@ -130,6 +131,7 @@ def main() -> int:
             dags_test(env, "walvault_backup", {"source": name, "type": kind, "verify": True})
         dags_test(env, "walvault_snapshot")
         retention = dags_test(env, "walvault_retention")
+        dags_test(env, "walvault_status")
     except subprocess.TimeoutExpired as e:
         say(f"{' '.join(e.cmd[1:])}: no end after {e.timeout:.0f} s: stopped")
         return 1
