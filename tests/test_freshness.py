@@ -72,8 +72,9 @@ def test_a_stale_source_is_mailed_when_it_turns_stale_then_every_few_hours():
     worse = alert_state(state, ["archive", "backup"], state["now"] + 600, 4)
     assert worse["mailed"] == worse["now"], "a new alert is mailed at once"
     assert alert_state(worse, ["backup"], worse["now"] + 600, 4)["mailed"] == worse["mailed"], "fewer: no mail"
-    assert alert_state(worse, [], worse["now"] + 600, 4) is None
-    again = alert_state(None, ["archive"], worse["now"] + 1200, 4)
+    fresh = alert_state(worse, [], worse["now"] + 600, 4)
+    assert fresh["kinds"] == [] and fresh["since"] is None
+    again = alert_state(fresh, ["archive"], fresh["now"] + 600, 4)
     assert again["mailed"] == again["now"] == again["since"]
 
 

@@ -472,7 +472,8 @@ class WalvaultFreshnessOperator(_SourceOperator):
         source = config.source(self.source)
         alerts, lines = judge(source.name, source.path, self.status, config.freshness)
         ti = context["ti"]
-        previous = ti.xcom_pull(task_ids=self.task_id, key=ALERT_KEY, include_prior_dates=True)
+        # the newest run's before this one (a fresh check keeps its state too: a later alert is new)
+        previous = ti.xcom_pull(task_ids=self.task_id, key=ALERT_KEY, include_prior_dates=True, map_indexes=-1)
         state = alert_state(previous, sorted(alerts), time.time(), config.freshness.remind_every_hours)
         ti.xcom_push(key=ALERT_KEY, value=state)
         self.summary(f"walvault freshness of {source.name}: {'STALE' if alerts else 'fresh'}",
@@ -526,19 +527,20 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
     return alerts, lines
 
 
-def alert_state(previous: dict | None, kinds: list[str], now: float, remind_every_hours: float) -> dict | None:
-    """What a check keeps for the next (None: fresh), `previous` being what the last one kept: the alerts'
-    `kinds`, since when the source is stale, when it was last mailed, and `now`. Mailed now (`mailed` == `now`):
-    the source was fresh before, or it has an alert of a new kind, or it was last mailed `remind_every_hours`
-    ago."""
+def alert_state(previous: dict | None, kinds: list[str], now: float, remind_every_hours: float) -> dict:
+    """What a check keeps for the next one, `previous` being what the last one kept (None: there was none): the
+    alerts' `kinds` (none: fresh), since when the source is stale, when it was last mailed, and `now`. Mailed now
+    (`mailed` == `now`): the source was fresh before, or it has an alert of a new kind, or it was last mailed
+    `remind_every_hours` ago."""
     if not kinds:
-        return None
-    if previous is None or not set(kinds) <= set(previous["kinds"]) \
+        return {"kinds": [], "since": None, "mailed": None, "now": now}
+    stale_before = bool(previous and previous["kinds"])
+    if not stale_before or not set(kinds) <= set(previous["kinds"]) \
             or now - previous["mailed"] >= remind_every_hours * 3600:
         mailed = now
     else:
         mailed = previous["mailed"]
-    return {"kinds": kinds, "since": previous["since"] if previous else now, "mailed": mailed, "now": now}
+    return {"kinds": kinds, "since": previous["since"] if stale_before else now, "mailed": mailed, "now": now}
 
 
 def stale_since(state: dict) -> str:
