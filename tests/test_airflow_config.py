@@ -101,6 +101,16 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
      "runs.task_timeout_minutes.bakup"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nruns: {run_timeout_minutes: {backup: 0}}",
      "runs.run_timeout_minutes.backup"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {max_backup_age_hours: 0}",
+     "freshness.max_backup_age_hours"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {max_archive_lag_minutes: soon}",
+     "freshness.max_archive_lag_minutes"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {remind_every_hours: -1}",
+     "freshness.remind_every_hours"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {max_backup_age: 26}", "freshness.max_backup_age"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nmetrics: {textfile: /srv/walvault.txt}", "metrics.textfile"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nmetrics: {path: /srv/walvault.prom}", "metrics.path"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {status: every ten minutes}", "schedules.status"),
 ])
 def test_every_error_names_its_key(tmp_path, text, key):
     path = _write(tmp_path, text)

@@ -47,6 +47,16 @@ def body_lines(message: EmailMessage) -> list[str]:
     return message.get_body(("html",)).get_content().removeprefix("<pre>\n").splitlines()
 
 
+def failure_mail(message: EmailMessage, source: str, dag: str, task: str, cause: str) -> list[str]:
+    """The lines of a failed task's mail, its subject and first lines checked: they name the source, the DAG, the
+    task (its first try) and the cause, which starts with `cause`."""
+    assert message["Subject"].startswith(f"walvault: {dag} {task} failed for {source}: {cause}"), message["Subject"]
+    lines = body_lines(message)
+    assert lines[:3] == [f"Source: {source}", f"DAG: {dag}", f"Task: {task} (try 1)"]
+    assert lines[3].startswith(f"Cause: {cause}"), lines[3]
+    return lines
+
+
 @pytest.fixture
 def mailbox():
     from aiosmtpd.controller import Controller
@@ -184,12 +194,9 @@ def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_pa
     log = failed.stdout + failed.stderr
     assert "DagRun failed" in log, log[-3000:]
     (message,) = mailbox.messages
-    subject = message["Subject"]
-    assert subject.startswith("walvault: walvault_backup backup_source.spark_backup[0] failed for ls: "
-                              "AirflowFailException: walvault exited 1: "), subject
-    lines = body_lines(message)
-    assert lines[:3] == ["Source: ls", "DAG: walvault_backup", "Task: backup_source.spark_backup[0] (try 1)"]
-    assert lines[3].startswith("Cause: AirflowFailException: walvault exited 1: ") and "full backup" in lines[3]
+    lines = failure_mail(message, "ls", "walvault_backup", "backup_source.spark_backup[0]",
+                         "AirflowFailException: walvault exited 1: ")
+    assert "full backup" in lines[3]
     failed_run = next(line for line in lines if line.startswith("Run: ")).removeprefix("Run: ")
 
     recovered = airflow(env, "dags", "test", "walvault_backup", "--conf",
