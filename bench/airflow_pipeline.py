@@ -7,7 +7,7 @@ run by the DAGs (`airflow dags test`, Spark on local[2]) against the same comman
 Part 1, the DAG folder's parse time (target < 1 s for the folder). --parse-runs times, a fresh interpreter (cold
 imports of everything but Airflow itself, as in a dag-processor) imports airflow and DagBag (untimed), then times
 `DagBag(dag_folder=<checkout>/dags)` with WALVAULT_CONFIG on this bench's configuration; every run must find the
-five walvault_* DAGs and no import error. Reported: the folder's wall time (best, median) and each file's
+six walvault_* DAGs and no import error. Reported: the folder's wall time (best, median) and each file's
 duration from the DagBag's own stats (`dagbag_stats`: file, duration). The first file parsed pays for the imports
 the files share (walvault_provider, the Spark provider), so that split says which file came first as much as
 what it costs; so each file is also parsed alone, --parse-runs times in turns, each in a fresh interpreter

@@ -106,7 +106,7 @@ def test_spark_bench_jobs_agree_with_the_command(tmp_path):
 
 @pytest.mark.xdist_group("bench_spark")
 def test_airflow_pipeline_bench_agrees(tmp_path):
-    """The DAG folder parses (five DAGs, no import error, a stat per file) and the pipeline run by the DAGs
+    """The DAG folder parses (six DAGs, no import error, a stat per file) and the pipeline run by the DAGs
     (`airflow dags test`, Spark on local[2]) leaves what the commands run by hand leave."""
     report = _run("airflow_pipeline.py", tmp_path, "--size-mb", "3", "--rounds", "1", "--parse-runs", "1")
     assert report["problems"] == []
