@@ -188,6 +188,32 @@ def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faul
     assert "DagRun failed" in log
 
 
+def test_a_snapshot_triggered_run_deletes_at_most_once_a_day(faults_env):
+    """After the manual apply above took today for good, today's snapshot-triggered run only plans; tomorrow's
+    first one applies (writing the day record in good's snapshot asset), its second only plans; a run an event
+    made by hand triggered never applies."""
+    from datetime import datetime, timedelta, timezone
+
+    from asset_runs import asset_triggered_test
+
+    env, good = faults_env["env"], "walvault://walvault_repo/good/snapshot"
+
+    def run(made_by: str, at=None) -> str:
+        proc = asset_triggered_test(env, "walvault_retention", [good], made_by=made_by, at=at)
+        log = proc.stdout + proc.stderr
+        assert "asset-triggered run asset_triggered__" in log and "starting task_id=expire_good" in log, log[-4000:]
+        return log
+
+    assert "walvault expire (retention was applied today already (run manual__" in run("walvault_snapshot")
+    assert "walvault expire (a run triggered by asset events walvault_snapshot did not make (made by hand): " \
+           "plan only)" in run("hand")
+    tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+    assert "walvault expire (the day's first run after a new snapshot: applied)" in run("walvault_snapshot", tomorrow)
+    log = run("walvault_snapshot", tomorrow + timedelta(minutes=5))
+    first = "asset_triggered__" + tomorrow.isoformat()[:10]
+    assert f"walvault expire (retention was applied today already (run {first}" in log, log[-4000:]
+
+
 # -- the Spark task: a walvault verdict fails it
 
 
