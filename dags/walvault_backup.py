@@ -69,11 +69,15 @@ def publish(recorded: dict, *, outlet_events=None) -> None:
     verification (or verify unticked); a failed backup, record or verification updates nothing. Through an alias:
     a mapped task's outlets are every source's assets, an alias event names this source's alone."""
     from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowFailException
 
     from walvault_provider.assets import create_asset
 
     config = load()
-    name = next(s.name for s in config.sources if str(s.path.resolve()) == recorded["source"]["path"])
+    name = next((s.name for s in config.sources if str(s.path.resolve()) == recorded["source"]["path"]), None)
+    if name is None:
+        raise AirflowFailException(f"the backup {recorded['id']} is of {recorded['source']['path']}, no configured "
+                                   "source's directory: no asset updated")
     get_current_context()[PLAN_LABEL] = name  # its label in the UI
     outlet_events[BACKUPS_ALIAS].add(
         create_asset(repository=config.repository_connection, source=name, kind="backup"),
