@@ -271,6 +271,18 @@ def browser(tmp_path):
         driver.quit()
 
 
+def _log_in(driver, wait, stack) -> None:
+    """The login page, as admin (a TimeoutException where it does not answer as expected)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    driver.get(f"{stack['url']}/auth/login")
+    wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
+    driver.find_element(By.NAME, "password").send_keys(stack["password"])
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait.until(lambda d: "/auth/login" not in d.current_url)
+
+
 def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
@@ -289,12 +301,7 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
         return f"(page at {driver.current_url}: {path} and its .png)"
 
     try:
-        driver.get(f"{url}/auth/login")
-        wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
-        driver.find_element(By.NAME, "password").send_keys(stack["password"])
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait.until(lambda d: "/auth/login" not in d.current_url)
-
+        _log_in(driver, wait, stack)
         driver.get(f"{url}/dags/{DAG}")
         wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
         wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-scope=dialog][data-part=content]")))
@@ -343,7 +350,6 @@ def test_the_assets_view_shows_backup_then_snapshot_then_retention(stack, browse
     walvault_retention scheduled on that. The alias resolves with the first backup: one is made if none was."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
     api, url, driver = Api(stack), stack["url"], browser
@@ -361,11 +367,7 @@ def test_the_assets_view_shows_backup_then_snapshot_then_retention(stack, browse
     wait = WebDriverWait(driver, 60)
     chain = ("walvault_backup", "walvault_snapshot", "walvault_retention")
     try:
-        driver.get(f"{url}/auth/login")
-        wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
-        driver.find_element(By.NAME, "password").send_keys(stack["password"])
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait.until(lambda d: "/auth/login" not in d.current_url)
+        _log_in(driver, wait, stack)
         driver.get(f"{url}/assets/{asset['id']}")
         wait.until(lambda d: all(name in d.find_element(By.TAG_NAME, "body").text for name in chain))
     except TimeoutException:
