@@ -81,7 +81,8 @@ def retention_applies(dag_run, dry_run, tolerance_minutes: float, applied_today:
         if late is None:
             return True, "a scheduled run on time: applied"
         return False, f"a catch-up run started {late:.0f} minutes late: plan only; the next on-time run applies"
-    return False, f"a {kind} run: plan only (a scheduled run on time, or a manual one with dry_run unticked, applies)"
+    return False, (f"a {kind} run: plan only (a manual run with dry_run unticked, or the day's first run after a "
+                   "new snapshot, applies)")
 
 
 def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
