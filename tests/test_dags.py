@@ -80,7 +80,7 @@ def test_the_dags_follow_the_data(airflow_env, monkeypatch):
     assert bag.dags["walvault_backup"].get_task("backup_source.publish").outlets == [BACKUPS_ALIAS]
     assert [a.uri for a in snapshot.get_task("snapshot_ls").outlets] == [_asset("ls", "snapshot")]
     assert [a.uri for a in retention.get_task("expire_tt").inlets] == [_asset("tt", "snapshot")]
-    assert bag.dags["walvault_restore_drill"].timetable.summary == "0 5 * * 0"
+    assert bag.dags["walvault_restore_drill"].timetable.expression == "0 5 * * 0"
     with pytest.raises(ValueError, match=re.escape("a walvault asset URI is walvault://REPOSITORY/SOURCE/backup|")):
         Asset("walvault://walvault_repo/tt")
 
