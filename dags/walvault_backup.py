@@ -7,17 +7,20 @@ Airflow creates at once on unpause, or after the scheduler was down) backs up no
 Runs never overlap: one at a time; a backup whose source's lease another command holds waits
 `runs.lease_wait_minutes`, then its task is retried (a waiting task holds a worker slot, one waiting to retry none).
 The Spark task fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's
-jobs still running before it removes their directory, and records the backups they committed."""
+jobs still running before it removes their directory, and records the backups they committed. Each source's backup,
+recorded and verified, updates that source's backup asset (walvault://REPO/SOURCE/backup, its metadata the backup's
+id, type, position and bytes), which walvault_snapshot runs on; a source whose backup failed updates nothing."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag
+from airflow.sdk import Param, dag, task
 
+from walvault_provider.assets import BACKUPS_ALIAS
 from walvault_provider.config import load
 from walvault_provider.notifications import dag_callbacks
-from walvault_provider.operators.spark import spark_job
+from walvault_provider.operators.spark import PLAN_LABEL, PLAN_LABEL_TEMPLATE, spark_job
 from walvault_provider.operators.walvault import WalvaultVerifyOperator, scheduled_backup_type
 
 CONFIG = load()
@@ -60,6 +63,28 @@ def record(result: dict) -> dict:
     return result
 
 
+@task(outlets=[BACKUPS_ALIAS], trigger_rule="none_failed", map_index_template=PLAN_LABEL_TEMPLATE)
+def publish(recorded: dict, *, outlet_events=None) -> None:
+    """The source's backup asset updated, its metadata what the backup is: after the backup's record and its
+    verification (or verify unticked); a failed backup, record or verification updates nothing. Through an alias:
+    a mapped task's outlets are every source's assets, an alias event names this source's alone."""
+    from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from walvault_provider.assets import create_asset
+
+    config = load()
+    name = next((s.name for s in config.sources if str(s.path.resolve()) == recorded["source"]["path"]), None)
+    if name is None:
+        raise AirflowFailException(f"the backup {recorded['id']} is of {recorded['source']['path']}, no configured "
+                                   "source's directory: no asset updated")
+    get_current_context()[PLAN_LABEL] = name  # its label in the UI
+    outlet_events[BACKUPS_ALIAS].add(
+        create_asset(repository=config.repository_connection, source=name, kind="backup"),
+        extra={"source": name, "id": recorded["id"], "type": recorded["type"], "position": recorded["position"],
+               "bytes": recorded["bytes"], "stored_bytes": recorded["stored_bytes"]})
+
+
 @dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
      max_active_runs=1, tags=["walvault", "backup", *CONFIG.families], doc_md=__doc__,
      description="Full or incremental backup of each source with Spark, recorded and verified in the repository",
@@ -73,10 +98,10 @@ def record(result: dict) -> dict:
                             description="the Spark master: the Airflow connection to submit to (local[2] or a "
                             "standalone master)")})
 def walvault_backup():
-    # each source in a group of its own, its backup verified in the repository after its record
+    # each source in a group of its own, its backup verified in the repository after its record, then published
     backup = spark_job("backup", plan=plan, result=record, conn_id="{{ params.spark }}", group_id="backup_source",
                        then=lambda recorded: WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}",
-                                                                    backup_id=recorded["id"]))
+                                                                    backup_id=recorded["id"]) >> publish(recorded))
     backup.done >> backup.clean_up
 
 

@@ -4,10 +4,12 @@ bytes, then `expire_<source>` expires only that confirmed source (walvault expir
 is skipped and so is its expiry; an anchor that does not re-hash fails its confirm, and nothing of the source is
 expired. Each log says it as the CLI does (why uncovered, what goes and why, what is kept and why).
 
-What deletes: a manual run with `dry_run` unticked, or a scheduled run on time. A manual run with `dry_run` ticked
-(the form's default) only plans, and so does a scheduled run that starts more than `schedules.late_after_minutes`
-after its time: the catch-up run Airflow creates at once when the DAG is unpaused (the form's "unpause on trigger"
-included) or after the scheduler was down. Its log says so; the next on-time run applies the policy."""
+It runs when a source's snapshot asset updates (walvault_snapshot made a snapshot of it), and deletes at most once
+a day: what deletes is a manual run with `dry_run` unticked, or the day's first run (UTC) triggered by
+walvault_snapshot's events, started within `schedules.late_after_minutes` of the newest. Each expire task keeps the
+day record in its source's snapshot asset's state store, written before it deletes; a later asset-triggered run the
+same day only plans, and so does one triggered by an asset event made by hand. A manual run with `dry_run` ticked
+(the form's default) only plans. Its log says why."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from datetime import datetime
 
 from airflow.sdk import Param, dag
 
+from walvault_provider.assets import data_schedule, source_assets
 from walvault_provider.config import load
 from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.walvault import WalvaultConfirmOperator, WalvaultExpireOperator
@@ -22,16 +25,18 @@ from walvault_provider.operators.walvault import WalvaultConfirmOperator, Walvau
 CONFIG = load()
 
 
-@dag(dag_id="walvault_retention", schedule=CONFIG.schedules["retention"], start_date=datetime(2026, 1, 1),
+@dag(dag_id="walvault_retention", schedule=data_schedule(CONFIG, "retention"), start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs=1, tags=["walvault", "retention", *CONFIG.families], doc_md=__doc__,
      description="Confirm each source's coverage, then expire what the recovery window no longer needs",
      **dag_callbacks(CONFIG, CONFIG.runs.default_args("retention")), dagrun_timeout=CONFIG.runs.dagrun_timeout("retention"),
      params={"dry_run": Param(True, type="boolean", description="show the plan only; delete nothing (a manual "
-                              "run; a scheduled run applies the policy when it starts on time)")})
+                              "run; the day's first run after a new snapshot applies the policy)")})
 def walvault_retention():
+    snapshots = source_assets(CONFIG, "snapshot")
     for confirm in WalvaultConfirmOperator.per_source(CONFIG, "confirm"):
+        # the inlet: the source's snapshot asset, whose state store keeps the day record
         WalvaultExpireOperator(task_id=f"expire_{confirm.source}", confirmed=confirm.output,
-                               dry_run="{{ params.dry_run }}")
+                               dry_run="{{ params.dry_run }}", inlets=[snapshots[confirm.source]])
 
 
 walvault_retention()

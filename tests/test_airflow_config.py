@@ -56,7 +56,8 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     assert config.retention_days == 7 and config.full_every_days == 1.5
     assert config.spark_connections == ("spark_local", "spark_cluster") and config.spark_connection == "spark_local"
     assert config.schedules["archive"] == "*/5 * * * *" and config.schedules["backup"] is None
-    assert config.schedules["retention"] == "0 4 * * *", "unset schedules keep their defaults"
+    assert config.schedules["retention"] == "on snapshot" and config.schedules["restore_drill"] == "0 5 * * 0", \
+        "unset schedules keep their defaults"
     assert config.source("ls1") is ls1
     with pytest.raises(ConfigError, match="no source named 'nope'"):
         config.source("nope")
@@ -84,6 +85,9 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {archive: every minute}", "schedules.archive"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {hourly: '@daily'}", "schedules.hourly"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {archive: '61 * * * *'}", "schedules.archive"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {snapshot: '0 2 * * *'}", "schedules.snapshot"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {retention: '@daily'}", "schedules.retention"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {retention: on backup}", "schedules.retention"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nrepository: {connection: 'a b'}", "repository.connection"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nspark: {connection: spark_default}", "spark.connection"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nbackup: {full_every_days: 0}", "backup.full_every_days"),
@@ -118,6 +122,19 @@ def test_every_error_names_its_key(tmp_path, text, key):
         load(path)
     assert f"{path}: {key}:" in str(e.value)
     assert "hunter2" not in str(e.value)
+
+
+def test_a_cron_for_snapshot_or_retention_says_in_one_line_that_they_follow_the_data(tmp_path):
+    """An existing configuration's staggered crons (02:00, 04:00) are refused, saying what to write instead; null
+    (triggered only) and the data-following values load."""
+    path = _write(tmp_path, "sources: [{name: a, family: tarantool, path: /x}]\nschedules: {retention: '0 4 * * *'}")
+    with pytest.raises(ConfigError) as e:
+        load(path)
+    assert str(e.value) == (f"{path}: schedules.retention: '0 4 * * *': walvault_retention follows the data, not the "
+                            "clock: write 'on snapshot' (the default), or null for triggered only")
+    config = load(_write(tmp_path, "sources: [{name: a, family: tarantool, path: /x}]\n"
+                                   "schedules: {snapshot: on backup, retention: null}"))
+    assert config.schedules["snapshot"] == "on backup" and config.schedules["retention"] is None
 
 
 def test_runs_give_every_task_an_owner_retries_with_back_off_and_timeouts(tmp_path):

@@ -5,14 +5,17 @@ the task logs, not only the exit code."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 import tarantool_real as tr
-from conftest import airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
+from asset_runs import asset_triggered_test
+from conftest import REPO, airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
 from devenv import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("dags")]
@@ -37,6 +40,49 @@ def _dags_test(env, dag_id, *conf):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     assert "Traceback" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-6000:]
     return proc.stdout + proc.stderr
+
+
+def _asset(source: str, kind: str) -> str:
+    return f"walvault://walvault_repo/{source}/{kind}"
+
+
+def _asset_events(env) -> dict[str, list[dict]]:
+    """The metadata database's asset events by asset URI, oldest first: the DAG that made each, and its metadata."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")) as db:
+        rows = db.execute("SELECT asset.uri, asset_event.source_dag_id, asset_event.extra FROM asset_event "
+                          "JOIN asset ON asset.id = asset_event.asset_id ORDER BY asset_event.id").fetchall()
+    events: dict[str, list[dict]] = {}
+    for uri, dag_id, extra in rows:
+        events.setdefault(uri, []).append({"dag": dag_id, **json.loads(extra or "{}")})
+    return events
+
+
+def test_the_dags_follow_the_data(airflow_env, monkeypatch):
+    """walvault_snapshot runs on any source's backup asset, walvault_retention on any snapshot asset (its expire
+    tasks' inlets: where the day record is kept), the drill stays weekly; the provider's `walvault` URI scheme
+    refuses a URI that names no source and kind."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import Asset, AssetAny
+    from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
+
+    from walvault_provider.assets import BACKUPS_ALIAS
+
+    monkeypatch.setenv("WALVAULT_CONFIG", airflow_env["env"]["WALVAULT_CONFIG"])
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    snapshot, retention = bag.dags["walvault_snapshot"], bag.dags["walvault_retention"]
+    for dag, kind in ((snapshot, "backup"), (retention, "snapshot")):
+        assert isinstance(dag.timetable, AssetTriggeredTimetable)
+        assert dag.timetable.asset_condition == AssetAny(Asset(_asset("tt", kind), group="walvault"),
+                                                         Asset(_asset("ls", kind), group="walvault"))
+    assert bag.dags["walvault_backup"].get_task("backup_source.publish").outlets == [BACKUPS_ALIAS]
+    assert [a.uri for a in snapshot.get_task("snapshot_ls").outlets] == [_asset("ls", "snapshot")]
+    assert [a.uri for a in retention.get_task("expire_tt").inlets] == [_asset("tt", "snapshot")]
+    assert bag.dags["walvault_restore_drill"].timetable.expression == "0 5 * * 0"
+    with pytest.raises(ValueError, match=re.escape("a walvault asset URI is walvault://REPOSITORY/SOURCE/backup|")):
+        Asset("walvault://walvault_repo/tt")
 
 
 def test_the_dags_import_without_errors(airflow_env):
@@ -68,6 +114,14 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env):
     backups = json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]
     assert sorted(b["family"] for b in backups if b["type"] == "snapshot") == ["limestone", "tarantool"]
     assert all(b["status"] == "ok" for b in backups)
+    # a manual run snapshots every source; each snapshot updates its source's asset, saying what it made
+    events = _asset_events(env)
+    made = {b["family"]: b for b in backups if b["type"] == "snapshot"}
+    for source, family in (("tt", "tarantool"), ("ls", "limestone")):
+        (event,) = events[_asset(source, "snapshot")]
+        assert event["dag"] == "walvault_snapshot" and event["source"] == source, event
+        assert (event["id"], event["position"]) == (made[family]["id"], made[family]["position"]), event
+        assert event["bytes"] > 0 and event["files"] > 0
     tree = sorted((p.relative_to(repo).as_posix(), p.stat().st_size) for p in repo.rglob("*") if p.is_file())
     log = _dags_test(env, "walvault_retention")
     # snapshots taken now anchor nothing of a 30-day window: each source's confirm says so, and its expiry is skipped
@@ -94,6 +148,13 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
     kinds = sorted((b["family"], b["type"]) for b in backups)
     assert kinds == [("limestone", "full"), ("tarantool", "full"), ("tarantool", "incremental")]
     assert all(b["status"] == "ok" for b in backups)
+    # each backup, recorded and verified, updated its own source's asset only, with what it is as metadata
+    events = _asset_events(env)
+    for source, family in (("ls", "limestone"), ("tt", "tarantool")):
+        made = sorted((b for b in backups if b["family"] == family), key=lambda b: b["id"])
+        assert [(e["dag"], e["source"], e["id"], e["type"], e["position"]) for e in events[_asset(source, "backup")]] \
+            == [("walvault_backup", source, b["id"], b["type"], b["position"]) for b in made]
+        assert all(e["bytes"] > 0 for e in events[_asset(source, "backup")])
     report = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
     assert report["intact"]
     restored = airflow_env["root"] / "restored"
@@ -103,6 +164,21 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
     assert not list((airflow_env["root"] / "work").rglob("plan.json")), "plan files (with options) are removed"
 
 
+def test_an_asset_triggered_snapshot_snapshots_only_the_sources_whose_backups_triggered_it(airflow_env):
+    """The run the scheduler makes when ls's backup asset updates: ls is snapshotted, tt skipped, saying why; only
+    ls's snapshot asset updates."""
+    env = airflow_env["env"]
+    before = _asset_events(env)
+    proc = asset_triggered_test(env, "walvault_snapshot", [_asset("ls", "backup")])
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "asset-triggered run asset_triggered__" in log, log[-6000:]
+    assert "walvault snapshot of ls" in log and "walvault snapshot of tt" not in log, log[-6000:]
+    assert "tt: no new backup among the events that triggered this run (ls): not snapshotted" in log, log[-6000:]
+    after = _asset_events(env)
+    assert len(after[_asset("ls", "snapshot")]) == len(before[_asset("ls", "snapshot")]) + 1
+    assert after[_asset("tt", "snapshot")] == before[_asset("tt", "snapshot")]
+
+
 def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_path):
     """An incremental with no full backup under it: the run fails, the Spark task's last lines say why, and the
     plan (with the repository's options) is gone. A Spark master that is not a configured connection fails the
@@ -110,11 +186,13 @@ def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_pat
     env = {**airflow_env["env"], "WALVAULT_WORK_DIR": str(tmp_path / "work"),
            "AIRFLOW_CONN_WALVAULT_REPO": json.dumps({"conn_type": "walvault_repo",
                                                      "extra": {"url": str(tmp_path / "empty-repo")}})}
+    before = _asset_events(env)
     proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
                    json.dumps({"source": "ls", "type": "incremental", "verify": True}))
     log = proc.stdout + proc.stderr
     assert "DagRun failed" in log, log[-3000:]
     assert "AirflowFailException: walvault exited 1:" in log and "take a full backup first" in log, log[-3000:]
+    assert _asset_events(env) == before, "a failed backup updates no asset"
     assert not list((tmp_path / "work").rglob("plan.json"))
     proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
                    json.dumps({"source": "ls", "type": "full", "verify": True, "spark": "spark_cluster"}))

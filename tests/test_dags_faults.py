@@ -75,13 +75,18 @@ def _source_tree(repo: Path, instance: str) -> dict:
 # -- retention: the decision, the order, the confirmed sources only
 
 
-def _dag_run(run_type: str, due: datetime, started: datetime):
-    """A DagRun as a task's context carries it (the Task SDK's own model)."""
-    from airflow.sdk.api.datamodels._generated import DagRun
+def _dag_run(run_type: str, due: datetime, started: datetime, events: tuple = ()):
+    """A DagRun as a task's context carries it (the Task SDK's own model); `events`: (source DAG, when) of the asset
+    events it consumed."""
+    from airflow.sdk.api.datamodels._generated import AssetEventDagRunReference, DagRun
 
+    consumed = [AssetEventDagRunReference(
+        asset={"name": "walvault://walvault_repo/good/snapshot", "uri": "walvault://walvault_repo/good/snapshot",
+               "extra": {}}, extra={}, source_task_id=None, source_dag_id=dag_id, source_run_id=None,
+        source_map_index=None, source_aliases=[], timestamp=when) for dag_id, when in events]
     return DagRun(dag_id="walvault_retention", run_id=f"{run_type}__{due.isoformat()}", logical_date=due,
                   data_interval_start=due, data_interval_end=due, run_after=due, start_date=started, end_date=None,
-                  run_type=run_type, state="running", consumed_asset_events=[], partition_key=None)
+                  run_type=run_type, state="running", consumed_asset_events=consumed, partition_key=None)
 
 
 def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
@@ -109,6 +114,31 @@ def test_only_an_on_time_scheduled_run_or_an_unticked_manual_one_deletes():
     assert round(late_minutes(_dag_run("scheduled", due, late), 30)) == 300 * 1440 + 7
     assert late_minutes(_dag_run("scheduled", due, on_time), 30) is None
     assert late_minutes(_dag_run("manual", due, late), 30) is None
+
+
+def test_only_the_days_first_run_after_a_new_snapshot_deletes():
+    """An asset-triggered run, the normal path now: it deletes when walvault_snapshot's events triggered it, it
+    started within late_after_minutes of the newest, and no other run applied retention today (the day record).
+    A second run of the day, a late one, one triggered by an event made by hand only plan; dry_run is not read."""
+    from walvault_provider.operators.walvault import retention_applies
+
+    snapshot_at = datetime(2026, 1, 1, 2, 10, tzinfo=timezone.utc)
+    started = snapshot_at + timedelta(minutes=1)
+    run = _dag_run("asset_triggered", started, started, events=[("walvault_snapshot", snapshot_at)])
+    assert retention_applies(run, "True", 30) == (True, "the day's first run after a new snapshot: applied")
+    assert retention_applies(run, "True", 30, applied_today="asset_triggered__earlier") == (
+        False, "retention was applied today already (run asset_triggered__earlier): plan only; tomorrow's first "
+               "snapshot (UTC) applies")
+    late = _dag_run("asset_triggered", started, snapshot_at + timedelta(minutes=45),
+                    events=[("walvault_snapshot", snapshot_at - timedelta(hours=5)), ("walvault_snapshot", snapshot_at)])
+    assert retention_applies(late, "False", 30) == \
+        (False, "a run started 45 minutes after its snapshot: plan only; the next snapshot's applies")
+    by_hand = _dag_run("asset_triggered", started, started, events=[(None, snapshot_at)])
+    assert retention_applies(by_hand, "False", 30) == (
+        False, "a run triggered by asset events walvault_snapshot did not make (made by hand): plan only")
+    assert retention_applies(_dag_run("asset_triggered", started, started), "False", 30)[0] is False
+    # a deliberate manual apply is not bound by the day record
+    assert retention_applies(_dag_run("manual", started, started), "False", 30, applied_today="x")[0] is True
 
 
 @pytest.mark.parametrize("confirmed", [None, {}, {"family": "limestone"}, "{{ nothing }}"])
@@ -156,6 +186,32 @@ def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faul
     assert any(n.endswith(".zst") for n in good_archive), "what retention does not delete stays"
     assert _source_tree(repo, instances["bad"]) == bad_before, "the unconfirmed source is not expired"
     assert "DagRun failed" in log
+
+
+def test_a_snapshot_triggered_run_deletes_at_most_once_a_day(faults_env):
+    """After the manual apply above took today for good, today's snapshot-triggered run only plans; tomorrow's
+    first one applies (writing the day record in good's snapshot asset), its second only plans; a run an event
+    made by hand triggered never applies."""
+    from datetime import datetime, timedelta, timezone
+
+    from asset_runs import asset_triggered_test
+
+    env, good = faults_env["env"], "walvault://walvault_repo/good/snapshot"
+
+    def run(made_by: str, at=None) -> str:
+        proc = asset_triggered_test(env, "walvault_retention", [good], made_by=made_by, at=at)
+        log = proc.stdout + proc.stderr
+        assert "asset-triggered run asset_triggered__" in log and "starting task_id=expire_good" in log, log[-4000:]
+        return log
+
+    assert "walvault expire (retention was applied today already (run manual__" in run("walvault_snapshot")
+    assert "walvault expire (a run triggered by asset events walvault_snapshot did not make (made by hand): " \
+           "plan only)" in run("hand")
+    tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
+    assert "walvault expire (the day's first run after a new snapshot: applied)" in run("walvault_snapshot", tomorrow)
+    log = run("walvault_snapshot", tomorrow + timedelta(minutes=5))
+    first = "asset_triggered__" + tomorrow.isoformat()[:10]
+    assert f"walvault expire (retention was applied today already (run {first}" in log, log[-4000:]
 
 
 # -- the Spark task: a walvault verdict fails it

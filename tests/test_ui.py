@@ -112,10 +112,10 @@ class Postgres:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("ui")
-    # no schedules: unpausing walvault_backup must not start a scheduled run of every source beside the triggered
-    # ones (catchup=False still runs the latest interval)
-    tt, ls, config = airflow_sources(root, "{archive: null, backup: null, snapshot: null, retention: null, "
-                                           "restore_drill: null}")
+    # no cron schedules: unpausing walvault_backup must not start a scheduled run of every source beside the
+    # triggered ones (catchup=False still runs the latest interval); snapshot and retention follow the data as
+    # shipped (the Assets view's chain), paused, so that a backup queues no run of them
+    tt, ls, config = airflow_sources(root, "{archive: null, backup: null, restore_drill: null}")
     repo = root / "repo"
     with contextlib.ExitStack() as cleanup:
         pg = Postgres()
@@ -225,7 +225,7 @@ def test_backup_triggered_through_the_rest_api(stack):
     states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(DAG, run_id)}
     assert states == {("plan", -1): "success", ("backup_source.spark_backup", 0): "success",
                       ("backup_source.record", 0): "success", ("backup_source.verify", 0): "success",
-                      ("clean_up", -1): "success"}, states
+                      ("backup_source.publish", 0): "success", ("clean_up", -1): "success"}, states
 
     backups = [b for b in _backups(repo) if b["family"] == "tarantool"]
     assert [(b["type"], b["status"]) for b in backups] == [("full", "ok")], backups
@@ -271,6 +271,18 @@ def browser(tmp_path):
         driver.quit()
 
 
+def _log_in(driver, wait, stack) -> None:
+    """The login page, as admin (a TimeoutException where it does not answer as expected)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    driver.get(f"{stack['url']}/auth/login")
+    wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
+    driver.find_element(By.NAME, "password").send_keys(stack["password"])
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait.until(lambda d: "/auth/login" not in d.current_url)
+
+
 def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
@@ -289,12 +301,7 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
         return f"(page at {driver.current_url}: {path} and its .png)"
 
     try:
-        driver.get(f"{url}/auth/login")
-        wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
-        driver.find_element(By.NAME, "password").send_keys(stack["password"])
-        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait.until(lambda d: "/auth/login" not in d.current_url)
-
+        _log_in(driver, wait, stack)
         driver.get(f"{url}/dags/{DAG}")
         wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
         wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-scope=dialog][data-part=content]")))
@@ -321,9 +328,9 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     try:
         wait.until(EC.text_to_be_present_in_element((By.XPATH, header), "Success"))
         wait.until(lambda d: len([b for b in d.find_elements(By.CSS_SELECTOR, "td [data-testid=state-badge]")
-                                  if b.text.strip() == "Success"]) == 5)
+                                  if b.text.strip() == "Success"]) == 6)
     except TimeoutException:
-        pytest.fail(f"the run page does not show the run and its 5 tasks in success {page_dump('run')}")
+        pytest.fail(f"the run page does not show the run and its 6 tasks in success {page_dump('run')}")
     shot = tmp_path / "walvault_backup_run.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 0
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -335,3 +342,36 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/backup_source.record/xcomEntries/return_value",
                     params={"map_index": 0})["value"]
     assert (json.loads(xcom) if isinstance(xcom, str) else xcom)["id"] == backups[0]["id"], xcom
+
+
+def test_the_assets_view_shows_backup_then_snapshot_then_retention(stack, browser, tmp_path):
+    """A source's backup asset in the Assets view: its graph links walvault_backup (through the alias its publish
+    task adds the source's event by), the asset, walvault_snapshot scheduled on it, the snapshot asset and
+    walvault_retention scheduled on that. The alias resolves with the first backup: one is made if none was."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    api, url, driver = Api(stack), stack["url"], browser
+    uri = "walvault://walvault_repo/tt/backup"
+    (asset,) = api.call("GET", "/assets", params={"uri_pattern": uri})["assets"]
+    if not api.call("GET", "/assets/events", params={"asset_id": asset["id"]})["asset_events"]:
+        api.unpause(DAG)
+        api.wait_success(DAG, api.trigger(DAG, {"source": "tt", "type": "full", "verify": False,
+                                                "spark": "spark_default"}))
+    (event, *_) = api.call("GET", "/assets/events", params={"asset_id": asset["id"], "order_by": "-timestamp"}
+                           )["asset_events"]
+    assert event["source_dag_id"] == DAG and event["extra"]["source"] == "tt" and event["extra"]["id"], event
+    assert [d["dag_id"] for d in asset["scheduled_dags"]] == ["walvault_snapshot"], asset
+
+    wait = WebDriverWait(driver, 60)
+    chain = ("walvault_backup", "walvault_snapshot", "walvault_retention")
+    try:
+        _log_in(driver, wait, stack)
+        driver.get(f"{url}/assets/{asset['id']}")
+        wait.until(lambda d: all(name in d.find_element(By.TAG_NAME, "body").text for name in chain))
+    except TimeoutException:
+        path = tmp_path / "assets.png"
+        driver.save_screenshot(str(path))
+        pytest.fail(f"the Assets view of {uri} does not show {' -> '.join(chain)} (page: {path})\n"
+                    + driver.find_element(By.TAG_NAME, "body").text[:3000])

@@ -1,6 +1,7 @@
 """walvault's Airflow provider, laid out as Airflow's providers are: the repository and Tarantool hooks (hooks/),
-the operators (operators/: walvault's commands, and its Spark jobs), the pipeline's configuration file (config.py)
-and the files a Spark job is given and leaves (spark.py). get_provider_info() describes it as a provider package
+the operators (operators/: walvault's commands, and its Spark jobs), the pipeline's configuration file (config.py),
+the files a Spark job is given and leaves (spark.py), and the assets the DAGs update (assets.py, the `walvault` URI
+scheme). get_provider_info() describes it as a provider package
 does; pyproject.toml's `apache_airflow_provider` entry point names it, so that `airflow providers list` shows
 walvault and the UI's connection form knows its connection types.
 
@@ -22,6 +23,9 @@ def get_provider_info() -> dict:
                                                                       "walvault_provider.hooks.tarantool"]}],
         "operators": [{"integration-name": "walvault", "python-modules": ["walvault_provider.operators.walvault",
                                                                           "walvault_provider.operators.spark"]}],
+        # walvault://REPOSITORY/SOURCE/backup|snapshot: the assets the DAGs update (walvault_provider.assets)
+        "asset-uris": [{"schemes": ["walvault"], "handler": "walvault_provider.assets.sanitize_uri",
+                        "factory": "walvault_provider.assets.create_asset"}],
         "connection-types": [
             {
                 "hook-class-name": "walvault_provider.hooks.walvault.WalvaultRepoHook",

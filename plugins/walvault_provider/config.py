@@ -25,9 +25,11 @@ connections, which the file names. Every error names the key at fault.
       full_every_days: 7               # a scheduled backup is full when the source's newest full is this old
     schedules:                         # cron expressions or presets; null: triggered only
       archive: "*/15 * * * *"
-      backup: "0 1 * * *"             # the defaults are staggered: a snapshot after the backup, retention
-      snapshot: "0 2 * * *"           # after the snapshot it needs (each waits up to an hour for a lease)
-      retention: "0 4 * * *"
+      backup: "0 1 * * *"
+      snapshot: on backup              # by data, not by clock: when a source's backup asset updates (its sources
+                                       # only); null: triggered only. A cron here is refused, saying so
+      retention: on snapshot           # when a snapshot asset updates, deleting at most once a day; null: triggered
+                                       # only. A cron here is refused, saying so
       restore_drill: "0 5 * * 0"
       status: "*/10 * * * *"          # walvault_status: the textfile and the freshness alerts
       late_after_minutes: 30           # a scheduled run that starts later than this after its time (a catch-up
@@ -73,9 +75,12 @@ from pathlib import Path
 ENV_VAR = "WALVAULT_CONFIG"
 DEFAULT_NAME = "walvault.yaml"
 FAMILIES = ("tarantool", "limestone")
-# Staggered (UTC): the snapshot after the backup, retention after the snapshot it needs, the drill on Sunday.
-DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "0 1 * * *", "snapshot": "0 2 * * *",
-                     "retention": "0 4 * * *", "restore_drill": "0 5 * * 0", "status": "*/10 * * * *"}
+# The DAGs that follow the data (walvault_provider.assets): the one value each takes besides null.
+DATA_SCHEDULES = {"snapshot": "on backup", "retention": "on snapshot"}
+# UTC; the snapshot after each backup, retention after each snapshot (by their assets), the drill on Sunday, the
+# status check every 10 minutes.
+DEFAULT_SCHEDULES = {"archive": "*/15 * * * *", "backup": "0 1 * * *", **DATA_SCHEDULES, "restore_drill": "0 5 * * 0",
+                     "status": "*/10 * * * *"}
 DEFAULT_ROTATE_MIN_BYTES = 64 << 20
 # Per DAG (minutes): execution_timeout of each task (the longest: a full backup or a drill of a big source), and
 # dagrun_timeout (room for the retries). An archive runs every 15 minutes: it is bounded under its next runs'; a
@@ -304,7 +309,10 @@ def parse(raw, path: Path) -> Config:
     for name, value in schedules_raw.items():
         if name == "late_after_minutes":
             continue
-        if value is not None and not _schedule(value):
+        if name in DATA_SCHEDULES and value not in (DATA_SCHEDULES[name], None):
+            fail(f"schedules.{name}", f"{value!r}: walvault_{name} follows the data, not the clock: write "
+                 f"{DATA_SCHEDULES[name]!r} (the default), or null for triggered only")
+        if name not in DATA_SCHEDULES and value is not None and not _schedule(value):
             fail(f"schedules.{name}", f"{value!r} is not a cron expression (5 fields) or a preset "
                  f"({', '.join(sorted(_PRESETS))})")
         schedules[name] = value

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ..config import Runs
@@ -37,21 +37,42 @@ def late_minutes(dag_run, tolerance_minutes: float) -> float | None:
     """How many minutes after its time a scheduled run started, when that is more than `tolerance_minutes`: a
     catch-up (the latest interval, created at once on unpause, or after the scheduler was down); None for a
     run on time and for any run not scheduled."""
-    from datetime import datetime, timezone
-
     if _run_kind(dag_run) != "scheduled":
         return None
     due = dag_run.data_interval_end or dag_run.run_after
-    started = dag_run.start_date or datetime.now(timezone.utc)
-    late = (started - due).total_seconds() / 60
+    late = (_started(dag_run) - due).total_seconds() / 60
     return late if late > tolerance_minutes else None
 
 
-def retention_applies(dag_run, dry_run, tolerance_minutes: float) -> tuple[bool, str]:
-    """Whether a retention run deletes, and why: a manual run with `dry_run` unticked, or a scheduled run on time.
-    Anything else plans only: a manual dry run, a scheduled run that started late (a catch-up at unpause: so that
-    unpausing, or a dry-run trigger with "unpause on trigger" ticked, never deletes), a backfill."""
+def _started(dag_run):
+    from datetime import datetime, timezone
+
+    return dag_run.start_date or datetime.now(timezone.utc)
+
+
+SNAPSHOT_DAG = "walvault_snapshot"  # the DAG whose asset events trigger a retention run that may delete
+
+
+def retention_applies(dag_run, dry_run, tolerance_minutes: float, applied_today: str | None = None
+                      ) -> tuple[bool, str]:
+    """Whether a retention run deletes, and why: a manual run with `dry_run` unticked, a scheduled run on time, or
+    the day's run triggered by a new snapshot: an asset-triggered run whose events walvault_snapshot made, started
+    within `tolerance_minutes` of the newest, when no other run applied retention today (`applied_today`: the run
+    that did, from the day record). Anything else plans only: a manual dry run, a scheduled run that started late (a
+    catch-up at unpause: so that unpausing, or a dry-run trigger with "unpause on trigger" ticked, never deletes), a
+    second asset-triggered run of the day, one triggered by an asset event made by hand, a backfill."""
     kind = _run_kind(dag_run)
+    if kind == "asset_triggered":
+        made = [e.timestamp for e in dag_run.consumed_asset_events if e.source_dag_id == SNAPSHOT_DAG]
+        if not made:
+            return False, f"a run triggered by asset events {SNAPSHOT_DAG} did not make (made by hand): plan only"
+        late = (_started(dag_run) - max(made)).total_seconds() / 60
+        if late > tolerance_minutes:
+            return False, f"a run started {late:.0f} minutes after its snapshot: plan only; the next snapshot's applies"
+        if applied_today is not None:
+            return False, (f"retention was applied today already (run {applied_today}): plan only; tomorrow's "
+                           "first snapshot (UTC) applies")
+        return True, "the day's first run after a new snapshot: applied"
     if kind == "manual":
         dry = flag(dry_run, "dry_run")
         return not dry, "a manual run with dry_run " + ("ticked: plan only" if dry else "unticked: applied")
@@ -60,7 +81,8 @@ def retention_applies(dag_run, dry_run, tolerance_minutes: float) -> tuple[bool,
         if late is None:
             return True, "a scheduled run on time: applied"
         return False, f"a catch-up run started {late:.0f} minutes late: plan only; the next on-time run applies"
-    return False, f"a {kind} run: plan only (a scheduled run on time, or a manual one with dry_run unticked, applies)"
+    return False, (f"a {kind} run: plan only (a manual run with dry_run unticked, or the day's first run after a "
+                   "new snapshot, applies)")
 
 
 def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
@@ -258,7 +280,9 @@ class _SourceOperator(_WalvaultOperator):
 class WalvaultSnapshotOperator(_SourceOperator):
     """Store and verify a covering snapshot of one configured source (walvault snapshot). Nothing new to fold (a
     limestone source whose archive has not moved) is not a failure: the snapshot that covers it is named. A lease
-    another command holds is waited for `runs.lease_wait_minutes`, then the task fails to be retried.
+    another command holds is waited for `runs.lease_wait_minutes`, then the task fails to be retried. In a run that
+    assets triggered, a source whose backup asset is not among the triggering events is skipped. The task's outlets
+    (its source's snapshot asset) get the snapshot's id, position and bytes as the event's metadata.
 
     Templated: `config_path`, `source`."""
 
@@ -268,8 +292,13 @@ class WalvaultSnapshotOperator(_SourceOperator):
         from walcore.requests import SnapshotRequest
         from walcore.runner import LocalRunner
 
+        from ..assets import triggering_sources
         from ..hooks.tarantool import TarantoolHook
 
+        triggered = triggering_sources(context["dag_run"])
+        if triggered is not None and self.source not in triggered:
+            raise AirflowSkipException(f"{self.source}: no new backup among the events that triggered this run "
+                                       f"({', '.join(sorted(triggered)) or 'none of walvault'}): not snapshotted")
         config = self.load_config()
         source = config.source(self.source)
         names_repo = self.repository(config)[1]
@@ -280,6 +309,7 @@ class WalvaultSnapshotOperator(_SourceOperator):
             result = outcome(request, LocalRunner())
         except NothingNew as e:
             self.summary(f"walvault snapshot of {source.name}", [str(e)])
+            self.describe_outlets(context, {"source": source.name, "id": None, "note": str(e)})
             return {"id": None, "note": str(e)}
         m = result.manifest
         covers = m.checks.get("snapshot", {})
@@ -287,7 +317,14 @@ class WalvaultSnapshotOperator(_SourceOperator):
             f"snapshot {m.id} ({m.family} {m.instance}): {len(m.files)} files, {m.bytes:,} bytes",
             f"covers the log up to {m.position}" + (f", folding {len(covers.get('folded', []))} pwal files"
                                                     if m.family == "limestone" else "")])
+        self.describe_outlets(context, {"source": source.name, "id": m.id, "position": m.position,
+                                        "bytes": m.bytes, "files": len(m.files)})
         return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance}
+
+    def describe_outlets(self, context, metadata: dict) -> None:
+        """The asset events of the task's outlets say what it made (Airflow sends them when the task succeeds)."""
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = metadata
 
 
 class WalvaultConfirmOperator(_SourceOperator):
@@ -331,13 +368,17 @@ class WalvaultConfirmOperator(_SourceOperator):
 
 
 EVERY_SOURCE = "every source"  # WalvaultExpireOperator's scope when no confirmation restricts it
+DAY_RECORD = "walvault_retention_applied"  # the key of the day record: {"day": "YYYY-MM-DD" (UTC), "run_id"}
 
 
 class WalvaultExpireOperator(_WalvaultOperator):
     """Retention under the configured recovery window (walvault expire), of the source `confirmed` names (the
     result of its WalvaultConfirmOperator) or, without it, of every source in the repository. Deletes only
-    when retention_applies() says so (a manual run with `dry_run` unticked, a scheduled run on time), else
-    plans. Returns the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and
+    when retention_applies() says so (a manual run with `dry_run` unticked, a scheduled run on time, the day's
+    run after a new snapshot), else plans. The day record, which makes a snapshot-triggered run delete at most
+    once a day, is kept in the state store of the task's inlet (its source's snapshot asset): every run that
+    deletes writes it (the UTC day and its run id) before it deletes; without an inlet, no asset-triggered run
+    deletes. Returns the JSON of `walvault expire --json`; the log ends with what was (or would be) deleted and
     why, as the CLI says it. A source whose expiry stopped (a lease held past `runs.lease_wait_minutes`, the
     repository failing) fails the task to be retried.
 
@@ -365,12 +406,21 @@ class WalvaultExpireOperator(_WalvaultOperator):
             only = {(self.confirmed["family"], self.confirmed["instance"])}
         config = self.load_config()
         names_repo = self.repository(config)[1]
-        apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
+        dag_run = context["dag_run"]
+        day = _started(dag_run).strftime("%Y-%m-%d")
+        record = next((context["asset_state_store"][a] for a in self.inlets if isinstance(a, Asset)), None)
+        applied = record.get(DAY_RECORD) if record is not None else {"day": day, "run_id": "(no day record)"}
+        applied_today = applied["run_id"] if applied and applied["day"] == day and \
+            applied["run_id"] != dag_run.run_id else None
+        apply, why = retention_applies(dag_run, self.dry_run, config.late_after_minutes, applied_today)
+        if apply and record is not None:  # before a deletion: a run failing midway still took the day
+            record.set(DAY_RECORD, {"day": day, "run_id": dag_run.run_id})
         days = self.days if self.days not in (None, "", "None") else config.retention_days
         result = outcome(ExpireRequest(days=days, apply=apply, wait=config.runs.lease_wait, only=only, **names_repo),
                          LocalRunner())
         self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
-                     + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
+                     + render(result, "a manual run with dry_run unticked, or the day's first run after a new "
+                                            "snapshot, applies it"))
         if any(s.stopped for s in result.sources):  # a lease held, the repository failing: retried
             raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()

@@ -1,0 +1,71 @@
+"""An asset-triggered DAG run under `airflow dags test`: the run the scheduler creates when assets update, with its
+consumed asset events, against the real metadata database. `airflow dags test` itself always makes a manual run;
+here its run is made as the scheduler makes an asset-triggered one (run type, no logical date, the events consumed),
+and everything else (the DAG parsed and synced, its tasks run through the execution API) is `airflow dags test`'s
+own. Import it as `from asset_runs import asset_triggered_test` (tests/ is on sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+
+_SCRIPT = r"""
+import json, sys
+from datetime import datetime
+
+import airflow.models.dagrun as dagrun_module
+
+dag_id, uris, made_by, at = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] or None, sys.argv[4] or None
+
+
+def asset_triggered(*, dag, run_after, conf, session, **_):
+    from sqlalchemy import select
+
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+    started = datetime.fromisoformat(at) if at else run_after
+    events = []
+    for uri in uris:
+        asset = session.scalar(select(AssetModel).where(AssetModel.uri == uri))
+        if made_by == "newest":  # the newest event the asset has (a DAG's task made it)
+            events.append(session.scalar(select(AssetEvent).where(AssetEvent.asset_id == asset.id)
+                                         .order_by(AssetEvent.id.desc()).limit(1)))
+            continue
+        # an event as `made_by` makes it (no source DAG: made by hand), one minute before the run starts
+        from datetime import timedelta
+        event = AssetEvent(asset_id=asset.id, source_dag_id=made_by if made_by != "hand" else None, extra={},
+                           timestamp=started - timedelta(minutes=1))
+        session.add(event)
+        events.append(event)
+    run = dag.create_dagrun(
+        run_id=DagRun.generate_run_id(run_type=DagRunType.ASSET_TRIGGERED, logical_date=None, run_after=started),
+        logical_date=None, data_interval=None, run_after=started, conf=conf, run_type=DagRunType.ASSET_TRIGGERED,
+        state=DagRunState.RUNNING, triggered_by=DagRunTriggeredByType.ASSET, start_date=started, session=session)
+    run.consumed_asset_events.extend(events)
+    session.commit()
+    print(f"asset-triggered run {run.run_id} consumed {[e.id for e in events]}", flush=True)
+    return run
+
+
+dagrun_module.get_or_create_dagrun = asset_triggered
+from airflow.__main__ import main
+
+sys.argv = ["airflow", "dags", "test", dag_id]
+main()
+"""
+
+
+def asset_triggered_test(env: dict[str, str], dag_id: str, uris: list[str], made_by: str = "newest",
+                         at: datetime | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`airflow dags test DAG_ID` as an asset-triggered run consuming one event of each asset in `uris`: its newest
+    (`made_by="newest"`), or a new one as the DAG `made_by` makes it (`"hand"`: by hand, no source DAG). `at`: the
+    run's start (now without it), for a run of another day."""
+    return subprocess.run([sys.executable, "-c", _SCRIPT, dag_id, json.dumps(uris), made_by,
+                           at.isoformat() if at else ""], env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
