@@ -53,9 +53,13 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
 
 
 def record(result: dict) -> dict:
-    """The backup the job made (the Spark task failed, naming the cause, if it made none)."""
+    """The backup the job made (the Spark task failed, naming the cause, if it made none), its warnings first."""
+    from walvault_provider.notes import warnings_of
+    from walvault_provider.operators.walvault import log_warnings
+
+    warnings = "".join(f"\n  {line}" for line in log_warnings(warnings_of(result)))
     print(f"walvault backup {result['id']} ({result['type']}) of {result['family']} "
-          f"{result['source']['instance']}\n  {result['files']} files, {result['bytes']:,} bytes, "
+          f"{result['source']['instance']}{warnings}\n  {result['files']} files, {result['bytes']:,} bytes, "
           f"{result['stored_bytes']:,} stored; restores to {result['position']}")
     return result
 

@@ -7,7 +7,11 @@ expired. Each log says it as the CLI does (why uncovered, what goes and why, wha
 What deletes: a manual run with `dry_run` unticked, or a scheduled run on time. A manual run with `dry_run` ticked
 (the form's default) only plans, and so does a scheduled run that starts more than `schedules.late_after_minutes`
 after its time: the catch-up run Airflow creates at once when the DAG is unpaused (the form's "unpause on trigger"
-included) or after the scheduler was down. Its log says so; the next on-time run applies the policy."""
+included) or after the scheduler was down. Its log says so; the next on-time run applies the policy.
+
+For previews, the form also takes `days` (a recovery window other than the configured one) and `as_of` (the plan as
+of that instant): plan only. A run that would apply and is given either fails at once, naming them, and deletes
+nothing."""
 
 from __future__ import annotations
 
@@ -27,11 +31,17 @@ CONFIG = load()
      description="Confirm each source's coverage, then expire what the recovery window no longer needs",
      **dag_callbacks(CONFIG, CONFIG.runs.default_args("retention")), dagrun_timeout=CONFIG.runs.dagrun_timeout("retention"),
      params={"dry_run": Param(True, type="boolean", description="show the plan only; delete nothing (a manual "
-                              "run; a scheduled run applies the policy when it starts on time)")})
+                              "run; a scheduled run applies the policy when it starts on time)"),
+             "days": Param(None, type=["null", "number"], minimum=1, description="preview only: the plan under a "
+                           f"recovery window of this many days instead of the configured {CONFIG.retention_days:g} "
+                           "(with dry_run unticked the run refuses it)"),
+             "as_of": Param(None, type=["null", "string"], description="preview only: the plan as of this instant, "
+                            "ISO 8601 UTC such as 2026-11-01T04:00:00Z (with dry_run unticked the run refuses it)")})
 def walvault_retention():
-    for confirm in WalvaultConfirmOperator.per_source(CONFIG, "confirm"):
-        WalvaultExpireOperator(task_id=f"expire_{confirm.source}", confirmed=confirm.output,
-                               dry_run="{{ params.dry_run }}")
+    # the form's days and as_of preview: retention_window() refuses them in a run that applies
+    window = {"dry_run": "{{ params.dry_run }}", "days": "{{ params.days }}", "as_of": "{{ params.as_of }}"}
+    for confirm in WalvaultConfirmOperator.per_source(CONFIG, "confirm", **window):
+        WalvaultExpireOperator(task_id=f"expire_{confirm.source}", confirmed=confirm.output, **window)
 
 
 walvault_retention()

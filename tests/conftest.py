@@ -389,6 +389,7 @@ FILE_TIERS = {
     "test_retention_limestone.py": "integration",
     "test_retention_property.py": "integration",  # in process, but whole random histories: some 50 CPU s
     "test_retention_tarantool.py": "integration",
+    "test_run_notes.py": "unit",
     "test_scan_core_limestone.py": "unit",
     "test_scan_core_tarantool.py": "unit",
     "test_scan_fuzz_regressions.py": "unit",

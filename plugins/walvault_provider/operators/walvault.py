@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ..config import Runs
+from ..notes import FAILURE_KEY
 
 
 def flag(value, name: str) -> bool:
@@ -63,6 +64,28 @@ def retention_applies(dag_run, dry_run, tolerance_minutes: float) -> tuple[bool,
     return False, f"a {kind} run: plan only (a scheduled run on time, or a manual one with dry_run unticked, applies)"
 
 
+def _given(value) -> bool:
+    """Whether a templated optional value was given: an empty form field renders "None" or nothing."""
+    return value not in (None, "", "None")
+
+
+def retention_window(dag_run, dry_run, days, as_of, config) -> tuple[bool, str, float | str, str | None]:
+    """(apply, why, days, as_of) of a retention task: whether it deletes and why (retention_applies()), and the
+    window it judges, the configured `retention.days` as of now, or a preview's `days` and `as_of` (a window
+    other than the configured one, the plan as of another instant). A preview only plans: a run that would apply
+    and is given either fails at once, so that nothing is ever deleted by a window nobody configured."""
+    from walcore.requests import as_of_time
+
+    apply, why = retention_applies(dag_run, dry_run, config.late_after_minutes)
+    preview = [name for name, value in (("days", days), ("as_of", as_of)) if _given(value)]
+    if apply and preview:
+        raise AirflowFailException(f"{' and '.join(preview)} are for previews (plan only), and this run would "
+                                   f"apply ({why}): nothing expired; tick dry_run to preview, or clear them to apply")
+    if _given(as_of) and as_of_time(str(as_of)) is None:
+        raise AirflowFailException(f"as_of: {as_of!r} is not a time (ISO 8601 UTC, e.g. 2026-11-01T04:00:00Z)")
+    return apply, why, days if _given(days) else config.retention_days, str(as_of) if _given(as_of) else None
+
+
 def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
     """What a scheduled backup of a source is: full when it has no full backup finished within `full_every_days`
     (so that a chain stays short and a restore never needs more than that many days of incrementals), else an
@@ -99,6 +122,30 @@ def verdicts() -> Iterator[None]:
         raise AirflowFailException(f"{type(e).__name__}: {e}") from e
 
 
+@contextmanager
+def cause_kept(context) -> Iterator[None]:
+    """A failed task's cause (its exception, as its log's last line says it) kept as its XCom `failure`, where its
+    run's note (walvault_provider.notes) reads it: the scheduler, which writes the note, never sees the exception."""
+    try:
+        yield
+    except AirflowSkipException:
+        raise
+    except Exception as e:
+        context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
+        raise
+
+
+def log_warnings(warnings: list[str], log=None) -> list[str]:
+    """Each warning a walcore result carries logged at WARNING level (the UI's log view marks it) and returned as a
+    summary line, so that a warning is never only inside a returned value."""
+    import logging
+
+    log = log or logging.getLogger("airflow.task")
+    for warning in warnings:
+        log.warning("walvault: warning: %s", warning)
+    return [f"WARNING: {w}" for w in warnings]
+
+
 def with_provider_defaults(operator: type, kwargs: dict) -> dict:
     """An operator's keyword arguments with walvault's defaults where neither the call nor the DAG's default_args
     (which Airflow hands each __init__ merged) name them: the owner `walvault`, and the class's docstring as the
@@ -122,7 +169,7 @@ class _WalvaultOperator(BaseOperator):
         self.repo_conn_id = repo_conn_id
 
     def execute(self, context):
-        with verdicts():
+        with cause_kept(context), verdicts():
             return self.work(context)
 
     def work(self, context):
@@ -142,8 +189,9 @@ class _WalvaultOperator(BaseOperator):
             create=config.repository_create)
         return repo, {"repo": target.url, "repo_options": target.options}
 
-    def summary(self, title: str, lines: list[str]) -> None:
-        """What people read: the task log ends with this."""
+    def summary(self, title: str, lines: list[str], warnings: list[str] = ()) -> None:
+        """What people read: the task log ends with this, its warnings first (each also logged at WARNING)."""
+        lines = [*log_warnings(list(warnings), self.log), *lines]
         self.log.info("%s\n%s", title, "\n".join(f"  {line}" for line in lines) or "  (nothing)")
 
 
@@ -286,8 +334,9 @@ class WalvaultSnapshotOperator(_SourceOperator):
         self.summary(f"walvault snapshot of {source.name}", [
             f"snapshot {m.id} ({m.family} {m.instance}): {len(m.files)} files, {m.bytes:,} bytes",
             f"covers the log up to {m.position}" + (f", folding {len(covers.get('folded', []))} pwal files"
-                                                    if m.family == "limestone" else "")])
-        return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance}
+                                                    if m.family == "limestone" else "")], result.notes)
+        return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance,
+                "notes": result.notes}
 
 
 class WalvaultConfirmOperator(_SourceOperator):
@@ -295,14 +344,26 @@ class WalvaultConfirmOperator(_SourceOperator):
     relies on) found, and its stored bytes re-hashed against its manifest (walvault expire's own check). Logs
     the source's plan as `walvault expire` says it (why it is uncovered, what goes and why, what is kept and
     why). Uncovered: the task is skipped, so its expiry is too; an anchor that does not re-hash fails it.
-    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to.
+    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to. `dry_run`, `days` and
+    `as_of` as its expiry takes them (retention_window(): a preview's window, refused by a run that applies).
 
-    Templated: `config_path`, `source`."""
+    Templated: `config_path`, `source`, `dry_run`, `days`, `as_of`."""
+
+    template_fields: Sequence[str] = ("config_path", "source", "dry_run", "days", "as_of")
+
+    def __init__(self, *, dry_run: bool | str = True, days: float | str | None = None, as_of: str | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.dry_run = dry_run
+        self.days = days
+        self.as_of = as_of
 
     def work(self, context):
         from walcore.command.expire import confirm, render_source
+        from walcore.requests import as_of_time
 
         config = self.load_config()
+        days, as_of = retention_window(context["dag_run"], self.dry_run, self.days, self.as_of, config)[2:]
         source = config.source(self.source)
         repo = self.repository(config)[0]
         title = f"walvault expire: confirm the coverage of {source.name} ({source.path})"
@@ -314,7 +375,7 @@ class WalvaultConfirmOperator(_SourceOperator):
             self.summary(title, [f"no backup of {where} in {repo.display}"])
             raise AirflowSkipException(f"{source.name} is not covered: nothing of it is expired")
         newest = max(backups, key=lambda m: (m.finished, m.id))
-        plan, damaged = confirm(repo, newest.family, newest.instance, config.retention_days)
+        plan, damaged = confirm(repo, newest.family, newest.instance, days, as_of_time(as_of) if as_of else None)
         # The instance's plan shows the anchor of its newest source; this source's own is the one confirmed.
         anchor = next((i["anchor"] for i in plan.identities if i["path"] == where), None)
         if anchor is None:
@@ -341,14 +402,19 @@ class WalvaultExpireOperator(_WalvaultOperator):
     why, as the CLI says it. A source whose expiry stopped (a lease held past `runs.lease_wait_minutes`, the
     repository failing) fails the task to be retried.
 
-    Templated: `config_path`, `dry_run`, `days`, `confirmed` (an XComArg: the task runs after it)."""
+    `days` and `as_of` (the plan as of that instant) are for previews: retention_window() fails a run that would
+    apply with them.
 
-    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")
+    Templated: `config_path`, `dry_run`, `days`, `as_of`, `confirmed` (an XComArg: the task runs after it)."""
 
-    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed=EVERY_SOURCE, **kwargs):
+    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "as_of", "confirmed")
+
+    def __init__(self, *, dry_run: bool | str = True, days: float | str | None = None, as_of: str | None = None,
+                 confirmed=EVERY_SOURCE, **kwargs):
         super().__init__(**kwargs)
         self.dry_run = dry_run
         self.days = days
+        self.as_of = as_of
         self.confirmed = confirmed
 
     def work(self, context):
@@ -365,12 +431,12 @@ class WalvaultExpireOperator(_WalvaultOperator):
             only = {(self.confirmed["family"], self.confirmed["instance"])}
         config = self.load_config()
         names_repo = self.repository(config)[1]
-        apply, why = retention_applies(context["dag_run"], self.dry_run, config.late_after_minutes)
-        days = self.days if self.days not in (None, "", "None") else config.retention_days
-        result = outcome(ExpireRequest(days=days, apply=apply, wait=config.runs.lease_wait, only=only, **names_repo),
-                         LocalRunner())
-        self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
-                     + render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"))
+        apply, why, days, as_of = retention_window(context["dag_run"], self.dry_run, self.days, self.as_of, config)
+        result = outcome(ExpireRequest(days=days, as_of=as_of, apply=apply, wait=config.runs.lease_wait, only=only,
+                                       **names_repo), LocalRunner())
+        self.summary(f"walvault expire ({why})",
+                     render(result, "a manual run with dry_run unticked, or a scheduled run on time, applies it"),
+                     result.warnings)
         if any(s.stopped for s in result.sources):  # a lease held, the repository failing: retried
             raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
@@ -399,6 +465,7 @@ class WalvaultDrillOperator(_SourceOperator):
         result = outcome(DrillRequest(backup=newest.id, **names_repo), LocalRunner())
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
                      result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
-        if result.status != "ok":
+        if result.status != "ok":  # the verdict is still the task's value: the run's note says it
+            context["ti"].xcom_push(key="return_value", value=result.to_json())
             raise AirflowFailException(f"the drill of backup {result.backup} failed: {result.problem}")
         return result.to_json()
