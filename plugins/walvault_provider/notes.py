@@ -10,7 +10,8 @@ dags test` has neither. A DagRun listener (an Airflow plugin: plugins/walvault_p
 calls it where a run's end is decided, in the scheduler or in `airflow dags test`'s own loop, with the run's
 database row, in the transaction that records its state. RunNotes writes the note there, from what the run's tasks
 returned (their XCom `return_value`), how they ended, and why a task failed (the cause a walvault task keeps as its
-XCom `failure`: the scheduler never sees a task's exception); a note a person wrote (or the trigger gave) is kept above it.
+XCom `failure`: the scheduler never sees a task's exception); a note a person wrote (or the trigger gave) is kept
+above it.
 
 Importing this module has no side effects; of Airflow it imports only the listeners' hook marker.
 """

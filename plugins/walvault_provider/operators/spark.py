@@ -126,8 +126,9 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         from ..spark import check_connection, work_dir, write_plan
 
         context = get_current_context()
-        check_connection(context["task"].render_template(conn_id, context))
-        plans = plan(*args, **kwargs)
+        with cause_kept(context):
+            check_connection(context["task"].render_template(conn_id, context))
+            plans = plan(*args, **kwargs)
         target = WalvaultRepoHook(load().repository_connection).target()
         written = [write_plan(work_dir(context["run_id"], name), {"job": job, **each, "repo": target.url,
                                                                    "repo_options": target.options})
