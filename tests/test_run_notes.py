@@ -142,6 +142,8 @@ def test_the_forms_days_and_as_of_only_preview():
         assert "nothing expired" in str(refused.value)
     with pytest.raises(AirflowFailException, match="as_of: 'yesterday' is not a time"):
         retention_window(manual, "True", "None", "yesterday", config)
+    with pytest.raises(AirflowFailException, match="days: the window '0.5' is below one day"):
+        retention_window(manual, "True", "0.5", "None", config)
 
 
 def test_the_retention_form_offers_days_and_as_of_with_descriptions(monkeypatch):

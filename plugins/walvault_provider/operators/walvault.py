@@ -75,6 +75,7 @@ def retention_window(dag_run, dry_run, days, as_of, config) -> tuple[bool, str, 
     other than the configured one, the plan as of another instant). A preview only plans: a run that would apply
     and is given either fails at once, so that nothing is ever deleted by a window nobody configured."""
     from walcore.requests import as_of_time
+    from walcore.retention import check_days
 
     apply, why = retention_applies(dag_run, dry_run, config.late_after_minutes)
     preview = [name for name, value in (("days", days), ("as_of", as_of)) if _given(value)]
@@ -83,6 +84,11 @@ def retention_window(dag_run, dry_run, days, as_of, config) -> tuple[bool, str, 
                                    f"apply ({why}): nothing expired; tick dry_run to preview, or clear them to apply")
     if _given(as_of) and as_of_time(str(as_of)) is None:
         raise AirflowFailException(f"as_of: {as_of!r} is not a time (ISO 8601 UTC, e.g. 2026-11-01T04:00:00Z)")
+    if _given(days):
+        try:
+            check_days(days)
+        except ValueError as e:
+            raise AirflowFailException(f"days: {e}") from None
     return apply, why, days if _given(days) else config.retention_days, str(as_of) if _given(as_of) else None
 
 
