@@ -131,13 +131,15 @@ def verdicts() -> Iterator[None]:
 @contextmanager
 def cause_kept(context) -> Iterator[None]:
     """A failed task's cause (its exception, as its log's last line says it) kept as its XCom `failure`, where its
-    run's note (walvault_provider.notes) reads it: the scheduler, which writes the note, never sees the exception."""
+    run's note (walvault_provider.notes) reads it: the scheduler, which writes the note, never sees the exception.
+    Nothing is kept without a task instance (an operator called outside a run)."""
     try:
         yield
     except AirflowSkipException:
         raise
     except Exception as e:
-        context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
+        if context.get("ti") is not None:
+            context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
         raise
 
 
