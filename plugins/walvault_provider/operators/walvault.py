@@ -132,14 +132,20 @@ def verdicts() -> Iterator[None]:
 def cause_kept(context) -> Iterator[None]:
     """A failed task's cause (its exception, as its log's last line says it) kept as its XCom `failure`, where its
     run's note (walvault_provider.notes) reads it: the scheduler, which writes the note, never sees the exception.
-    Nothing is kept without a task instance (an operator called outside a run)."""
+    Nothing is kept without a task instance (an operator called outside a run), and failing to keep it never hides
+    the failure itself."""
     try:
         yield
     except AirflowSkipException:
         raise
     except Exception as e:
         if context.get("ti") is not None:
-            context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
+            try:
+                context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
+            except Exception as lost:  # noqa: BLE001 - the task's own exception is what goes up
+                import logging
+
+                logging.getLogger("airflow.task").warning("the cause was not kept for the run's note: %s", lost)
         raise
 
 
