@@ -47,10 +47,12 @@ def test_a_runs_note_says_what_each_task_did_by_source_with_its_warnings_and_fai
     note = run_note("walvault_retention", "success", [
         TaskOutcome("confirm_ls", None, "success", {"family": "limestone", "instance": "ls-1", "anchor": "x"}),
         TaskOutcome("expire_ls", None, "success", EXPIRE),
-        TaskOutcome("confirm_tt", None, "skipped"), TaskOutcome("expire_tt", None, "skipped")])
+        TaskOutcome("confirm_tt", None, "skipped", None, "tt is not covered: nothing of it is expired"),
+        TaskOutcome("expire_tt", None, "skipped")])
     assert "- expire_ls: limestone ls-1: deleted 2, kept 3 (2 in the window, 1 the anchor's own); anchor " \
            "20261020-040000S" in note.splitlines()
-    assert note.splitlines()[-1] == "- skipped: confirm_tt, expire_tt"
+    assert note.splitlines()[-2:] == ["- skipped confirm_tt: tt is not covered: nothing of it is expired",
+                                      "- skipped: expire_tt"]
     plan = {**EXPIRE, "applied": False, "warnings": ["the clock of this host is behind the repository"]}
     note = run_note("walvault_retention", "success", [TaskOutcome("expire_ls", None, "success", plan)])
     assert "would delete 2 (plan only), kept 3" in note

@@ -9,9 +9,9 @@ too. The public REST API's PATCH of a run sets it, but needs the api-server and 
 dags test` has neither. A DagRun listener (an Airflow plugin: plugins/walvault_plugin.py) needs nothing: Airflow
 calls it where a run's end is decided, in the scheduler or in `airflow dags test`'s own loop, with the run's
 database row, in the transaction that records its state. RunNotes writes the note there, from what the run's tasks
-returned (their XCom `return_value`), how they ended, and why a task failed (the cause a walvault task keeps as its
-XCom `failure`: the scheduler never sees a task's exception); a note a person wrote (or the trigger gave) is kept
-above it.
+returned (their XCom `return_value`), how they ended, and why a task failed or was skipped (the reason a walvault
+task keeps as its XCom `reason`: the scheduler never sees a task's exception); a note a person wrote (or the
+trigger gave) is kept above it.
 
 Importing this module has no side effects; of Airflow it imports only the listeners' hook marker.
 """
@@ -28,19 +28,19 @@ from airflow.listeners import hookimpl
 NOTE_CHARS = 1000  # the dag_run_note table's content is a VARCHAR(1000)
 HEADING = "**walvault**"  # begins the part of a note this module writes: a re-run replaces that part only
 TAG = "walvault"  # the tag of the DAGs whose runs get a note
-FAILURE_KEY = "failure"  # the XCom of a failed walvault task: its cause, as its exception says it
+REASON_KEY = "reason"  # the XCom of a walvault task that failed or was skipped: why, as its exception says it
 ENDED = {"success": "succeeded", "failed": "failed"}
 
 
 @dataclass
 class TaskOutcome:
     """One task instance of a run as its note says it: its id, its label (a mapped task's source), how it ended,
-    what it returned (its XCom return_value; None when it returned nothing), and a failed task's cause."""
+    what it returned (its XCom return_value; None when it returned nothing), and why it failed or was skipped."""
     task_id: str
     label: str | None
     state: str | None
     value: Any = None
-    failure: str | None = None  # a failed task's cause (XCom FAILURE_KEY)
+    reason: str | None = None  # why it failed or was skipped (XCom REASON_KEY)
 
 
 def warnings_of(result) -> list[str]:
@@ -106,8 +106,8 @@ def _kind(task_id: str) -> str:
 
 
 def run_note(dag_id: str, state: str, tasks: list[TaskOutcome]) -> str:
-    """The note of a finished run: a heading (the DAG, how the run ended), then a line per thing done, warning, and
-    task that failed, each named by its task and source."""
+    """The note of a finished run: a heading (the DAG, how the run ended), then a line per thing done, warning, task
+    that failed or was skipped and why, each named by its task and source; last, the tasks skipped after those."""
     lines = [f"{HEADING} {dag_id}: the run {ENDED.get(state, state)}"]
     for t in tasks:
         name = t.task_id + (f" [{t.label}]" if t.label else "")
@@ -119,8 +119,10 @@ def run_note(dag_id: str, state: str, tasks: list[TaskOutcome]) -> str:
                 lines.append(f"- {name}: (its result could not be read: {type(e).__name__}: {e})")
         lines += [f"- WARNING {name}: {w}" for w in warnings_of(t.value)]
         if t.state == "failed":
-            lines.append(f"- FAILED {name}: {t.failure or 'see its log'}")
-    skipped = [t.task_id + (f" [{t.label}]" if t.label else "") for t in tasks if t.state == "skipped"]
+            lines.append(f"- FAILED {name}: {t.reason or 'see its log'}")
+        elif t.state == "skipped" and t.reason:
+            lines.append(f"- skipped {name}: {t.reason}")
+    skipped = [t.task_id + (f" [{t.label}]" if t.label else "") for t in tasks if t.state == "skipped" and not t.reason]
     if skipped:
         lines.append("- skipped: " + ", ".join(skipped))
     return "\n".join(lines)
@@ -156,7 +158,7 @@ class RunNotes:
         tasks = [TaskOutcome(ti.task_id, (ti.rendered_map_index or str(ti.map_index)) if ti.map_index >= 0 else None,
                              str(getattr(ti.state, "value", ti.state)),
                              xcoms.get(("return_value", ti.task_id, ti.map_index)),
-                             xcoms.get((FAILURE_KEY, ti.task_id, ti.map_index)))
+                             xcoms.get((REASON_KEY, ti.task_id, ti.map_index)))
                  for ti in tis]
         state = str(getattr(dag_run.state, "value", dag_run.state))
         dag_run.note = with_note(dag_run.note, run_note(dag_run.dag_id, state, tasks))

@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import task, task_group, teardown
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from .walvault import cause_kept, with_provider_defaults
+from .walvault import reason_kept, with_provider_defaults
 
 
 # walcore's LeaseBusy as the command's last line says it: exit 1 as any refusal, but another command of the source
@@ -62,7 +62,7 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
         super().__init__(**with_provider_defaults(type(self), kwargs))
 
     def execute(self, context):
-        with cause_kept(context):
+        with reason_kept(context):
             self.submit(context)
 
     def submit(self, context) -> None:
@@ -126,7 +126,7 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         from ..spark import check_connection, work_dir, write_plan
 
         context = get_current_context()
-        with cause_kept(context):
+        with reason_kept(context):
             check_connection(context["task"].render_template(conn_id, context))
             plans = plan(*args, **kwargs)
         target = WalvaultRepoHook(load().repository_connection).target()
@@ -151,7 +151,7 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
 
         context = get_current_context()
         label_plan(context, application_args[0])
-        with cause_kept(context):
+        with reason_kept(context):
             code, out, err = job_result(application_args[0])
             returned = result(json.loads(out) if code == 0 or out.strip().startswith("{") else {})
             if code != 0:
@@ -193,7 +193,7 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         run green): a job stopped under its task fails that task, so a stopped run never shows success."""
         from ..spark import clean_up as clean_up_run
 
-        with cause_kept({"ti": ti}):
+        with reason_kept({"ti": ti}):
             return clean_up_run(run_id, ti)
 
     return SparkJob(done=done, clean_up=clean_up())

@@ -15,7 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ..config import Runs
-from ..notes import FAILURE_KEY
+from ..notes import REASON_KEY
 
 
 def flag(value, name: str) -> bool:
@@ -129,23 +129,22 @@ def verdicts() -> Iterator[None]:
 
 
 @contextmanager
-def cause_kept(context) -> Iterator[None]:
-    """A failed task's cause (its exception, as its log's last line says it) kept as its XCom `failure`, where its
-    run's note (walvault_provider.notes) reads it: the scheduler, which writes the note, never sees the exception.
-    Nothing is kept without a task instance (an operator called outside a run), and failing to keep it never hides
-    the failure itself."""
+def reason_kept(context) -> Iterator[None]:
+    """Why a task failed (its exception, as its log's last line says it) or was skipped (the skip's message) kept as
+    its XCom `reason`, where its run's note (walvault_provider.notes) reads it: the scheduler, which writes the
+    note, never sees the exception. Nothing is kept without a task instance (an operator called outside a run), and
+    failing to keep it never hides the failure itself."""
     try:
         yield
-    except AirflowSkipException:
-        raise
     except Exception as e:
         if context.get("ti") is not None:
+            reason = str(e) if isinstance(e, AirflowSkipException) else f"{type(e).__name__}: {e}"
             try:
-                context["ti"].xcom_push(key=FAILURE_KEY, value=f"{type(e).__name__}: {e}")
+                context["ti"].xcom_push(key=REASON_KEY, value=reason)
             except Exception as lost:  # noqa: BLE001 - the task's own exception is what goes up
                 import logging
 
-                logging.getLogger("airflow.task").warning("the cause was not kept for the run's note: %s", lost)
+                logging.getLogger("airflow.task").warning("the reason was not kept for the run's note: %s", lost)
         raise
 
 
@@ -183,7 +182,7 @@ class _WalvaultOperator(BaseOperator):
         self.repo_conn_id = repo_conn_id
 
     def execute(self, context):
-        with cause_kept(context), verdicts():
+        with reason_kept(context), verdicts():
             return self.work(context)
 
     def work(self, context):
