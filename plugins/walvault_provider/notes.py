@@ -42,6 +42,10 @@ class TaskOutcome:
     value: Any = None
     reason: str | None = None  # why it failed or was skipped (XCom REASON_KEY)
 
+    @property
+    def name(self) -> str:
+        return self.task_id + (f" [{self.label}]" if self.label else "")
+
 
 def warnings_of(result) -> list[str]:
     """What a walcore result warns of: an expiry's `warnings` (a clock behind the repository), a backup's or a
@@ -110,7 +114,7 @@ def run_note(dag_id: str, state: str, tasks: list[TaskOutcome]) -> str:
     that failed or was skipped and why, each named by its task and source; last, the tasks skipped after those."""
     lines = [f"{HEADING} {dag_id}: the run {ENDED.get(state, state)}"]
     for t in tasks:
-        name = t.task_id + (f" [{t.label}]" if t.label else "")
+        name = t.name
         explain = EXPLAIN.get(_kind(t.task_id))
         if explain is not None and isinstance(t.value, dict):
             try:
@@ -122,7 +126,7 @@ def run_note(dag_id: str, state: str, tasks: list[TaskOutcome]) -> str:
             lines.append(f"- FAILED {name}: {t.reason or 'see its log'}")
         elif t.state == "skipped" and t.reason:
             lines.append(f"- skipped {name}: {t.reason}")
-    skipped = [t.task_id + (f" [{t.label}]" if t.label else "") for t in tasks if t.state == "skipped" and not t.reason]
+    skipped = [t.name for t in tasks if t.state == "skipped" and not t.reason]
     if skipped:
         lines.append("- skipped: " + ", ".join(skipped))
     return "\n".join(lines)

@@ -62,21 +62,18 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
         super().__init__(**with_provider_defaults(type(self), kwargs))
 
     def execute(self, context):
-        with reason_kept(context):
-            self.submit(context)
-
-    def submit(self, context) -> None:
         from ..spark import job_result
 
-        label_plan(context, self.application_args[0])
-        super().execute(context)
-        code, _out, err = job_result(self.application_args[0])
-        if code == 0:
-            return
-        tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
-        self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
-                       "\n".join(f"  {line}" for line in tail))
-        raise job_failure("walvault", code, tail[-1].strip())
+        with reason_kept(context):
+            label_plan(context, self.application_args[0])
+            super().execute(context)
+            code, _out, err = job_result(self.application_args[0])
+            if code == 0:
+                return
+            tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
+            self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
+                           "\n".join(f"  {line}" for line in tail))
+            raise job_failure("walvault", code, tail[-1].strip())
 
     def on_kill(self) -> None:
         from spark_jobs.submit import stop_tree
