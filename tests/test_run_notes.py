@@ -111,6 +111,18 @@ def test_warnings_are_logged_at_warning_level_and_returned_as_summary_lines(capl
         (logging.WARNING, f"walvault: warning: {BACKUP['notes'][0]}")]
 
 
+def test_an_operators_summary_leads_with_its_warnings(capsys):
+    """As the task log shows them (Airflow's structlog console lines): the warning at its level, then the summary."""
+    from walvault_provider.operators.walvault import WalvaultSnapshotOperator
+
+    operator = WalvaultSnapshotOperator(task_id="snapshot_tt", source="tt")
+    operator.summary("walvault snapshot of tt", ["snapshot S"], ["the parent's newest xlog is gone"])
+    out = capsys.readouterr().out
+    warned = out.index("[warning  ] walvault: warning: the parent's newest xlog is gone")
+    assert out.index("[info     ] walvault snapshot of tt\n  WARNING: the parent's newest xlog is gone\n"
+                     "  snapshot S") > warned, out
+
+
 def _dag_run(run_type: str, started: datetime):
     from airflow.sdk.api.datamodels._generated import DagRun
 
