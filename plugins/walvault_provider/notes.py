@@ -148,10 +148,16 @@ class RunNotes:
         from sqlalchemy import select
         from sqlalchemy.orm import object_session
 
+        from airflow import settings
         from airflow.models.dag import DagTag
         from airflow.models.xcom import XComModel
 
-        session = object_session(dag_run)
+        # The scheduler hands the run in its session, which records the note with the run's state; `airflow dags
+        # test` hands it detached from its session (the thread's), which commits what is merged into it.
+        run, session = dag_run, object_session(dag_run)
+        if session is None:
+            session = settings.Session()
+            run = session.merge(dag_run)
         tagged = session.scalar(select(DagTag.name).where(DagTag.dag_id == dag_run.dag_id, DagTag.name == TAG))
         if tagged is None:
             return
@@ -165,7 +171,7 @@ class RunNotes:
                              xcoms.get((REASON_KEY, ti.task_id, ti.map_index)))
                  for ti in tis]
         state = str(getattr(dag_run.state, "value", dag_run.state))
-        dag_run.note = with_note(dag_run.note, run_note(dag_run.dag_id, state, tasks))
+        run.note = with_note(run.note, run_note(dag_run.dag_id, state, tasks))
 
     @hookimpl
     def on_dag_run_success(self, dag_run, msg: str) -> None:
