@@ -80,7 +80,7 @@ def walvault_backup():
     # each source in a group of its own, its backup verified in the repository after its record
     backup = spark_job("backup", plan=plan, result=record, conn_id="{{ params.spark }}", group_id="backup_source",
                        then=lambda recorded: WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}",
-                                                                    backup_id=recorded["id"]))
+                                                                    backup_id=recorded))
     backup.done >> backup.clean_up
 
 

@@ -267,8 +267,9 @@ class WalvaultArchiveOperator(_WalvaultOperator):
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
-    """Verify one backup (`backup_id`), or every backup, in the repository (walvault verify --repo): every stored
-    object's size and SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
+    """Verify one backup (`backup_id`: its id, or a backup's record as XCom, e.g. the backup DAG's `record` result,
+    whose `id` it takes), or every backup, in the repository (walvault verify --repo): every stored object's size and
+    SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
     `enabled` (e.g. "{{ params.verify }}"): false skips the task. Its report is kept in the repository, as the CLI
     keeps it.
 
@@ -276,7 +277,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
 
     template_fields: Sequence[str] = ("config_path", "backup_id", "enabled")
 
-    def __init__(self, *, backup_id: str | None = None, enabled: bool | str = True, **kwargs):
+    def __init__(self, *, backup_id: str | dict | None = None, enabled: bool | str = True, **kwargs):
         super().__init__(**kwargs)
         self.backup_id = backup_id
         self.enabled = enabled
@@ -288,6 +289,8 @@ class WalvaultVerifyOperator(_WalvaultOperator):
 
         if not flag(self.enabled, "enabled"):
             raise AirflowSkipException("verify after: unticked")
+        if isinstance(self.backup_id, dict):  # a backup's record, one XCom value
+            self.backup_id = self.backup_id["id"]
         repo, names_repo = self.repository(self.load_config())
         # its report is kept in the repository as the CLI keeps it (the log says where)
         report = outcome(VerifyRequest(backup=self.backup_id, **names_repo), LocalRunner())
