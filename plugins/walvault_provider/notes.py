@@ -165,7 +165,11 @@ class RunNotes:
             XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id))}
         tis = sorted(dag_run.get_task_instances(session=session),
                      key=lambda ti: (ti.start_date is None, ti.start_date or 0, ti.task_id, ti.map_index))
-        tasks = [TaskOutcome(ti.task_id, (ti.rendered_map_index or str(ti.map_index)) if ti.map_index >= 0 else None,
+        # a mapped group's task without a label of its own (the verify after a backup: its index) takes its group's
+        labels = {(ti.task_id.rpartition(".")[0], ti.map_index): ti.rendered_map_index for ti in tis
+                  if ti.map_index >= 0 and ti.rendered_map_index not in (None, "", str(ti.map_index))}
+        tasks = [TaskOutcome(ti.task_id, labels.get((ti.task_id.rpartition(".")[0], ti.map_index), str(ti.map_index))
+                             if ti.map_index >= 0 else None,
                              str(getattr(ti.state, "value", ti.state)),
                              xcoms.get(("return_value", ti.task_id, ti.map_index)),
                              xcoms.get((REASON_KEY, ti.task_id, ti.map_index)))
