@@ -386,6 +386,7 @@ def test_a_repository_connection_from_the_form_and_its_test_button(stack, browse
         return text
 
     try:
+        _log_in(driver, stack, wait)
         labels = add("walvault_repo_ui", str(repo))
         answer = test("walvault_repo_ui")
         bad = tmp_path / "no-repository"
