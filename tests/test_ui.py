@@ -22,7 +22,7 @@ from urllib.parse import quote, unquote
 import pytest
 import requests
 
-from conftest import REPO, airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
+from conftest import REPO, airflow_sources, require_limestone, require_tarantool, run_cli
 from devenv import UI, environment, migrate
 from spark_jobs.cluster import free_port
 
@@ -271,24 +271,6 @@ def browser(tmp_path):
         driver.quit()
 
 
-def _log_in(driver, stack, wait) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
-
-    driver.get(f"{stack['url']}/auth/login")
-    wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
-    driver.find_element(By.NAME, "password").send_keys(stack["password"])
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    wait.until(lambda d: "/auth/login" not in d.current_url)
-
-
-def _page_dump(driver, tmp_path: Path, name: str) -> str:
-    path = tmp_path / f"{name}.html"
-    path.write_text(driver.page_source)
-    driver.save_screenshot(str(path.with_suffix(".png")))
-    return f"(page at {driver.current_url}: {path} and its .png)"
-
-
 def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
@@ -299,8 +281,20 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     api, url, driver, repo = Api(stack), stack["url"], browser, stack["repo"]
     api.unpause(DAG)  # whatever ran before: the form's own "unpause on trigger" is not what is tested here
     wait = WebDriverWait(driver, 60)
+
+    def page_dump(name: str) -> str:
+        path = tmp_path / f"{name}.html"
+        path.write_text(driver.page_source)
+        driver.save_screenshot(str(path.with_suffix(".png")))
+        return f"(page at {driver.current_url}: {path} and its .png)"
+
     try:
-        _log_in(driver, stack, wait)
+        driver.get(f"{url}/auth/login")
+        wait.until(EC.visibility_of_element_located((By.NAME, "username"))).send_keys("admin")
+        driver.find_element(By.NAME, "password").send_keys(stack["password"])
+        driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(lambda d: "/auth/login" not in d.current_url)
+
         driver.get(f"{url}/dags/{DAG}")
         wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid=trigger-dag-button]"))).click()
         wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "[data-scope=dialog][data-part=content]")))
@@ -314,7 +308,7 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
         # the UI goes to the new run's page
         wait.until(lambda d: f"/dags/{DAG}/runs/" in d.current_url)
     except TimeoutException as e:
-        pytest.fail(f"the UI did not do as expected: {e.msg} {_page_dump(driver, tmp_path, 'trigger')}")
+        pytest.fail(f"the UI did not do as expected: {e.msg} {page_dump('trigger')}")
     run_id = unquote(driver.current_url.split(f"/dags/{DAG}/runs/", 1)[1].split("?")[0].rstrip("/"))
     run = api.wait_success(DAG, run_id)
     assert run["conf"]["source"] == "ls" and run["conf"]["type"] == "full", run
@@ -329,8 +323,7 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
         wait.until(lambda d: len([b for b in d.find_elements(By.CSS_SELECTOR, "td [data-testid=state-badge]")
                                   if b.text.strip() == "Success"]) == 5)
     except TimeoutException:
-        pytest.fail(f"the run page does not show the run and its 5 tasks in success "
-                    f"{_page_dump(driver, tmp_path, 'run')}")
+        pytest.fail(f"the run page does not show the run and its 5 tasks in success {page_dump('run')}")
     shot = tmp_path / "walvault_backup_run.png"
     assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 0
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -342,112 +335,3 @@ def test_backup_triggered_from_the_ui_in_a_browser(stack, browser, tmp_path):
     xcom = api.call("GET", f"{api.run_path(DAG, run_id)}/taskInstances/backup_source.record/xcomEntries/return_value",
                     params={"map_index": 0})["value"]
     assert (json.loads(xcom) if isinstance(xcom, str) else xcom)["id"] == backups[0]["id"], xcom
-
-
-def test_a_repository_connection_from_the_form_and_its_test_button(stack, browser, tmp_path):
-    """Admin > Connections > Add: the walvault_repo type shows walvault's fields (the repository URL, the storage
-    options, S3's keys as login and password; no host, port or schema), and the row's Test button answers: the
-    repository and its format, or why a URL holds none."""
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support import expected_conditions as EC
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    url, driver, repo = stack["url"], browser, new_repository(stack["repo"])  # a no-op when a backup made it
-    wait = WebDriverWait(driver, 60)
-    shown = "//*[not(ancestor-or-self::*[contains(@style, 'display: none')])]"
-
-    def add(conn_id: str, repo_url: str) -> list[str]:
-        """The connection added through the form; the labels the form showed."""
-        driver.get(f"{url}/connections")
-        wait.until(EC.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Add Connection']"))).click()
-        wait.until(EC.visibility_of_element_located((By.NAME, "connection_id"))).send_keys(conn_id)
-        kind = wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, "input[role=combobox]")))
-        kind.send_keys("walvault repository")
-        wait.until(EC.visibility_of_element_located((By.XPATH, "//*[@role='option' and "
-                                                               "normalize-space()='walvault repository']")))
-        kind.send_keys(Keys.ENTER)
-        field = wait.until(EC.visibility_of_element_located((By.ID, "element_url")))
-        labels = [e.text.strip() for e in driver.find_elements(By.XPATH, f"{shown}[self::label]") if e.text.strip()]
-        field.send_keys(repo_url)
-        driver.find_element(By.XPATH, "//button[normalize-space()='Save']").click()
-        wait.until(EC.visibility_of_element_located((By.XPATH, f"//td[normalize-space()='{conn_id}']")))
-        return labels
-
-    def test(conn_id: str) -> str:
-        """What the row's Test button answers: the toast's title and message."""
-        row = f"//tr[td[normalize-space()='{conn_id}']]"
-        wait.until(EC.element_to_be_clickable((By.XPATH, f"{row}//button[@aria-label='Test Connection']"))).click()
-        toast = wait.until(EC.visibility_of_element_located(
-            (By.XPATH, "//*[@data-scope='toast' and @data-part='root']")))
-        text = toast.text
-        driver.find_element(By.XPATH, "//*[@data-scope='toast' and @data-part='close-trigger']").click()
-        return text
-
-    try:
-        _log_in(driver, stack, wait)
-        labels = add("walvault_repo_ui", str(repo))
-        answer = test("walvault_repo_ui")
-        bad = tmp_path / "no-repository"
-        add("walvault_repo_ui_bad", str(bad))
-        refused = test("walvault_repo_ui_bad")
-    except TimeoutException as e:
-        pytest.fail(f"the connection form did not do as expected: {e.msg} {_page_dump(driver, tmp_path, 'conn')}")
-    for label in ("Repository URL", "Storage options", "S3 access key id", "S3 secret access key"):
-        assert any(label in shown_label for shown_label in labels), (label, labels)
-    assert not {"Host", "Port", "Schema"} & set(labels), labels
-    assert "Test Connection Successful" in answer and f"walvault repository {repo} (format 1)" in answer, answer
-    assert "Test Connection Failed" in refused and f"{bad} holds no walvault repository" in refused, refused
-    stored = Api(stack).call("GET", "/connections/walvault_repo_ui")
-    assert stored["conn_type"] == "walvault_repo" and json.loads(stored["extra"])["url"] == str(repo), stored
-
-
-def test_a_failed_backup_shows_its_failed_task_by_source_with_its_cause(stack, browser, tmp_path):
-    """A backup of a source walvault refuses (a limestone pwal broken where an entry must start: exit 1, no retry):
-    the run's note names the failed task by its source and the cause; the mapped task's instances are labelled by
-    their source, and the failed one's log ends with walvault's own line."""
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    api, url, driver = Api(stack), stack["url"], browser
-    api.unpause(DAG)
-    pwal = sorted((stack["root"] / "sources" / "ls").glob("pwal_????"))[0]
-    kept = pwal.read_bytes()
-    try:  # the source put back as it was: the tests after this one back it up
-        pwal.write_bytes(bytes([kept[0] ^ 0xFF, kept[1] ^ 0xFF]) + kept[2:])
-        run_id = api.trigger(DAG, {"source": "ls", "type": "full", "verify": True, "spark": "spark_default"})
-        deadline = time.monotonic() + RUN_TIMEOUT
-        while (run := api.call("GET", api.run_path(DAG, run_id)))["state"] not in ("failed", "success"):
-            assert time.monotonic() < deadline, f"run {run_id} still {run['state']}\n{api.diagnose(DAG, run_id)}"
-            time.sleep(2)
-    finally:
-        pwal.write_bytes(kept)
-    assert run["state"] == "failed", api.diagnose(DAG, run_id)
-    states = {(t["task_id"], t["rendered_map_index"]): t["state"] for t in api.task_instances(DAG, run_id)}
-    assert states[("backup_source.spark_backup", "ls")] == "failed", states
-    note = run["note"] or ""
-    failed = next((line for line in note.splitlines()
-                   if line.startswith("- FAILED backup_source.spark_backup [ls]: ")), "")
-    assert "AirflowFailException: walvault exited 1: walvault: not backed up:" in failed, note
-
-    wait = WebDriverWait(driver, 60)
-    _log_in(driver, stack, wait)
-    run_page = f"{url}/dags/{DAG}/runs/{quote(run_id, safe='')}"
-    try:
-        # the mapped task's instances, each labelled by its source: ls, failed
-        driver.get(f"{run_page}/tasks/backup_source.spark_backup/mapped")
-        row = "//tr[td[normalize-space()='ls']]"
-        wait.until(EC.text_to_be_present_in_element((By.XPATH, f"{row}//*[@data-testid='state-badge']"), "Failed"))
-        # the run's page shows its note
-        driver.get(run_page)
-        wait.until(EC.visibility_of_element_located(
-            (By.XPATH, "//*[contains(normalize-space(), 'FAILED backup_source.spark_backup [ls]')]")))
-        # the failed instance's log ends with the cause, walvault's own line
-        driver.get(f"{run_page}/tasks/backup_source.spark_backup/mapped/0")
-        wait.until(EC.visibility_of_element_located(
-            (By.XPATH, "//*[contains(normalize-space(), 'walvault exited 1: walvault: not backed up:')]")))
-    except TimeoutException as e:
-        pytest.fail(f"the failed run's pages do not show it: {e.msg} {_page_dump(driver, tmp_path, 'failed')}")
