@@ -56,9 +56,13 @@ def plan(params=None, dag_run=None) -> dict[str, dict]:
 
 
 def record(result: dict) -> dict:
-    """The backup the job made (the Spark task failed, naming the cause, if it made none)."""
+    """The backup the job made (the Spark task failed, naming the cause, if it made none), its warnings first."""
+    from walvault_provider.notes import warnings_of
+    from walvault_provider.operators.walvault import log_warnings
+
+    warnings = "".join(f"\n  {line}" for line in log_warnings(warnings_of(result)))
     print(f"walvault backup {result['id']} ({result['type']}) of {result['family']} "
-          f"{result['source']['instance']}\n  {result['files']} files, {result['bytes']:,} bytes, "
+          f"{result['source']['instance']}{warnings}\n  {result['files']} files, {result['bytes']:,} bytes, "
           f"{result['stored_bytes']:,} stored; restores to {result['position']}")
     return result
 
@@ -101,7 +105,7 @@ def walvault_backup():
     # each source in a group of its own, its backup verified in the repository after its record, then published
     backup = spark_job("backup", plan=plan, result=record, conn_id="{{ params.spark }}", group_id="backup_source",
                        then=lambda recorded: WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}",
-                                                                    backup_id=recorded["id"]) >> publish(recorded))
+                                                                    backup_id=recorded) >> publish(recorded))
     backup.done >> backup.clean_up
 
 

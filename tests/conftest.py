@@ -228,6 +228,21 @@ spark: {{connections: [spark_default, spark_cluster]}}
     return tt, ls, config
 
 
+def last_run(env: dict, dag_id: str) -> tuple[str, str | None, list[tuple[str, int, str]]]:
+    """The DAG's newest run as the metadata database (SQLite in AIRFLOW_HOME) holds it: its run_id, its note, and
+    its XCom rows (task_id, map_index, key), sorted."""
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")) as db:
+        run_id, note = db.execute("SELECT r.run_id, n.content FROM dag_run r LEFT JOIN dag_run_note n ON "
+                                  "n.dag_run_id = r.id WHERE r.dag_id = ? ORDER BY r.id DESC LIMIT 1",
+                                  (dag_id,)).fetchone()
+        xcoms = db.execute("SELECT task_id, map_index, key FROM xcom WHERE dag_id = ? AND run_id = ?",
+                           (dag_id, run_id)).fetchall()
+    return run_id, note, sorted(xcoms)
+
+
 def tree_snapshot(root: Path) -> dict:
     """Every path under root: kind, size, mode, mtime and (files) a hash of the bytes; equal
     snapshots taken before and after a command prove it wrote nothing there."""
@@ -390,6 +405,7 @@ FILE_TIERS = {
     "test_retention_limestone.py": "integration",
     "test_retention_property.py": "integration",  # in process, but whole random histories: some 50 CPU s
     "test_retention_tarantool.py": "integration",
+    "test_run_notes.py": "unit",
     "test_scan_core_limestone.py": "unit",
     "test_scan_core_tarantool.py": "unit",
     "test_scan_fuzz_regressions.py": "unit",

@@ -15,7 +15,7 @@ import pytest
 
 import tarantool_real as tr
 from asset_runs import asset_triggered_test
-from conftest import REPO, airflow_sources, new_repository, require_limestone, require_tarantool, run_cli
+from conftest import REPO, airflow_sources, last_run, new_repository, require_limestone, require_tarantool, run_cli
 from devenv import airflow, environment, migrate
 
 pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("dags")]
@@ -139,6 +139,16 @@ def test_backup_from_the_form_and_on_schedule(airflow_env):
     assert "walvault verify --repo" in log and ": ok" in log
     kept = [json.loads(p.read_text()) for p in set(repo.glob("reports/verify/*/summary.json")) - reports]
     assert [s["verdict"] for s in kept] == ["INTACT"], "the verify task keeps its report, as the CLI does"
+    # the run's note says what it did, by source; each task's result is one XCom value, not split into keys
+    _run, note, xcoms = last_run(env, "walvault_backup")
+    assert note and note.startswith("**walvault** walvault_backup: the run succeeded"), note
+    recorded = next(line for line in note.splitlines() if line.startswith("- backup_source.record [ls]: backup "))
+    assert " (full): " in recorded and " files, " in recorded and " bytes, position " in recorded, note
+    assert "- backup_source.verify [ls]: backup " in note and " verified intact: " in note, note
+    assert {k for t, _m, k in xcoms if t != "clean_up"} == {"return_value"}, xcoms
+    assert {(t, k) for t, _m, k in xcoms} >= {("backup_source.record", "return_value"), ("clean_up", "committed"),
+                                              ("clean_up", "return_value")}, xcoms
+    assert len(xcoms) == len(set(xcoms)), xcoms
     tr.write_more(airflow_env["tt"], rows=200, snapshot=False, seed=4)
     _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "full", "verify": True}))
     _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "tt", "type": "incremental",
@@ -194,6 +204,10 @@ def test_a_failed_backup_names_its_cause_and_leaves_no_plan(airflow_env, tmp_pat
     assert "AirflowFailException: walvault exited 1:" in log and "take a full backup first" in log, log[-3000:]
     assert _asset_events(env) == before, "a failed backup updates no asset"
     assert not list((tmp_path / "work").rglob("plan.json"))
+    _run, note, _xcoms = last_run(env, "walvault_backup")  # the run's note: the failed task, by source, and why
+    assert note.startswith("**walvault** walvault_backup: the run failed"), note
+    failed = next(line for line in note.splitlines() if line.startswith("- FAILED backup_source.spark_backup [ls]: "))
+    assert "AirflowFailException: walvault exited 1:" in failed and "take a full backup first" in failed, note
     proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
                    json.dumps({"source": "ls", "type": "full", "verify": True, "spark": "spark_cluster"}))
     log = proc.stdout + proc.stderr

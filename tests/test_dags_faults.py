@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (REPO, copy_limestone_fixture, faketime_env, require_limestone, run_cli, tree_snapshot,
+from conftest import (REPO, copy_limestone_fixture, faketime_env, last_run, require_limestone, run_cli, tree_snapshot,
                       walvault_command)
 from devenv import airflow, environment, migrate
 from walcore.limestone.layout import exclusive_lock
@@ -163,6 +163,31 @@ def test_the_retention_dag_confirms_each_source_before_its_expiry(faults_env, mo
         assert dag.get_task(f"confirm_{name}").upstream_task_ids == set()
 
 
+def test_the_forms_days_and_as_of_preview_and_a_run_that_applies_refuses_them(faults_env):
+    """A preview (dry_run ticked) under another window as of another instant plans by them; the same with dry_run
+    unticked fails at once, deleting nothing. Runs before the test that applies."""
+    env, repo = faults_env["env"], faults_env["repo"]
+    before = tree_snapshot(repo)
+    as_of = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 86400))
+    proc = airflow(env, "dags", "test", "walvault_retention", "--conf", json.dumps({"days": 7, "as_of": as_of}))
+    log = proc.stdout + proc.stderr
+    assert f"policy: keep every point of the last 7 days, as of {as_of}" in log, log[-4000:]
+    assert "a manual run with dry_run ticked: plan only" in log and "plan only: " in log
+    assert tree_snapshot(repo) == before
+    _run, note, _xcoms = last_run(env, "walvault_retention")
+    expired = next(line for line in note.splitlines() if line.startswith("- expire_good: limestone "))
+    assert " (plan only), kept " in expired and "; anchor " in expired, note
+
+    proc = airflow(env, "dags", "test", "walvault_retention", "--conf", json.dumps({"dry_run": False, "days": 7}))
+    log = proc.stdout + proc.stderr
+    assert "DagRun failed" in log, log[-4000:]
+    assert ("days are for previews (plan only), and this run would apply (a manual run with dry_run unticked: "
+            "applied): nothing expired") in log, log[-4000:]
+    assert tree_snapshot(repo) == before, "a run that would apply with the preview's fields deleted something"
+    _run, note, _xcoms = last_run(env, "walvault_retention")
+    assert "- FAILED confirm_good: AirflowFailException: days are for previews" in note, note
+
+
 def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faults_env):
     env, repo, instances = faults_env["env"], faults_env["repo"], faults_env["instances"]
     before = tree_snapshot(repo)
@@ -174,6 +199,10 @@ def test_a_manual_dry_run_deletes_nothing_and_only_confirmed_sources_expire(faul
     assert "covered by " in log and "keep " in log, "each deletion's and each kept file's reason"
     assert f"NOT CONFIRMED: the anchor {faults_env['snapshots']['bad']['id']} is not intact" in log
     assert "DagRun failed" in log, "a source whose coverage cannot be confirmed fails the run"
+    _run, note, _xcoms = last_run(env, "walvault_retention")  # per source: what would go, what is kept and why
+    assert f"- expire_good: limestone {instances['good']}: would delete 5 (plan only), kept " in note, note
+    assert (f"- FAILED confirm_bad: AirflowFailException: bad: the anchor {faults_env['snapshots']['bad']['id']} "
+            "is not intact") in note, note
 
     bad_before = _source_tree(repo, instances["bad"])
     with exclusive_lock(faults_env["good"]):  # a running limestone holds its directory: confirmed from the repository

@@ -17,7 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import task, task_group, teardown
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from .walvault import with_provider_defaults
+from .walvault import reason_kept, with_provider_defaults
 
 
 # walcore's LeaseBusy as the command's last line says it: exit 1 as any refusal, but another command of the source
@@ -64,15 +64,16 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context):
         from ..spark import job_result
 
-        label_plan(context, self.application_args[0])
-        super().execute(context)
-        code, _out, err = job_result(self.application_args[0])
-        if code == 0:
-            return
-        tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
-        self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
-                       "\n".join(f"  {line}" for line in tail))
-        raise job_failure("walvault", code, tail[-1].strip())
+        with reason_kept(context):
+            label_plan(context, self.application_args[0])
+            super().execute(context)
+            code, _out, err = job_result(self.application_args[0])
+            if code == 0:
+                return
+            tail = err.strip().splitlines()[-10:] or ["(the command printed nothing on stderr)"]
+            self.log.error("the %s job's walvault command exited %d; its last lines:\n%s", self.name, code,
+                           "\n".join(f"  {line}" for line in tail))
+            raise job_failure("walvault", code, tail[-1].strip())
 
     def on_kill(self) -> None:
         from spark_jobs.submit import stop_tree
@@ -122,8 +123,9 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         from ..spark import check_connection, work_dir, write_plan
 
         context = get_current_context()
-        check_connection(context["task"].render_template(conn_id, context))
-        plans = plan(*args, **kwargs)
+        with reason_kept(context):
+            check_connection(context["task"].render_template(conn_id, context))
+            plans = plan(*args, **kwargs)
         target = WalvaultRepoHook(load().repository_connection).target()
         written = [write_plan(work_dir(context["run_id"], name), {"job": job, **each, "repo": target.url,
                                                                    "repo_options": target.options})
@@ -133,7 +135,8 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         (arg,) = written
         return arg
 
-    @task(task_id=result.__name__, doc_md=result.__doc__,
+    # one XCom value each (multiple_outputs=False): a dict returned is not split into keys as well
+    @task(task_id=result.__name__, doc_md=result.__doc__, multiple_outputs=False,
           trigger_rule="none_skipped" if result_after_failure else "all_success",
           map_index_template=PLAN_LABEL_TEMPLATE if group_id is not None else None)
     def read_result(application_args: list[str]) -> dict:
@@ -143,11 +146,13 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
 
         from ..spark import job_result
 
-        label_plan(get_current_context(), application_args[0])
-        code, out, err = job_result(application_args[0])
-        returned = result(json.loads(out) if code == 0 or out.strip().startswith("{") else {})
-        if code != 0:
-            raise job_failure(job, code, (err.strip().splitlines() or ["(no message)"])[-1])
+        context = get_current_context()
+        label_plan(context, application_args[0])
+        with reason_kept(context):
+            code, out, err = job_result(application_args[0])
+            returned = result(json.loads(out) if code == 0 or out.strip().startswith("{") else {})
+            if code != 0:
+                raise job_failure(job, code, (err.strip().splitlines() or ["(no message)"])[-1])
         return returned
 
     def submit_and_read(application_args):
@@ -176,6 +181,7 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         done = each_plan.expand(application_args=plans)
 
     @teardown
+    @task(multiple_outputs=False)
     def clean_up(run_id=None, ti=None) -> dict:
         """Whatever happened: the run's jobs still running stopped (a run marked failed or stopped while its Spark
         job ran), the backups its jobs committed recorded (XCom `committed` and the log, read before anything is
@@ -184,7 +190,8 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
         run green): a job stopped under its task fails that task, so a stopped run never shows success."""
         from ..spark import clean_up as clean_up_run
 
-        return clean_up_run(run_id, ti)
+        with reason_kept({"ti": ti}):
+            return clean_up_run(run_id, ti)
 
     return SparkJob(done=done, clean_up=clean_up())
 

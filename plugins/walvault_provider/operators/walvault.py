@@ -15,6 +15,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from ..config import Runs
+from ..notes import REASON_KEY
 
 
 def flag(value, name: str) -> bool:
@@ -85,6 +86,35 @@ def retention_applies(dag_run, dry_run, tolerance_minutes: float, applied_today:
                    "new snapshot, applies)")
 
 
+def _given(value) -> bool:
+    """Whether a templated optional value was given: an empty form field renders "None" or nothing."""
+    return value not in (None, "", "None")
+
+
+def retention_window(dag_run, dry_run, days, as_of, config, applied_today: str | None = None
+                     ) -> tuple[bool, str, float | str, str | None]:
+    """(apply, why, days, as_of) of a retention task: whether it deletes and why (retention_applies(), `applied_today` its day record), and the
+    window it judges, the configured `retention.days` as of now, or a preview's `days` and `as_of` (a window
+    other than the configured one, the plan as of another instant). A preview only plans: a run that would apply
+    and is given either fails at once, so that nothing is ever deleted by a window nobody configured."""
+    from walcore.requests import as_of_time
+    from walcore.retention import check_days
+
+    apply, why = retention_applies(dag_run, dry_run, config.late_after_minutes, applied_today)
+    preview = [name for name, value in (("days", days), ("as_of", as_of)) if _given(value)]
+    if apply and preview:
+        raise AirflowFailException(f"{' and '.join(preview)} are for previews (plan only), and this run would "
+                                   f"apply ({why}): nothing expired; tick dry_run to preview, or clear them to apply")
+    if _given(as_of) and as_of_time(str(as_of)) is None:
+        raise AirflowFailException(f"as_of: {as_of!r} is not a time (ISO 8601 UTC, e.g. 2026-11-01T04:00:00Z)")
+    if _given(days):
+        try:
+            check_days(days)
+        except ValueError as e:
+            raise AirflowFailException(f"days: {e}") from None
+    return apply, why, days if _given(days) else config.retention_days, str(as_of) if _given(as_of) else None
+
+
 def scheduled_backup_type(repo, source_path, full_every_days: float, now: float | None = None) -> str:
     """What a scheduled backup of a source is: full when it has no full backup finished within `full_every_days`
     (so that a chain stays short and a restore never needs more than that many days of incrementals), else an
@@ -121,6 +151,37 @@ def verdicts() -> Iterator[None]:
         raise AirflowFailException(f"{type(e).__name__}: {e}") from e
 
 
+@contextmanager
+def reason_kept(context) -> Iterator[None]:
+    """Why a task failed (its exception, as its log's last line says it) or was skipped (the skip's message) kept as
+    its XCom `reason`, where its run's note (walvault_provider.notes) reads it: the scheduler, which writes the
+    note, never sees the exception. Nothing is kept without a task instance (an operator called outside a run), and
+    failing to keep it never hides the failure itself."""
+    try:
+        yield
+    except Exception as e:
+        if context.get("ti") is not None:
+            reason = str(e) if isinstance(e, AirflowSkipException) else f"{type(e).__name__}: {e}"
+            try:
+                context["ti"].xcom_push(key=REASON_KEY, value=reason)
+            except Exception as lost:  # noqa: BLE001 - the task's own exception is what goes up
+                import logging
+
+                logging.getLogger("airflow.task").warning("the reason was not kept for the run's note: %s", lost)
+        raise
+
+
+def log_warnings(warnings: list[str], log=None) -> list[str]:
+    """Each warning a walcore result carries logged at WARNING level (the UI's log view marks it) and returned as a
+    summary line, so that a warning is never only inside a returned value."""
+    import logging
+
+    log = log or logging.getLogger("airflow.task")
+    for warning in warnings:
+        log.warning("walvault: warning: %s", warning)
+    return [f"WARNING: {w}" for w in warnings]
+
+
 def with_provider_defaults(operator: type, kwargs: dict) -> dict:
     """An operator's keyword arguments with walvault's defaults where neither the call nor the DAG's default_args
     (which Airflow hands each __init__ merged) name them: the owner `walvault`, and the class's docstring as the
@@ -144,7 +205,7 @@ class _WalvaultOperator(BaseOperator):
         self.repo_conn_id = repo_conn_id
 
     def execute(self, context):
-        with verdicts():
+        with reason_kept(context), verdicts():
             return self.work(context)
 
     def work(self, context):
@@ -164,8 +225,9 @@ class _WalvaultOperator(BaseOperator):
             create=config.repository_create)
         return repo, {"repo": target.url, "repo_options": target.options}
 
-    def summary(self, title: str, lines: list[str]) -> None:
-        """What people read: the task log ends with this."""
+    def summary(self, title: str, lines: list[str], warnings: list[str] = ()) -> None:
+        """What people read: the task log ends with this, its warnings first (each also logged at WARNING)."""
+        lines = [*log_warnings(list(warnings), self.log), *lines]
         self.log.info("%s\n%s", title, "\n".join(f"  {line}" for line in lines) or "  (nothing)")
 
 
@@ -228,8 +290,9 @@ class WalvaultArchiveOperator(_WalvaultOperator):
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
-    """Verify one backup (`backup_id`), or every backup, in the repository (walvault verify --repo): every stored
-    object's size and SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
+    """Verify one backup (`backup_id`: its id, or a backup's record as XCom, e.g. the backup DAG's `record` result,
+    whose `id` it takes), or every backup, in the repository (walvault verify --repo): every stored object's size and
+    SHA-256 and every link of its chain. Findings fail the task, each named in the summary.
     `enabled` (e.g. "{{ params.verify }}"): false skips the task. Its report is kept in the repository, as the CLI
     keeps it.
 
@@ -237,7 +300,7 @@ class WalvaultVerifyOperator(_WalvaultOperator):
 
     template_fields: Sequence[str] = ("config_path", "backup_id", "enabled")
 
-    def __init__(self, *, backup_id: str | None = None, enabled: bool | str = True, **kwargs):
+    def __init__(self, *, backup_id: str | dict | None = None, enabled: bool | str = True, **kwargs):
         super().__init__(**kwargs)
         self.backup_id = backup_id
         self.enabled = enabled
@@ -249,6 +312,8 @@ class WalvaultVerifyOperator(_WalvaultOperator):
 
         if not flag(self.enabled, "enabled"):
             raise AirflowSkipException("verify after: unticked")
+        if isinstance(self.backup_id, dict):  # a backup's record, one XCom value
+            self.backup_id = self.backup_id["id"]
         repo, names_repo = self.repository(self.load_config())
         # its report is kept in the repository as the CLI keeps it (the log says where)
         report = outcome(VerifyRequest(backup=self.backup_id, **names_repo), LocalRunner())
@@ -316,10 +381,11 @@ class WalvaultSnapshotOperator(_SourceOperator):
         self.summary(f"walvault snapshot of {source.name}", [
             f"snapshot {m.id} ({m.family} {m.instance}): {len(m.files)} files, {m.bytes:,} bytes",
             f"covers the log up to {m.position}" + (f", folding {len(covers.get('folded', []))} pwal files"
-                                                    if m.family == "limestone" else "")])
+                                                    if m.family == "limestone" else "")], result.notes)
         self.describe_outlets(context, {"source": source.name, "id": m.id, "position": m.position,
                                         "bytes": m.bytes, "files": len(m.files)})
-        return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance}
+        return {"id": m.id, "position": m.position, "family": m.family, "instance": m.instance,
+                "notes": result.notes}
 
     def describe_outlets(self, context, metadata: dict) -> None:
         """The asset events of the task's outlets say what it made (Airflow sends them when the task succeeds)."""
@@ -332,14 +398,26 @@ class WalvaultConfirmOperator(_SourceOperator):
     relies on) found, and its stored bytes re-hashed against its manifest (walvault expire's own check). Logs
     the source's plan as `walvault expire` says it (why it is uncovered, what goes and why, what is kept and
     why). Uncovered: the task is skipped, so its expiry is too; an anchor that does not re-hash fails it.
-    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to.
+    Returns {"family", "instance", "anchor"}: what the expiry after it is restricted to. `dry_run`, `days` and
+    `as_of` as its expiry takes them (retention_window(): a preview's window, refused by a run that applies).
 
-    Templated: `config_path`, `source`."""
+    Templated: `config_path`, `source`, `dry_run`, `days`, `as_of`."""
+
+    template_fields: Sequence[str] = ("config_path", "source", "dry_run", "days", "as_of")
+
+    def __init__(self, *, dry_run: bool | str = True, days: float | str | None = None, as_of: str | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.dry_run = dry_run
+        self.days = days
+        self.as_of = as_of
 
     def work(self, context):
         from walcore.command.expire import confirm, render_source
+        from walcore.requests import as_of_time
 
         config = self.load_config()
+        days, as_of = retention_window(context["dag_run"], self.dry_run, self.days, self.as_of, config)[2:]
         source = config.source(self.source)
         repo = self.repository(config)[0]
         title = f"walvault expire: confirm the coverage of {source.name} ({source.path})"
@@ -351,7 +429,7 @@ class WalvaultConfirmOperator(_SourceOperator):
             self.summary(title, [f"no backup of {where} in {repo.display}"])
             raise AirflowSkipException(f"{source.name} is not covered: nothing of it is expired")
         newest = max(backups, key=lambda m: (m.finished, m.id))
-        plan, damaged = confirm(repo, newest.family, newest.instance, config.retention_days)
+        plan, damaged = confirm(repo, newest.family, newest.instance, days, as_of_time(as_of) if as_of else None)
         # The instance's plan shows the anchor of its newest source; this source's own is the one confirmed.
         anchor = next((i["anchor"] for i in plan.identities if i["path"] == where), None)
         if anchor is None:
@@ -382,14 +460,19 @@ class WalvaultExpireOperator(_WalvaultOperator):
     why, as the CLI says it. A source whose expiry stopped (a lease held past `runs.lease_wait_minutes`, the
     repository failing) fails the task to be retried.
 
-    Templated: `config_path`, `dry_run`, `days`, `confirmed` (an XComArg: the task runs after it)."""
+    `days` and `as_of` (the plan as of that instant) are for previews: retention_window() fails a run that would
+    apply with them.
 
-    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "confirmed")
+    Templated: `config_path`, `dry_run`, `days`, `as_of`, `confirmed` (an XComArg: the task runs after it)."""
 
-    def __init__(self, *, dry_run: bool | str = True, days: float | None = None, confirmed=EVERY_SOURCE, **kwargs):
+    template_fields: Sequence[str] = ("config_path", "dry_run", "days", "as_of", "confirmed")
+
+    def __init__(self, *, dry_run: bool | str = True, days: float | str | None = None, as_of: str | None = None,
+                 confirmed=EVERY_SOURCE, **kwargs):
         super().__init__(**kwargs)
         self.dry_run = dry_run
         self.days = days
+        self.as_of = as_of
         self.confirmed = confirmed
 
     def work(self, context):
@@ -412,15 +495,16 @@ class WalvaultExpireOperator(_WalvaultOperator):
         applied = record.get(DAY_RECORD) if record is not None else {"day": day, "run_id": "(no day record)"}
         applied_today = applied["run_id"] if applied and applied["day"] == day and \
             applied["run_id"] != dag_run.run_id else None
-        apply, why = retention_applies(dag_run, self.dry_run, config.late_after_minutes, applied_today)
+        apply, why, days, as_of = retention_window(dag_run, self.dry_run, self.days, self.as_of, config,
+                                                   applied_today)
         if apply and record is not None:  # before a deletion: a run failing midway still took the day
             record.set(DAY_RECORD, {"day": day, "run_id": dag_run.run_id})
-        days = self.days if self.days not in (None, "", "None") else config.retention_days
-        result = outcome(ExpireRequest(days=days, apply=apply, wait=config.runs.lease_wait, only=only, **names_repo),
-                         LocalRunner())
-        self.summary(f"walvault expire ({why})", [f"WARNING: {w}" for w in result.warnings]
-                     + render(result, "a manual run with dry_run unticked, or the day's first run after a new "
-                                            "snapshot, applies it"))
+        result = outcome(ExpireRequest(days=days, as_of=as_of, apply=apply, wait=config.runs.lease_wait, only=only,
+                                       **names_repo), LocalRunner())
+        self.summary(f"walvault expire ({why})",
+                     render(result, "a manual run with dry_run unticked, or the day's first run after a new "
+                                    "snapshot, applies it"),
+                     result.warnings)
         if any(s.stopped for s in result.sources):  # a lease held, the repository failing: retried
             raise AirflowException("; ".join(f"{s.instance}: {s.stopped}" for s in result.sources if s.stopped))
         return result.to_json()
@@ -449,7 +533,8 @@ class WalvaultDrillOperator(_SourceOperator):
         result = outcome(DrillRequest(backup=newest.id, **names_repo), LocalRunner())
         self.summary(f"walvault drill of {source.name}: backup {result.backup} {result.status.upper()}",
                      result.checks + ([f"PROBLEM: {result.problem}"] if result.problem else []))
-        if result.status != "ok":
+        if result.status != "ok":  # the verdict is still the task's value: the run's note says it
+            context["ti"].xcom_push(key="return_value", value=result.to_json())
             raise AirflowFailException(f"the drill of backup {result.backup} failed: {result.problem}")
         return result.to_json()
 
