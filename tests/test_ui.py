@@ -429,7 +429,7 @@ def test_a_repository_connection_from_the_form_and_its_test_button(stack, browse
                  json={"connection_id": conn_id, "conn_type": "walvault_repo", "port": 0})
         return standard, extra
 
-    def test(conn_id: str) -> str:
+    def test_answer(conn_id: str) -> str:
         """What the row's Test button answers: the toast's title and message."""
         driver.get(f"{url}/connections")
         row = f"//tr[td[normalize-space()='{conn_id}']]"
@@ -441,9 +441,9 @@ def test_a_repository_connection_from_the_form_and_its_test_button(stack, browse
     try:
         _log_in(driver, wait, stack)
         standard, extra = add("walvault_repo_ui", str(repo))
-        answer = test("walvault_repo_ui")
+        answer = test_answer("walvault_repo_ui")
         add("walvault_repo_ui_bad", str(bad))
-        refused = test("walvault_repo_ui_bad")
+        refused = test_answer("walvault_repo_ui_bad")
     except TimeoutException as e:
         pytest.fail(f"the connection form did not do as expected: {e.msg} {_page_dump(driver, tmp_path, 'conn')}")
     assert {"S3 access key id", "S3 secret access key"} <= standard, standard
