@@ -79,6 +79,22 @@ def test_a_runs_note_says_what_each_task_did_by_source_with_its_warnings_and_fai
     assert "- report: Spark verified 3 files, 0 damaged" in note
 
 
+def test_a_run_a_person_marked_says_so_not_that_it_succeeded():
+    """The UI's "Mark run as success" keeps a failed task failed and calls the listener with "manually set": the
+    note must not read as if the work succeeded."""
+    from walvault_provider.notes import RunNotes, TaskOutcome, run_note
+
+    failed = TaskOutcome("backup_source.spark_backup", "tt", "failed", None, "AirflowFailException: DAMAGED")
+    note = run_note("walvault_backup", "success", [failed], marked=True)
+    assert note.splitlines() == ["**walvault** walvault_backup: the run was marked succeeded by hand",
+                                 "- FAILED backup_source.spark_backup [tt]: AirflowFailException: DAMAGED"]
+    written = []
+    notes = RunNotes()
+    notes._write = lambda dag_run, msg: written.append(msg)
+    notes.on_dag_run_success(dag_run=None, msg="Dag Run's state was manually set to `success`.")
+    assert written == ["Dag Run's state was manually set to `success`."]
+
+
 def test_a_result_of_another_shape_is_said_not_fatal():
     from walvault_provider.notes import TaskOutcome, run_note
 

@@ -30,6 +30,7 @@ HEADING = "**walvault**"  # begins the part of a note this module writes: a re-r
 TAG = "walvault"  # the tag of the DAGs whose runs get a note
 REASON_KEY = "reason"  # the XCom of a walvault task that failed or was skipped: why, as its exception says it
 ENDED = {"success": "succeeded", "failed": "failed"}
+MARKED = "manually set"  # in the listener's msg when a person set the run's state (the UI's "Mark run as ...")
 
 
 @dataclass
@@ -109,10 +110,12 @@ def _kind(task_id: str) -> str:
     return tail if tail in EXPLAIN else tail.split("_")[0]
 
 
-def run_note(dag_id: str, state: str, tasks: list[TaskOutcome]) -> str:
-    """The note of a finished run: a heading (the DAG, how the run ended), then a line per thing done, warning, task
+def run_note(dag_id: str, state: str, tasks: list[TaskOutcome], marked: bool = False) -> str:
+    """The note of a finished run: a heading (the DAG, how the run ended; `marked`: a person set its state, so its
+    tasks' outcomes, not the heading, say what the work did), then a line per thing done, warning, task
     that failed or was skipped and why, each named by its task and source; last, the tasks skipped after those."""
-    lines = [f"{HEADING} {dag_id}: the run {ENDED.get(state, state)}"]
+    ended = ENDED.get(state, state)
+    lines = [f"{HEADING} {dag_id}: the run " + (f"was marked {ended} by hand" if marked else ended)]
     for t in tasks:
         name = t.name
         explain = EXPLAIN.get(_kind(t.task_id))
@@ -144,7 +147,7 @@ class RunNotes:
     """The DagRun listener writing a walvault run's note when it ends (succeeded or failed, a timeout included).
     Registered by the `walvault` Airflow plugin. Never fails the caller: Airflow logs a listener's error."""
 
-    def _write(self, dag_run) -> None:
+    def _write(self, dag_run, msg: str) -> None:
         from sqlalchemy import select
         from sqlalchemy.orm import object_session
 
@@ -175,12 +178,12 @@ class RunNotes:
                              xcoms.get((REASON_KEY, ti.task_id, ti.map_index)))
                  for ti in tis]
         state = str(getattr(dag_run.state, "value", dag_run.state))
-        run.note = with_note(run.note, run_note(dag_run.dag_id, state, tasks))
+        run.note = with_note(run.note, run_note(dag_run.dag_id, state, tasks, marked=MARKED in (msg or "")))
 
     @hookimpl
     def on_dag_run_success(self, dag_run, msg: str) -> None:
-        self._write(dag_run)
+        self._write(dag_run, msg)
 
     @hookimpl
     def on_dag_run_failed(self, dag_run, msg: str) -> None:
-        self._write(dag_run)
+        self._write(dag_run, msg)
