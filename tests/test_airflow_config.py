@@ -210,6 +210,10 @@ def test_unreadable_or_not_yaml(tmp_path):
         load(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="not YAML"):
         load(_write(tmp_path, "sources: [unclosed"))
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"sources: [{name: caf\xe9, family: tarantool, path: x}]\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load(latin1)
 
 
 def test_reading_it_imports_no_airflow_and_touches_no_network(tmp_path):

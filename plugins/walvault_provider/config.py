@@ -210,6 +210,8 @@ def load(path: Path | None = None) -> Config:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the walvault configuration ({e.strerror or e}); set {ENV_VAR} "
                           "to its path") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): save it as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_loader(path))
     except DuplicateKey as e:
