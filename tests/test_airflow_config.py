@@ -494,3 +494,15 @@ def test_a_scheduled_backup_is_full_once_the_newest_full_is_old(tmp_path):
     assert scheduled_backup_type(repo, source, 7, now=finished + 6.9 * 86400) == "incremental"
     assert scheduled_backup_type(repo, source, 7, now=finished + 7 * 86400) == "full"
     assert scheduled_backup_type(repo, REPO / "samples" / "tarantool" / "features", 7, now=finished) == "full"
+
+
+def test_a_tarantool_connection_without_a_password_sends_none_not_the_word(monkeypatch):
+    from types import SimpleNamespace
+
+    from walvault_provider.hooks.tarantool import TarantoolHook
+
+    conn = SimpleNamespace(login="backup", password=None, host="127.0.0.1", port=None)
+    monkeypatch.setattr(TarantoolHook, "get_connection", classmethod(lambda cls, conn_id: conn))
+    assert TarantoolHook("tt").uri() == "backup:@127.0.0.1:3301"
+    conn.password = "s3cret"
+    assert TarantoolHook("tt").uri() == "backup:s3cret@127.0.0.1:3301"

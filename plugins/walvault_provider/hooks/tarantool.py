@@ -25,7 +25,7 @@ class TarantoolHook(BaseHook):
     def uri(self) -> str:
         """[user:password@]host:port of the instance, as walcore's live commands take it."""
         conn = self.get_connection(self.tarantool_conn_id)
-        auth = f"{conn.login}:{conn.password}@" if conn.login else ""
+        auth = f"{conn.login}:{conn.password or ''}@" if conn.login else ""  # no password: empty, not "None"
         return f"{auth}{conn.host}:{conn.port or DEFAULT_PORT}"
 
     def test_connection(self) -> tuple[bool, str]:
