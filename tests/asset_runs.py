@@ -37,9 +37,12 @@ def asset_triggered(*, dag, run_after, conf, session, **_):
             events.append(session.scalar(select(AssetEvent).where(AssetEvent.asset_id == asset.id)
                                          .order_by(AssetEvent.id.desc()).limit(1)))
             continue
-        # an event as `made_by` makes it (no source DAG: made by hand), one minute before the run starts
+        # an event as `made_by` makes it (of a stored backup or snapshot; by hand: no source DAG, no metadata), one
+        # minute before the run starts
         from datetime import timedelta
-        event = AssetEvent(asset_id=asset.id, source_dag_id=made_by if made_by != "hand" else None, extra={},
+        by_hand = made_by == "hand"
+        event = AssetEvent(asset_id=asset.id, source_dag_id=None if by_hand else made_by,
+                           extra={} if by_hand else {"id": "made-by-the-test"},
                            timestamp=started - timedelta(minutes=1))
         session.add(event)
         events.append(event)

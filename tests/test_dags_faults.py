@@ -77,13 +77,14 @@ def _source_tree(repo: Path, instance: str) -> dict:
 
 def _dag_run(run_type: str, due: datetime, started: datetime, events: tuple = ()):
     """A DagRun as a task's context carries it (the Task SDK's own model); `events`: (source DAG, when) of the asset
-    events it consumed."""
+    events it consumed, each of a stored snapshot, or (source DAG, when, metadata)."""
     from airflow.sdk.api.datamodels._generated import AssetEventDagRunReference, DagRun
 
     consumed = [AssetEventDagRunReference(
         asset={"name": "walvault://walvault_repo/good/snapshot", "uri": "walvault://walvault_repo/good/snapshot",
-               "extra": {}}, extra={}, source_task_id=None, source_dag_id=dag_id, source_run_id=None,
-        source_map_index=None, source_aliases=[], timestamp=when) for dag_id, when in events]
+               "extra": {}}, source_task_id=None, source_dag_id=dag_id, source_run_id=None,
+        source_map_index=None, source_aliases=[], timestamp=when, extra=extra)
+        for dag_id, when, extra in (e if len(e) == 3 else (*e, {"id": "20260101-021000S"}) for e in events)]
     return DagRun(dag_id="walvault_retention", run_id=f"{run_type}__{due.isoformat()}", logical_date=due,
                   data_interval_start=due, data_interval_end=due, run_after=due, start_date=started, end_date=None,
                   run_type=run_type, state="running", consumed_asset_events=consumed, partition_key=None)
@@ -135,10 +136,26 @@ def test_only_the_days_first_run_after_a_new_snapshot_deletes():
         (False, "a run started 45 minutes after its snapshot: plan only; the next snapshot's applies")
     by_hand = _dag_run("asset_triggered", started, started, events=[(None, snapshot_at)])
     assert retention_applies(by_hand, "False", 30) == (
-        False, "a run triggered by asset events walvault_snapshot did not make (made by hand): plan only")
+        False, "a run triggered by no new snapshot (asset events walvault_snapshot did not make, made by hand, or of "
+               "nothing new to fold): plan only")
+    # walvault_snapshot's event of nothing new to fold (no snapshot id): a hand-made backup event may cause one
+    nothing_new = _dag_run("asset_triggered", started, started,
+                           events=[("walvault_snapshot", snapshot_at, {"id": None})])
+    assert retention_applies(nothing_new, "False", 30)[0] is False
     assert retention_applies(_dag_run("asset_triggered", started, started), "False", 30)[0] is False
     # a deliberate manual apply is not bound by the day record
     assert retention_applies(_dag_run("manual", started, started), "False", 30, applied_today="x")[0] is True
+
+
+def test_a_snapshot_run_follows_only_the_backups_walvault_backup_made():
+    """An asset event made by hand (the REST API, the Assets view) on a backup asset snapshots nothing: it would
+    otherwise start a snapshot run whose event starts retention."""
+    from walvault_provider.assets import triggering_sources
+
+    at = datetime(2026, 1, 1, 1, 30, tzinfo=timezone.utc)
+    assert triggering_sources(_dag_run("asset_triggered", at, at, events=[("walvault_backup", at)])) == {"good"}
+    assert triggering_sources(_dag_run("asset_triggered", at, at, events=[(None, at)])) == set()
+    assert triggering_sources(_dag_run("manual", at, at)) is None
 
 
 @pytest.mark.parametrize("confirmed", [None, {}, {"family": "limestone"}, "{{ nothing }}"])
@@ -234,8 +251,8 @@ def test_a_snapshot_triggered_run_deletes_at_most_once_a_day(faults_env):
         return log
 
     assert "walvault expire (retention was applied today already (run manual__" in run("walvault_snapshot")
-    assert "walvault expire (a run triggered by asset events walvault_snapshot did not make (made by hand): " \
-           "plan only)" in run("hand")
+    assert "walvault expire (a run triggered by no new snapshot (asset events walvault_snapshot did not make, " \
+           "made by hand, or of nothing new to fold): plan only)" in run("hand")
     tomorrow = datetime.now(timezone.utc) + timedelta(days=1)
     assert "walvault expire (the day's first run after a new snapshot: applied)" in run("walvault_snapshot", tomorrow)
     log = run("walvault_snapshot", tomorrow + timedelta(minutes=5))

@@ -19,6 +19,7 @@ from .config import DATA_SCHEDULES
 
 SCHEME = "walvault"
 KINDS = ("backup", "snapshot")
+BACKUP_DAG = "walvault_backup"  # the DAG whose backup events a snapshot run follows
 BACKUPS_ALIAS = AssetAlias(name="walvault_backups")  # what walvault_backup's mapped tasks update their source's by
 
 
@@ -58,7 +59,10 @@ def source_of(asset) -> str:
 
 
 def triggering_sources(dag_run) -> set[str] | None:
-    """The sources whose assets' events triggered this run; None for a run no asset triggered (every source)."""
+    """The sources whose backups (events walvault_backup made) triggered this run; None for a run no asset
+    triggered (every source)."""
     if str(getattr(dag_run.run_type, "value", dag_run.run_type)) != "asset_triggered":
         return None
-    return {source_of(e.asset) for e in dag_run.consumed_asset_events if e.asset.uri.startswith(f"{SCHEME}://")}
+    # only backups walvault_backup made: an event made by hand (the REST API, the Assets view) snapshots nothing
+    return {source_of(e.asset) for e in dag_run.consumed_asset_events
+            if e.asset.uri.startswith(f"{SCHEME}://") and e.source_dag_id == BACKUP_DAG}

@@ -57,16 +57,20 @@ SNAPSHOT_DAG = "walvault_snapshot"  # the DAG whose asset events trigger a reten
 def retention_applies(dag_run, dry_run, tolerance_minutes: float, applied_today: str | None = None
                       ) -> tuple[bool, str]:
     """Whether a retention run deletes, and why: a manual run with `dry_run` unticked, a scheduled run on time, or
-    the day's run triggered by a new snapshot: an asset-triggered run whose events walvault_snapshot made, started
-    within `tolerance_minutes` of the newest, when no other run applied retention today (`applied_today`: the run
-    that did, from the day record). Anything else plans only: a manual dry run, a scheduled run that started late (a
-    catch-up at unpause: so that unpausing, or a dry-run trigger with "unpause on trigger" ticked, never deletes), a
-    second asset-triggered run of the day, one triggered by an asset event made by hand, a backfill."""
+    the day's run triggered by a new snapshot: an asset-triggered run whose events walvault_snapshot made of a
+    snapshot it stored, started within `tolerance_minutes` of the newest, when no other run applied retention today
+    (`applied_today`: the run that did, from the day record). Anything else plans only: a manual dry run, a
+    scheduled run that started late (a catch-up at unpause: so that unpausing, or a dry-run trigger with "unpause
+    on trigger" ticked, never deletes), a second asset-triggered run of the day, one triggered by an asset event
+    made by hand or of nothing new, a backfill."""
     kind = _run_kind(dag_run)
     if kind == "asset_triggered":
-        made = [e.timestamp for e in dag_run.consumed_asset_events if e.source_dag_id == SNAPSHOT_DAG]
+        # a new snapshot: an event walvault_snapshot made of a snapshot it stored (not one of "nothing new to fold")
+        made = [e.timestamp for e in dag_run.consumed_asset_events
+                if e.source_dag_id == SNAPSHOT_DAG and (e.extra or {}).get("id")]
         if not made:
-            return False, f"a run triggered by asset events {SNAPSHOT_DAG} did not make (made by hand): plan only"
+            return False, (f"a run triggered by no new snapshot (asset events {SNAPSHOT_DAG} did not make, made by "
+                           "hand, or of nothing new to fold): plan only")
         late = (_started(dag_run) - max(made)).total_seconds() / 60
         if late > tolerance_minutes:
             return False, f"a run started {late:.0f} minutes after its snapshot: plan only; the next snapshot's applies"
@@ -93,10 +97,11 @@ def _given(value) -> bool:
 
 def retention_window(dag_run, dry_run, days, as_of, config, applied_today: str | None = None
                      ) -> tuple[bool, str, float | str, str | None]:
-    """(apply, why, days, as_of) of a retention task: whether it deletes and why (retention_applies(), `applied_today` its day record), and the
-    window it judges, the configured `retention.days` as of now, or a preview's `days` and `as_of` (a window
-    other than the configured one, the plan as of another instant). A preview only plans: a run that would apply
-    and is given either fails at once, so that nothing is ever deleted by a window nobody configured."""
+    """(apply, why, days, as_of) of a retention task: whether it deletes and why (retention_applies(),
+    `applied_today` its day record), and the window it judges, the configured `retention.days` as of now, or a
+    preview's `days` and `as_of` (a window other than the configured one, the plan as of another instant). A
+    preview only plans: a run that would apply and is given either fails at once, so that nothing is ever deleted
+    by a window nobody configured."""
     from walcore.requests import as_of_time
     from walcore.retention import check_days
 
