@@ -66,7 +66,8 @@ from devenv import environment, migrate  # noqa: E402
 
 SEED = 1
 SOURCE = "bench-tarantool"
-DAGS = ("walvault_archive", "walvault_backup", "walvault_restore_drill", "walvault_retention", "walvault_snapshot")
+DAGS = ("walvault_archive", "walvault_backup", "walvault_restore_drill", "walvault_retention", "walvault_snapshot",
+        "walvault_status")
 DAG_FOLDER = common.REPO / "dags"
 PARSE_TARGET_S = 1.0
 MARKER = "WALVAULT-BENCH-PARSE "  # Airflow logs to stdout: the child's result is the line after this marker
