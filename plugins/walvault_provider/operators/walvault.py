@@ -580,13 +580,13 @@ class WalvaultStatusOperator(_WalvaultOperator):
         result = outcome(StatusRequest(max_backup_age=config.freshness.max_backup_age_hours,
                                        max_archive_lag=config.freshness.max_archive_lag_minutes, **names_repo),
                          LocalRunner())
-        lines = [f"WARNING: {w}" for w in result.warnings] + status_lines(result)
+        lines = status_lines(result)
         if config.textfile is not None:
             if not config.textfile.parent.is_dir():
                 raise AirflowFailException(f"metrics.textfile: {config.textfile}: its directory does not exist")
             write_textfile(config.textfile, exposition(result))
             lines.append(f"written to {config.textfile}")
-        self.summary(f"walvault status --repo {repo.display}", lines)
+        self.summary(f"walvault status --repo {repo.display}", lines, result.warnings)
         return result.to_json()
 
 
