@@ -9,18 +9,20 @@ stale sends no mail; the run after a new backup sends the recovery mail; an arch
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import (TARANTOOL_FIXTURES, copy_limestone_fixture, copy_tree, new_repository, require_limestone,
-                      require_shared, run_cli_at, run_main)
+from conftest import (TARANTOOL_FIXTURES, clock_at, copy_limestone_fixture, copy_tree, new_repository,
+                      require_limestone, require_shared, run_cli_at, run_main)
 from test_notify import failure_mail, mailbox  # noqa: F401  (mailbox: the SMTP server on 127.0.0.1, a fixture)
 from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
 from walvault_provider.config import load
-from walvault_provider.operators.walvault import alert_state
+from walvault_provider.operators.walvault import alert_state, judge
 
 pytestmark = [require_shared, require_limestone, pytest.mark.xdist_group("notify")]
 DAY, HOUR = 86400, 3600
@@ -59,6 +61,46 @@ def test_a_stale_source_is_mailed_when_it_turns_stale_then_every_few_hours():
     assert fresh["kinds"] == [] and fresh["since"] is None
     again = alert_state(fresh, ["archive"], fresh["now"] + 600, 4)
     assert again["mailed"] == again["now"] == again["since"]
+
+
+def test_a_recreated_database_is_judged_as_the_instance_its_directory_holds_now(tmp_path):
+    """A Tarantool data dir re-created at its path (another instance): the old instance's fresh backup does not
+    make it fresh, until its own history is backed up and archived. A directory not on this host recorded as two
+    instances is an alert of its own; a backup finished in the future is not fresh."""
+    tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
+    (tmp_path / "walvault.yaml").write_text(f"sources: [{{name: tt, family: tarantool, path: {tt}}}]\n")
+    freshness = load(tmp_path / "walvault.yaml").freshness
+    repo = new_repository(tmp_path / "repo")
+
+    def judged() -> tuple[dict, list[str]]:
+        status = json.loads(run_main("status", "--repo", repo, "--json").stdout)
+        return judge("tt", tt, status, freshness)
+
+    def backed_up() -> dict:
+        assert run_main("archive", tt, "--repo", repo).returncode == 0
+        return json.loads(run_main("backup", tt, "--repo", repo, "--json").stdout)
+
+    old = backed_up()
+    assert judged()[0] == {}
+    shutil.rmtree(tt)
+    copy_tree(TARANTOOL_FIXTURES / "concurrent", tt)
+    alerts, lines = judged()
+    assert set(alerts) == {"backup", "archive"}, alerts
+    assert "none of instance aaaaaaaa-bbbb-4ccc-8ddd-000000000004, which the directory holds now," in alerts["backup"]
+    assert "nothing of it is archived" in alerts["archive"]
+    assert any(line.endswith("also recorded at its path: aaaaaaaa-bbbb-4ccc-8ddd-000000000001") for line in lines)
+    new = backed_up()
+    alerts, lines = judged()
+    assert alerts == {} and any(line.startswith(f"backup {new['id']} ") for line in lines), (alerts, lines)
+    with clock_at(time.time() - 2 * HOUR):
+        alerts, _ = judged()
+    assert "finished 1h59m in the future" in alerts["backup"] or "finished 2h00m in the future" in alerts["backup"]
+    shutil.rmtree(tt)
+    alerts, _ = judged()
+    assert alerts["identity"] == (f"tt ({tt.resolve()}) is recorded as 2 instances (aaaaaaaa-bbbb-4ccc-8ddd-"
+                                  "000000000001, aaaaaaaa-bbbb-4ccc-8ddd-000000000004) and is not on this host: "
+                                  "which history is its own cannot be told")
+    assert old["id"] != new["id"]
 
 
 def _families(text: str) -> dict:

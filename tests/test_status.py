@@ -74,7 +74,8 @@ def test_json_names_each_source_its_backup_archive_and_lag(history):
     assert tt["archive"]["position"] == tt["source"]["position"] == history["backup"]["position"]
     assert ls["archive"]["position"] == ls["source"]["position"] == {"epoch": 40}
     assert tt["archive_lag_seconds"] == ls["archive_lag_seconds"] == 0
-    assert tt["archive"]["files"] > 1 and tt["drill"] is None
+    assert tt["archive"]["files"] > 1 and tt["drill"] is None and tt["verification"] is None
+    assert tt["source"]["instance"] == tt["instance"] and ls["source"]["instance"] == ls["instance"]
     # The fixture's checkpoint was written days ago (by its rows' time): it anchors the one-day window now. The
     # limestone snapshot was built now: its window is not covered before a day has passed, so the exit is 1.
     assert tt["ok"] and tt["problems"] == [] and tt["window"]["covered"] is True
@@ -189,8 +190,83 @@ def test_archive_lag_and_a_failed_drill_are_problems(tmp_path):
         code, result = _status(repo, "--max-archive-lag", "121")
     s = _by_family(result)["limestone"]
     assert code == 1 and s["drill"]["status"] == "failed" and s["backup"] is None
-    assert s["problems"][0] == "no backup that restores (and whose last drill did not fail)"
+    assert s["problems"][0] == "no backup that restores (whole, and no failed drill or verification)"
     assert s["problems"][-1].startswith(f"the last drill (of backup {snapshot}, ") and victim.name in s["problems"][-1]
+
+
+def test_a_backup_a_verification_found_damaged_is_not_good_nor_an_anchor_until_verified_again(tmp_path):
+    """Bit rot in the repository, found by `verify --repo`: the backup is no longer what status calls the newest
+    good one, nor what expire anchors the window on (nothing of the archive it covered goes), until a
+    verification finds it intact again."""
+    built = _build(tmp_path)
+    repo, backup = built["repo"], built["backup"]["id"]
+    assert run_main("verify", "--repo", repo).returncode == 0
+    with clock_at(built["done"] + HOUR):
+        _, result = _status(repo)
+        covering = _json(run_main("expire", "--repo", repo, "--json"))
+    tt = _by_family(result)["tarantool"]
+    assert tt["ok"] and tt["backup"]["id"] == backup and tt["verification"]["damaged"] == []
+    assert _tarantool_plan(covering)["anchor"] is not None and _deleted_archive(covering), \
+        "the backup's checkpoint covers archived xlogs: the plan deletes them"
+    victim = max(Path(repo).rglob(f"backups/{backup}/**/*.snap.zst"), key=lambda p: p.stat().st_size)
+    intact = victim.read_bytes()
+    damaged = bytearray(intact)
+    damaged[len(damaged) // 2] ^= 0x10
+    victim.write_bytes(bytes(damaged))
+    assert run_main("verify", "--repo", repo).returncode == 1
+    listed = [line for line in run_main("backups", "--repo", repo).stdout.splitlines() if line.startswith(backup)]
+    assert len(listed) == 1 and "DAMAGED (verify " in listed[0]
+    with clock_at(built["done"] + HOUR):
+        code, result = _status(repo)
+        exposition = run_main("status", "--repo", repo, "--prometheus").stdout
+        uncovered = _json(run_main("expire", "--repo", repo, "--json"))
+    tt = _by_family(result)["tarantool"]
+    assert code == 1 and tt["backup"] is None and tt["window"]["covered"] is False
+    assert [d["backup"] for d in tt["verification"]["damaged"]] == [backup]
+    said = [p for p in tt["problems"] if p.startswith(f"the last verification of backup {backup} (")]
+    assert len(said) == 1 and "found it damaged" in said[0] and victim.name in said[0]
+    assert _value(_families(exposition)["walvault_damaged_backups"], family="tarantool") == 1
+    assert _value(_families(exposition)["walvault_damaged_backups"], family="limestone") == 0
+    assert _tarantool_plan(uncovered)["anchor"] is None and not _deleted_archive(uncovered)
+    # mended (the bytes put back) and verified again: good again
+    victim.write_bytes(intact)
+    assert run_main("verify", "--repo", repo).returncode == 0
+    with clock_at(built["done"] + HOUR):
+        _, result = _status(repo)
+    tt = _by_family(result)["tarantool"]
+    assert tt["ok"] and tt["backup"]["id"] == backup and tt["verification"]["damaged"] == []
+
+
+def _tarantool_plan(plan: dict) -> dict:
+    (source,) = [s for s in plan["sources"] if s["family"] == "tarantool"]
+    return source
+
+
+def _deleted_archive(plan: dict) -> list[str]:
+    return [d["path"] for d in _tarantool_plan(plan)["delete"] if "/archive/" in d["path"]]
+
+
+def test_a_backup_finished_in_the_future_is_not_fresh(history):
+    """A clock set wrong (or a forged manifest): a backup finished an hour after now says nothing of freshness."""
+    with clock_at(history["done"] - HOUR):
+        code, result = _status(history["repo"])
+    tt = _by_family(result)["tarantool"]
+    assert code == 1 and tt["backup"]["age_seconds"] == 0
+    assert any(p.startswith(f"the newest backup that restores, {history['backup']['id']}, finished 5") and
+               "in the future" in p for p in tt["problems"]), tt["problems"]
+
+
+def test_a_directory_holding_another_instance_now_is_not_lagged_against_the_old_archive(tmp_path):
+    """A database re-created at the same path: its log is another history, not the old instance's to lag."""
+    built = _build(tmp_path)
+    shutil.rmtree(built["tt"])
+    copy_tree(TARANTOOL_FIXTURES / "concurrent", built["tt"])
+    with clock_at(built["done"] + HOUR):
+        _, result = _status(built["repo"])
+    tt = _by_family(result)["tarantool"]
+    assert tt["instance"] == "aaaaaaaa-bbbb-4ccc-8ddd-000000000001"
+    assert tt["source"]["instance"] == "aaaaaaaa-bbbb-4ccc-8ddd-000000000004"
+    assert tt["archive_lag_seconds"] is None and tt["ok"], tt["problems"]
 
 
 @pytest.mark.parametrize("args, said", [
@@ -242,7 +318,7 @@ def test_a_repository_on_s3_too(repo_target, tmp_path):
     result = _json(proc)
     (source,) = result["sources"]
     assert source["archive"]["position"] == source["source"]["position"] == {"epoch": 40}
-    assert source["problems"] == ["no backup that restores (and whose last drill did not fail)"]
+    assert source["problems"] == ["no backup that restores (whole, and no failed drill or verification)"]
     assert proc.returncode == 1 and result["bytes"]["archive"] > 0 and result["bytes"]["backups"] == 0
 
 

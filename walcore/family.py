@@ -78,6 +78,10 @@ class Family(Protocol):
         """How far a source directory on this host reaches in the log, as archive_reach says it (None: it holds
         no log); read from its newest files only."""
 
+    def source_instance(self, source: Path) -> str | None:
+        """The instance a source directory on this host holds now, as its backups are kept under (None: its files
+        do not say)."""
+
     def restored_name(self, entry: FileEntry) -> str:
         """Where a file of a backup goes in a restore: its place in the family's layout."""
 

@@ -419,6 +419,9 @@ def _backups(request: rq.BackupsRequest, runner) -> int:
         drilled = ""
         if drill:
             drilled = f"  {'DRILL FAILED' if drill['status'] == 'failed' else 'drill ' + drill['status']} {drill['time']}"
+        verification = b.get("verification")
+        if verification and verification.get("status") != "ok":
+            drilled += f"  DAMAGED (verify {verification.get('time')})"
         print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
               f"{b['position'] or ''}{parent}{drilled}")
     if not backups:

@@ -14,6 +14,7 @@ import time
 from .family import Family
 from .repository import STAMP, Repository, RepositoryError
 from .repository.manifest import BackupManifest
+from .repository.verdicts import failed_verdict
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
@@ -52,16 +53,23 @@ def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
 
 def restorable_backups(repo: Repository, family: str, instance: str,
                        manifests: list[BackupManifest]) -> dict[str, bool]:
-    """Whether each backup of a source restores, by id: its parent chain reads and every object its manifest
-    names is there."""
+    """Whether each backup of a source restores, by id: its parent chain reads, every object its manifest names is
+    there, and no last verdict on it or on a backup of its chain failed (repository/verdicts.py: a failed drill, a
+    verification that found damage)."""
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
+    failed: dict[str, bool] = {}
+
+    def judged_failed(m: BackupManifest) -> bool:
+        if m.id not in failed:
+            failed[m.id] = failed_verdict(repo, m.family, m.instance, m.id) is not None
+        return failed[m.id]
 
     def restorable(m: BackupManifest) -> bool:
         try:
-            repo.chain(m)
+            chain = repo.chain(m)
         except RepositoryError:
             return False
-        return all(e.stored in stored for e in m.files)
+        return all(e.stored in stored for e in m.files) and not any(judged_failed(c) for c in chain)
 
     return {m.id: restorable(m) for m in manifests}
 

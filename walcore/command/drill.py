@@ -3,8 +3,8 @@
 Proof, beyond the restore's own check of every file's hashes (the family's prove_restore):
 - Tarantool: a real `tarantool` (where installed) starts on the restore and reaches the recorded vclock;
 - limestone: the restore verifies ok, with the recorded durable epoch and durable entry counts.
-The verdict goes to `<backup dir>/drill.json` (checksummed, rewritten by each drill) and `walvault backups` shows
-it: a backup whose last drill failed is marked.
+The verdict goes to `<backup dir>/drill.json` (repository/verdicts.py) and `walvault backups` shows it: a backup
+whose last drill failed is marked, and not counted on to restore until a drill passes again.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from ..family import family_named
 from ..findings import Refused
 from ..fsutil import owned_tempdir
 from ..repository import Repository, utc_now, walvault_version
-from ..repository.drill import DRILL_NAME
-from ..repository.manifest import encode_checked
+from ..repository.verdicts import DRILL_NAME, write_verdict
 from ..restore_set import restore_into
 
 
@@ -52,6 +51,6 @@ def drill(repo: Repository, backup_id: str) -> DrillResult:
             result.status, result.problem = "failed", str(e)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    repo.storage.write_bytes(f"{repo.backup_dir(m.family, m.instance, m.id)}/{DRILL_NAME}",
-                             encode_checked({**result.to_json(), "by": f"walvault {walvault_version()}"}))
+    write_verdict(repo, m.family, m.instance, m.id, DRILL_NAME,
+                  {**result.to_json(), "by": f"walvault {walvault_version()}"})
     return result

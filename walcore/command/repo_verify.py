@@ -13,9 +13,9 @@ from pathlib import PurePosixPath
 from ..backup_common import Progress
 from ..family import family_named
 from ..fsutil import owned_tempdir
-from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError
+from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
 from ..repository.archive import RECORD_SUFFIX, load_record
-from ..repository.drill import last_drill
+from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
 from ..runner import LocalRunner, run_all
@@ -246,6 +246,7 @@ def list_backups(repo: Repository) -> list[dict]:
                     "status": "ok" if r.problem is None else "manifest_copy_used", "files": len(m.files),
                     "bytes": m.bytes, "stored_bytes": m.stored_bytes, "started": m.started, "finished": m.finished,
                     "position": m.position, "drill": last_drill(repo, m.family, m.instance, m.id),
+                    "verification": last_verification(repo, m.family, m.instance, m.id),
                     **({"problem": r.problem} if r.problem else {})})
     return out
 
@@ -260,4 +261,23 @@ def verify_backups(repo: Repository, backup: str | None, *, runner, show, full: 
     report = verify_repository(repo, backup, runner=runner, full=full, progress=progress)
     show(report)
     keep(repo, write_repository_report, report, backup, started, runner.name)
+    _record_verdicts(repo, report)
     return report
+
+
+def _record_verdicts(repo: Repository, report: RepoReport) -> None:
+    """Each checked backup's verdict beside it (repository/verdicts.py): status and retention read it there, not
+    from the newest of many reports. A repository that cannot be written is said, as for the report."""
+    from ..repository.report import warn
+
+    time_checked = utc_now()
+    for b in report.backups:
+        damage = [f for f in b["findings"] if not f.get("redundancy")]
+        verdict = {"status": b["status"], "time": time_checked, "findings": len(damage),
+                   "problem": (f"{damage[0].get('file') or b['id']}: {damage[0]['message']}" if damage else None),
+                   "by": f"walvault {walvault_version()}"}
+        try:
+            write_verdict(repo, b["family"], b["instance"], b["id"], VERIFY_NAME, verdict)
+        except RepositoryError as e:
+            warn(f"warning: the verdicts of the backups were not recorded beside them: {e}")
+            return

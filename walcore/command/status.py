@@ -2,15 +2,19 @@
 metrics.
 
 A source is one directory backed up or archived (family, instance, host and path, as manifests and archive
-records name it). For each: its newest backup that restores and whose last drill did not fail, with its age;
+records name it). For each: its newest backup that restores (walcore.retention: whole, and neither its last drill
+nor its last verification failed), with its age;
 how far its archive reaches in the log and when that point was written; where the directory is on this host,
 how far it reaches itself and how many seconds of its log the archive lacks; whether the repository's retention
 policy (`walvault policy`) keeps its recovery window restorable, judged as expire judges it (walcore.retention:
-an anchor at or before the window's start); and its last drill's verdict. For the repository: its bytes by kind.
+an anchor at or before the window's start); its last drill's verdict; and which of its backups the last
+verification that checked them found damaged. For the repository: its bytes by kind.
 
-A source has a problem when it has no backup that restores, its newest one is older than `max_backup_age`, its
-archive lags the reachable directory by more than `max_archive_lag` (or holds nothing of a directory that has a
-log), its window is not covered, its last drill failed, or a manifest of its instance cannot be read. Without a stored policy the windows are not judged.
+A source has a problem when it has no backup that restores, its newest one is older than `max_backup_age` or
+finished more than `CLOCK_SLACK` in the future (a clock set wrong, or a forged manifest: its age says nothing),
+its archive lags the reachable directory by more than `max_archive_lag` (or holds nothing of a directory that has
+a log), its window is not covered, its last drill failed, a verification found one of its backups damaged, or a
+manifest of its instance cannot be read. Without a stored policy the windows are not judged.
 
 `exposition` says a result in Prometheus' text format (node exporter's textfile collector reads it from
 `write_textfile`'s file; `walvault status --serve` answers scrapes with it).
@@ -27,10 +31,11 @@ from pathlib import Path
 from ..family import family_named
 from ..repository import Repository, stamp_seconds
 from ..repository.archive import archive_origins, split_archive
-from ..repository.drill import last_drill
+from ..repository.verdicts import last_drill, last_verification
 from ..retention import DAY, check_days, describe_anchor, iso, restorable_backups, stored_policy, window_anchor
 
 HOUR, MINUTE = 3600.0, 60.0
+CLOCK_SLACK = 5 * MINUTE  # a backup finished further ahead of this host's clock than this is not taken as fresh
 
 
 @dataclass
@@ -41,10 +46,11 @@ class SourceStatus:
     path: str | None
     backup: dict | None = None  # the newest backup that restores: {"id", "type", "finished", "age_seconds", ...}
     archive: dict | None = None  # how far the archive reaches: {"position", "time", "age_seconds", "files"}
-    source: dict | None = None  # the directory on this host: {"position", "time"}; None: not reachable here
+    source: dict | None = None  # the directory on this host: {"position", "time", "instance" it holds now}
     archive_lag_seconds: float | None = None
     window: dict | None = None  # {"days", "start", "covered", "anchor"}; None: no policy to judge by
     drill: dict | None = None  # the last drill of any of its backups: {"backup", "status", "time", "problem"}
+    verification: dict | None = None  # {"time" (the newest verdict), "damaged": [{"backup", "time", "problem"}]}
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -55,7 +61,7 @@ class SourceStatus:
         return {"family": self.family, "instance": self.instance, "host": self.host, "path": self.path,
                 "ok": self.ok, "backup": self.backup, "archive": self.archive, "source": self.source,
                 "archive_lag_seconds": self.archive_lag_seconds, "window": self.window, "drill": self.drill,
-                "problems": self.problems}
+                "verification": self.verification, "problems": self.problems}
 
 
 @dataclass
@@ -114,6 +120,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
                   if r.manifest is None and r.complete]
     restorable = restorable_backups(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
+    verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
     places |= archive_origins(repo, family, instance)
     if not places:  # only archive records of an older walvault, which do not say where they came from
@@ -123,8 +130,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         s = SourceStatus(family, instance, host, path, problems=list(unreadable))
         own = [m for m in manifests if (m.source.get("host"), m.source.get("path")) == (host, path)]
         usable = [m for m in own if restorable[m.id]]
-        good = [m for m in usable if (drills[m.id] or {}).get("status") != "failed"]
-        _backup(s, max(good, key=fam.position_key, default=None), now, result.max_backup_age)
+        _backup(s, max(usable, key=fam.position_key, default=None), now, result.max_backup_age)
         entries = [e for e in split_archive(repo, family, instance, {"host": host, "path": path})[0] if e]
         reach = fam.archive_reach(repo, instance, {"host": host, "path": path}, entries)
         if reach is not None:
@@ -146,20 +152,39 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
             if last.get("status") != "ok":
                 s.problems.append(f"the last drill (of backup {last.get('backup')}, {last.get('time')}) failed: "
                                   f"{last.get('problem')}")
+        _verification(s, {m.id: verifications[m.id] for m in own if verifications[m.id] is not None})
         found.append(s)
     return found
 
 
 def _backup(s: SourceStatus, newest, now: float, max_age: float) -> None:
     if newest is None:
-        s.problems.append("no backup that restores (and whose last drill did not fail)")
+        s.problems.append("no backup that restores (whole, and no failed drill or verification)")
         return
-    age = max(0.0, now - stamp_seconds(newest.finished))
-    s.backup = {"id": newest.id, "type": newest.type, "finished": newest.finished, "age_seconds": age,
+    age = now - stamp_seconds(newest.finished)
+    s.backup = {"id": newest.id, "type": newest.type, "finished": newest.finished, "age_seconds": max(0.0, age),
                 "position": newest.position}
-    if age > max_age:
+    if age < -CLOCK_SLACK:
+        s.problems.append(f"the newest backup that restores, {newest.id}, finished {duration(-age)} in the future "
+                          f"({newest.finished}): a clock is wrong, and its age says nothing of how fresh it is")
+    elif age > max_age:
         s.problems.append(f"the newest backup that restores, {newest.id}, is {duration(age)} old (more than "
                           f"{duration(max_age)})")
+
+
+def _verification(s: SourceStatus, verdicts: dict[str, dict]) -> None:
+    """The source's backups that their last verification found damaged: each a problem until mended and verified
+    again (or expired)."""
+    if not verdicts:
+        return
+    damaged = [{"backup": backup_id, "time": v.get("time"), "problem": v.get("problem")}
+               for backup_id, v in sorted(verdicts.items()) if v.get("status") != "ok"]
+    s.verification = {"time": max(str(v.get("time")) for v in verdicts.values()), "damaged": damaged}
+    if damaged:
+        first = damaged[0]
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        s.problems.append(f"the last verification of backup {first['backup']} ({first['time']}) found it damaged"
+                          f"{more}: {first['problem']}")
 
 
 def _lag(s: SourceStatus, fam, reach, max_lag: float) -> None:
@@ -173,7 +198,10 @@ def _lag(s: SourceStatus, fam, reach, max_lag: float) -> None:
         return
     if own is None:
         return
-    s.source = {"position": own[1], "time": iso(own[2])}
+    held = fam.source_instance(Path(s.path))
+    s.source = {"position": own[1], "time": iso(own[2]), "instance": held}
+    if held is not None and held != s.instance:
+        return  # the directory holds another history now: its log is not this instance's to lag behind
     if reach is None:
         s.problems.append(f"nothing of the source is archived; its log reaches {own[1]}")
         return
@@ -231,6 +259,10 @@ def exposition(result: StatusResult) -> str:
                                     "passed, 0 when it failed"),
         "last_drill_timestamp_seconds": gauge("last_drill_timestamp_seconds",
                                               "When the last restore drill of the source's backups ran (Unix time)"),
+        "damaged_backups": gauge("damaged_backups", "Backups of the source that their last verification found "
+                                 "damaged"),
+        "last_verification_timestamp_seconds": gauge("last_verification_timestamp_seconds", "When a verification "
+                                                      "last judged a backup of the source (Unix time)"),
     }
     for s in result.sources:
         labels = [s.family, s.instance, s.host or "", s.path or ""]
@@ -251,6 +283,12 @@ def exposition(result: StatusResult) -> str:
                 facts["last_drill_timestamp_seconds"] = stamp_seconds(s.drill["time"])
             except (TypeError, ValueError):
                 pass  # a drill record of no readable time: its verdict still counts
+        if s.verification:
+            facts["damaged_backups"] = float(len(s.verification["damaged"]))
+            try:
+                facts["last_verification_timestamp_seconds"] = stamp_seconds(s.verification["time"])
+            except (TypeError, ValueError):
+                pass  # a verdict of no readable time: the damage it found still counts
         for name, value in facts.items():
             per_source[name].add_metric(labels, value)
     size = gauge("repository_bytes", "Bytes the repository holds, by kind", labels=("kind",))

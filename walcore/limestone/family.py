@@ -97,6 +97,17 @@ class Limestone:
         times = [t for e in logs if e.range["epochs"][1] <= epoch and (t := rotation_time(e.name)) is not None]
         return epoch, self.describe_position(epoch), max(times, default=None)
 
+    def source_instance(self, source: Path) -> str | None:
+        """Its manifest's instance_uuid, else the one derived from its path (as a backup of it is kept under)."""
+        from .layout import path_instance
+        from .manifest import MANIFEST_NAME, ManifestError, parse_manifest
+
+        try:
+            manifest = parse_manifest((Path(source) / MANIFEST_NAME).read_bytes())
+        except (OSError, ManifestError):
+            return None
+        return manifest.instance_uuid or path_instance(Path(source))
+
     def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
         """The durable epoch of the directory's epoch files, and when the one holding it was last written."""
         from .epoch import scan_epoch

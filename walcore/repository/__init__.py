@@ -12,6 +12,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     <family>/<instance>/backups/<id>/backup.manifest(.copy)   written last: without it the backup does not exist
                                                       (or a fence: its leftovers are removed, no late commit)
     <family>/<instance>/backups/<id>/drill.json       the verdict of the backup's last restore drill
+    <family>/<instance>/backups/<id>/verify.json      the verdict of the last verify --repo that checked it
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)

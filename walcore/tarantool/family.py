@@ -112,6 +112,14 @@ class Tarantool:
         rank, newest = max(logs, key=lambda log: (log[0], log[1].kind == "xlog"))
         return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
 
+    def source_instance(self, source: Path) -> str | None:
+        from .backup_set import instance_of
+
+        try:
+            return instance_of(source)
+        except (Refused, OSError, ValueError):
+            return None
+
     def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
         """The newest xlog's end vclock (an active one too) and the time of the log's last row; a data dir without
         xlogs reaches as far as its newest snapshot."""

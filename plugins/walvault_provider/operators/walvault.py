@@ -592,8 +592,9 @@ class WalvaultStatusOperator(_WalvaultOperator):
 
 class WalvaultFreshnessOperator(_SourceOperator):
     """Whether one configured source is fresh, by `status` (the WalvaultStatusOperator's result): its newest backup
-    that restores (and whose last drill did not fail) is at most `freshness.max_backup_age_hours` old, and where
-    its directory is on this host, the archive lags it by at most `freshness.max_archive_lag_minutes`. Stale: the
+    that restores (neither its last drill nor its last verification failed) is at most
+    `freshness.max_backup_age_hours` old, and where its directory is on this host, the archive lags it by at most
+    `freshness.max_archive_lag_minutes` (judge() says how). Stale: the
     task fails with the alerts as its cause (FreshnessAlert, mailed as `remind_every_hours` says). The source's
     other problems (its window, its last drill) are logged, not alerted: their DAGs say them.
 
@@ -627,23 +628,43 @@ class WalvaultFreshnessOperator(_SourceOperator):
 def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], list[str]]:
     """({"backup" and/or "archive": the alert}, the lines that say why) of the configured source `name` at `path`,
     by a status result's JSON. The source is its directory, whichever host recorded its backups (a Spark worker)
-    or its archive: its newest backup of them all, and the archive that reaches furthest."""
+    or its archive: its newest backup of them all, and the archive that reaches furthest; of the instance the
+    directory holds now where it is on this host (a re-created database's fresh history does not hide the stale
+    one, nor the other way round). A directory not on this host recorded as several instances is an alert: which
+    history is its own cannot be told."""
     from pathlib import Path
 
-    from walcore.command.status import duration
+    from walcore.command.status import CLOCK_SLACK, duration
+    from walcore.repository import stamp_seconds
 
     where = str(Path(path).resolve())
     entries = [s for s in status["sources"] if s["path"] == where]
     hours, minutes = freshness.max_backup_age_hours, freshness.max_archive_lag_minutes
     alerts, lines = {}, []
+    held = {s["source"].get("instance") for s in entries if s["source"]} - {None}
+    recorded = sorted({s["instance"] for s in entries})
+    if len(held) == 1:
+        (instance,) = held
+        others = [i for i in recorded if i != instance]
+        entries = [s for s in entries if s["instance"] == instance]
+        if others:
+            lines.append(f"judged as instance {instance}, which the directory holds now; also recorded at its path: "
+                         + ", ".join(others))
+    elif len(recorded) > 1:
+        alerts["identity"] = (f"{name} ({where}) is recorded as {len(recorded)} instances ({', '.join(recorded)}) "
+                              "and is not on this host: which history is its own cannot be told")
     newest = max((s["backup"] for s in entries if s["backup"]), key=lambda b: b["finished"], default=None)
     if newest is None:
-        alerts["backup"] = f"no verified backup of {name} for {hours:g} hours: none in the repository restores"
+        what = f"of instance {next(iter(held))}, which the directory holds now, " if held and recorded else ""
+        alerts["backup"] = f"no verified backup of {name} for {hours:g} hours: none {what}in the repository restores"
     else:
-        age = newest["age_seconds"]
-        lines.append(f"backup {newest['id']} ({newest['type']}), finished {newest['finished']}, {duration(age)} "
-                     f"old (alert after {hours:g} hours)")
-        if age > hours * 3600:
+        age = stamp_seconds(status["time"]) - stamp_seconds(newest["finished"])
+        lines.append(f"backup {newest['id']} ({newest['type']}), finished {newest['finished']}, "
+                     f"{duration(max(age, 0))} old (alert after {hours:g} hours)")
+        if age < -CLOCK_SLACK:
+            alerts["backup"] = (f"no verified backup of {name} can be judged fresh: the newest, {newest['id']}, "
+                                f"finished {duration(-age)} in the future ({newest['finished']}): a clock is wrong")
+        elif age > hours * 3600:
             alerts["backup"] = (f"no verified backup of {name} for {hours:g} hours: the newest, {newest['id']}, "
                                 f"finished {duration(age)} ago")
     judged = [s for s in entries if s["archive_lag_seconds"] is not None]
@@ -655,7 +676,7 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
             alerts["archive"] = (f"archive of {name} behind by more than {minutes:g} minutes: {duration(lag)} "
                                  f"behind (it reaches {furthest['archive']['position']}, the source "
                                  f"{furthest['source']['position']})")
-    elif any(s["source"] for s in entries) and not any(s["archive"] for s in entries):
+    elif held and not entries or any(s["source"] for s in entries) and not any(s["archive"] for s in entries):
         alerts["archive"] = f"archive of {name} behind by more than {minutes:g} minutes: nothing of it is archived"
     else:
         lines.append("archive lag not judged: the directory is not on this host, or its log does not say its time")
@@ -664,6 +685,8 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
               if s["window"] and not s["window"]["covered"]]
     lines += [f"also: the last drill (of backup {s['drill']['backup']}) failed: {s['drill']['problem']}"
               for s in entries if s["drill"] and s["drill"]["status"] != "ok"]
+    lines += [f"also: the last verification of backup {d['backup']} found it damaged: {d['problem']}"
+              for s in entries if s.get("verification") for d in s["verification"]["damaged"]]
     return alerts, lines
 
 
