@@ -29,6 +29,7 @@ import pytest
 import tarantool_real as tr
 from walcore.runner import LocalRunner
 from walcore.repository.storage import RepositoryError
+from walcore.repository.verdicts import DRILL_NAME, VERIFY_NAME
 from conftest import REPO, copy_tree, require_tarantool, run_cli, run_main, tree_snapshot, walvault_command
 
 pytestmark = require_tarantool
@@ -161,12 +162,14 @@ class Repo:
 
     def orphans(self) -> list[str]:
         """Objects that belong to nothing: not the repository info, a ledger entry, a verification report, nor a
-        complete backup's manifest or stored object (an interrupted backup's leftovers, temporary files, leases)."""
+        complete backup's manifest, stored object or verdict (an interrupted backup's leftovers, temporary files,
+        leases)."""
         keep = {"walvault.repo", "walvault.repo.copy"}
         for b in self.backups():
             assert b["status"] in ("ok", "manifest_copy_used"), b
             name = self.manifest_name(b)
             keep |= {name, name + ".copy"} | {f["stored"] for f in self.manifest(b)["files"]}
+            keep |= {f"{name.rsplit('/', 1)[0]}/{verdict}" for verdict in (DRILL_NAME, VERIFY_NAME)}
         return sorted(n for n in self.names() if n not in keep and not self.is_fence(n)
                       and not re.fullmatch(r"tarantool/[^/]+/ledger/[0-9a-f]{64}\.json", n)
                       and not re.fullmatch(r"reports/verify/\d{8}-\d{6}-[0-9a-f]{8}/(files\.parquet|summary\.json)", n))
