@@ -91,7 +91,6 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     assert restore["files"] == files + 1 and restore["bytes"] == inc["bytes"] and restore["equal"] == [True, True]
 
 
-@pytest.mark.xdist_group("bench_spark")
 def test_spark_bench_jobs_agree_with_the_command(tmp_path):
     """Every run of the Spark verify job (local[1], local[2]) printed what `walvault verify` printed."""
     report = _run("verify_spark.py", tmp_path, "--size-mb", "3", "--rounds", "1")
@@ -104,7 +103,6 @@ def test_spark_bench_jobs_agree_with_the_command(tmp_path):
     assert set(report["ratios"]) >= {"local[2] over local[1] (scaling, target >= 1.7)"}
 
 
-@pytest.mark.xdist_group("bench_spark")
 def test_airflow_pipeline_bench_agrees(tmp_path):
     """The DAG folder parses (six DAGs, no import error, a stat per file) and the pipeline run by the DAGs
     (`airflow dags test`, Spark on local[2]) leaves what the commands run by hand leave."""

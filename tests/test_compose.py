@@ -51,8 +51,6 @@ OPERATOR_ENV = {
 REQUIRED = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?", COMPOSE.read_text())))
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|_KEY)$")  # POSTGRES_PASSWORD, ..._JWT_SECRET, ..._FERNET_KEY
 
-pytestmark = pytest.mark.xdist_group("compose")  # one rendering per worker is enough: keep them on one
-
 
 def docker_compose() -> str:
     found = shutil.which("docker-compose")

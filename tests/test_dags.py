@@ -18,7 +18,7 @@ from asset_runs import asset_triggered_test
 from conftest import REPO, airflow_sources, last_run, new_repository, require_limestone, require_tarantool, run_cli
 from devenv import airflow, environment, migrate
 
-pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("dags")]
+pytestmark = [require_tarantool, require_limestone]
 BIN = Path(sys.executable).parent
 
 

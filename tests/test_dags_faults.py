@@ -20,7 +20,7 @@ from conftest import (REPO, copy_limestone_fixture, faketime_env, last_run, requ
 from devenv import airflow, environment, migrate
 from walcore.limestone.layout import exclusive_lock
 
-pytestmark = [require_limestone, pytest.mark.xdist_group("dags_faults")]
+pytestmark = [require_limestone]
 DAYS_AGO = "-40d"  # older than the 30-day window: what an anchor taken then covers may expire now
 
 

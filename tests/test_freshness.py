@@ -24,7 +24,7 @@ from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
 from walvault_provider.config import load
 from walvault_provider.operators.walvault import alert_state, judge
 
-pytestmark = [require_shared, require_limestone, pytest.mark.xdist_group("notify")]
+pytestmark = [require_shared, require_limestone]
 DAY, HOUR = 86400, 3600
 SOURCES = "sources: [{name: tt, family: tarantool, path: /x}]\n"
 

@@ -22,7 +22,6 @@ import pytest
 from conftest import REPO, airflow_sources, require_limestone, require_tarantool
 from walvault_provider.config import ConfigError, load
 
-pytestmark = pytest.mark.xdist_group("notify")
 
 SOURCES = "sources: [{name: tt, family: tarantool, path: /x}]\n"
 LOGIN, PASSWORD = "walvault", "smtp-password-from-the-connection"

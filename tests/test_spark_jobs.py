@@ -29,7 +29,6 @@ from walcore.repository import Repository
 from walcore.runner import LocalRunner
 from walcore.tarantool.writer import generate_wal
 
-pytestmark = pytest.mark.xdist_group("spark_jobs")  # one module on one worker: its JVM started once
 
 SPARK_ENV = {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 

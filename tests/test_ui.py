@@ -26,7 +26,7 @@ from conftest import REPO, airflow_sources, new_repository, require_limestone, r
 from devenv import UI, environment, migrate
 from spark_jobs.cluster import free_port
 
-pytestmark = [require_tarantool, require_limestone, pytest.mark.xdist_group("ui")]
+pytestmark = [require_tarantool, require_limestone]
 
 DAG = "walvault_backup"
 RUN_TIMEOUT = 600
