@@ -198,8 +198,9 @@ COMMANDS = (
     Command("restore", rq.RestoreRequest, "restore a backup into an empty directory (optionally to a point in time)",
             (Arg("backup", metavar="BACKUP", help="a backup id, or latest"),
              Arg("target", type=Path, metavar="TARGET", help="an empty or missing directory"), *REPO,
-             Arg("--to", metavar="TIME|POSITION", help="Tarantool: a vclock ({1: 120}) or a time (ISO 8601, or @unix "
-                 "seconds); limestone: an epoch"), JSON, PROGRESS)),
+             Arg("--to", metavar="TIME|POSITION", help="Tarantool: a vclock ({1: 120}), a time (ISO 8601, or @unix "
+                 "seconds) or end (the newest point the repository holds: its archive, then the stream's "
+                 "segments); limestone: an epoch"), JSON, PROGRESS)),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 

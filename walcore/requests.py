@@ -331,8 +331,10 @@ class RestoreRequest(_RepoRequest):
 
     def problem(self):
         return _first(f"--to {self.to!r} is not a point: a vclock ('{{1: 120, 0: 5}}' or '1:120,0:5'), a time (ISO "
-                      "8601, or @unix seconds) or, for limestone, an epoch (N or epoch:N)"
-                      if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or point(self.to))
+                      "8601, or @unix seconds), end (the newest the repository holds) or, for limestone, an epoch "
+                      "(N or epoch:N)"
+                      if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or self.to.strip() == "end"
+                                                      or point(self.to))
                       else None,
                       super().problem())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..fsutil import write_atomic
 from ..repository import Repository, utc_now
-from ..repository.archive import RECORD_SUFFIX, commit_record, load_record
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, stored_segments
 from ..repository.manifest import FileEntry
 from ..tarantool.live import LiveError, redact_uri
 from ..tarantool.meta import Vclock, vclock_from_json, vclock_sum
@@ -34,7 +34,6 @@ from ..tarantool.segments import Spool
 from ..tarantool.subscription import Subscription
 
 FAMILY = "tarantool"
-STREAM_DIR = "stream"
 SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
@@ -59,23 +58,12 @@ class StreamState:
                 "updated": utc_now()}
 
 
-def stream_prefix(repo: Repository, instance: str) -> str:
-    return f"{repo.source_dir(FAMILY, instance)}/{STREAM_DIR}"
-
-
-def stored_segments(repo: Repository, instance: str) -> list[FileEntry]:
-    """The instance's stored segments (their readable records), by their start."""
-    prefix = stream_prefix(repo, instance)
-    found = [load_record(repo, n) for n in repo.storage.list(prefix) if n.endswith(RECORD_SUFFIX)]
-    return sorted((e for e in found if e is not None), key=lambda e: e.name)
-
-
 def held_position(repo: Repository, instance: str) -> Vclock:
     """The newest position the repository holds of the instance: the furthest end of a stored segment, an
     archived file or a backup (by vclock sum; one history's are ordered)."""
     from ..repository.archive import load_archived
 
-    ends = [vclock_from_json(e.range["vclock"][1]) for e in stored_segments(repo, instance) + [
+    ends = [vclock_from_json(e.range["vclock"][1]) for e in stored_segments(repo, FAMILY, instance) + [
         e for e in load_archived(repo, FAMILY, instance) if e is not None and e.kind == "xlog"]
         if isinstance(e.range.get("vclock"), list)]
     ends += [vclock_from_json(r.manifest.position.get("vclock")) for r in repo.source_backups(FAMILY, instance)
@@ -208,8 +196,7 @@ class _SegmentStore:
             problems = "; ".join(f.message for f in verdict.findings) or verdict.status
             raise StreamBroken(f"segment {path} does not verify: {problems}")
         name = path.name
-        prefix = stream_prefix(self.repo, self.instance)
-        object_name = f"{prefix}/{name}.zst"
+        object_name = f"{self.repo.source_dir(FAMILY, self.instance)}/{STREAM_DIR}/{name}.zst"
         stored = self.repo.put_object(object_name, path)
         entry = FileEntry(name=f"{STREAM_DIR}/{name}", kind=SEGMENT_KIND, size=stored.size, sha256=stored.sha256,
                           stored=object_name, stored_size=stored.stored_size, stored_sha256=stored.stored_sha256,

@@ -13,6 +13,7 @@ from .manifest import FileEntry, ManifestError, decode_checked, encode_checked
 from .storage import UnsafeName
 
 RECORD_SUFFIX = ".json"
+STREAM_DIR = "stream"  # a source's segments from `walvault stream`, beside its archive
 EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 
 
@@ -24,6 +25,13 @@ def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntr
         if name.endswith(".zst" + RECORD_SUFFIX):
             out.append(load_record(repo, name))
     return out
+
+
+def stored_segments(repo: Repository, family: str, instance: str) -> list[FileEntry]:
+    """The source's stored stream segments (those whose record reads), by name."""
+    prefix = f"{repo.source_dir(family, instance)}/{STREAM_DIR}"
+    found = [load_record(repo, n) for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX)]
+    return sorted((e for e in found if e is not None), key=lambda e: e.name)
 
 
 def load_record(repo: Repository, name: str) -> FileEntry | None:

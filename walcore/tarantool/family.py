@@ -269,8 +269,8 @@ def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dic
     """A vclock point that leaves out a component the log has stops before that component's first row: say so."""
     from .pitr import parse_point
 
-    point = parse_point(to)
-    if point.vclock is None:
+    point = None if to.strip() == "end" else parse_point(to)
+    if point is None or point.vclock is None:
         return []
     has = {int(c) for vclock in (point_info.get("vclock") or {}, manifest.position.get("vclock") or {})
            for c, lsn in vclock.items() if lsn}

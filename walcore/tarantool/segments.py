@@ -137,6 +137,45 @@ def split_rows(payload: bytes) -> Iterator[tuple[dict, bytes]]:
 
 def segment_rows(path: Path) -> Iterator[tuple[dict, bytes]]:
     """Every row of a segment (or any xlog): header decoded, and the row's bytes; ValueError at damage."""
+    for payload in _payloads(path):
+        yield from split_rows(payload)
+
+
+def build_tail(segments: list[Path], after: Vclock, out: Path, *, instance: str, prev: Vclock | None) -> Vclock:
+    """One xlog at `out` continuing a log that ends at `after`: the rows of `segments` (contiguous, oldest first)
+    past it, as they are, a block per segment block. Its meta starts at `after` (component 0 included: a replay
+    checks it against the snapshot's) and names `prev` as PrevVClock. Returns the vclock after its last row; when
+    no row is past `after`, nothing is written and `after` is returned. ValueError: the rows do not continue
+    `after` (a gap), or a segment is damaged."""
+    end = dict(after)
+    writer = None
+    try:
+        for path in segments:
+            for payload in _payloads(path):
+                kept = []
+                for header, row in split_rows(payload):
+                    replica_id, lsn = header.get(REPLICA_ID, 0), header[LSN]
+                    if lsn <= end.get(replica_id, 0):
+                        continue  # the log before holds it already
+                    if lsn != end.get(replica_id, 0) + 1:
+                        raise ValueError(f"{path.name}: row {replica_id}:{lsn} does not follow {end.get(replica_id, 0)}"
+                                         f": a gap")
+                    end[replica_id] = lsn
+                    kept.append(row)
+                if kept:
+                    if writer is None:
+                        writer = TarantoolWriter(out, "XLOG", instance=instance, vclock=after, prev_vclock=prev)
+                    writer.write_rows(b"".join(kept))
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return end
+
+
+def _payloads(path: Path) -> Iterator[bytes]:
     with open(path, "rb") as f:
         meta = parse_meta(f.read(MAX_META_SIZE))
         if meta is None:
@@ -144,9 +183,8 @@ def segment_rows(path: Path) -> Iterator[tuple[dict, bytes]]:
         cursor = BlockCursor(f, meta.size)
         while (found := cursor.next()) == BLOCK:
             try:
-                payload = cursor.read_block()
+                yield cursor.read_block()
             except CrcMismatch as e:
                 raise ValueError(f"{path}: block at {cursor.pos}: {e}") from None
-            yield from split_rows(payload)
         if found != EOF_MARKER:
             raise ValueError(f"{path}: no EOF marker after its last block at {cursor.pos}")
