@@ -7,9 +7,11 @@ seconds and stored in the repository: a source that dies loses seconds of commit
 - Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
   Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
   created under the stream lease, proven right before: the record is the commit point.
-- A row whose LSN is not the last one of its replica id plus one is a gap (the instance no longer had the rows:
-  an anonymous replica holds back no garbage collection before 3.3): the segment before it is sealed, the gap is
-  said (status file, exit 1 at the end) and the stream goes on from what the instance has.
+- The instance may no longer have the rows the stream needs (an anonymous replica holds back no garbage
+  collection before 3.3): it answers XlogGapError naming where its log goes on, or, when its oldest xlog names no
+  PrevVClock, sends it without a word, so a row whose LSN is not the last one of its replica id plus one is a gap
+  too. Either way the segment before it is sealed, the gap is said (status file, exit 1 at the end) and the
+  stream goes on from what the instance has.
 - A dropped connection is reconnected with back-off, from the vclock of the whole transactions received: no gap
   and no duplicate. A stop (SIGTERM) seals and stores the open segment.
 """
@@ -31,7 +33,7 @@ from ..tarantool.live import LiveError, redact_uri
 from ..tarantool.meta import Vclock, vclock_from_json, vclock_sum
 from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool
-from ..tarantool.subscription import Subscription
+from ..tarantool.subscription import Subscription, XlogGap
 
 FAMILY = "tarantool"
 SEGMENT_KIND = "segment"
@@ -105,6 +107,14 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                     f"{_show(receiver.vclock)}")
                 _status(status_file, state)
                 _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file)
+            except XlogGap as e:  # the stream goes on from what the instance has, the gap said
+                receiver.drop_open()
+                writer.seal_and_store()
+                for replica_id, lsn in sorted(e.resume.items()):
+                    if replica_id and lsn > receiver.vclock.get(replica_id, 0):
+                        writer.gap(Gap(replica_id, receiver.vclock.get(replica_id, 0), lsn + 1))
+                        receiver.vclock[replica_id] = lsn
+                _status(status_file, state)
             except LiveError as e:
                 receiver.drop_open()
                 state.connected, state.error = False, str(e)

@@ -7,6 +7,7 @@ The user needs only the replication role (read on universe): the replicaset UUID
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import uuid
@@ -14,9 +15,22 @@ from dataclasses import dataclass
 
 from . import iproto
 from .live import LiveError, _parse_uri, redact_uri
-from .meta import Vclock
+from .meta import Vclock, parse_vclock
 
 SCHEMA_SPACE = 272  # _schema: {key, value...}; 'cluster' (later 'replicaset_uuid') holds the replicaset UUID
+
+
+class XlogGap(LiveError):
+    """The master no longer has the xlogs the subscription needs (XlogGapError); `resume` is where its log goes on
+    (the vclock its message names after the gap)."""
+
+    def __init__(self, message: str, resume: Vclock):
+        super().__init__(message)
+        self.resume = resume
+
+
+XLOG_GAP = 32  # ER_XLOG_GAP: "Missing .xlog file between LSN <n> {vclock} and <n> {vclock}"
+_GAP_END = re.compile(r"and \d+ (\{[0-9:, ]*\})")
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,9 @@ class Subscription:
         for i, packet in enumerate(out):
             if packet.is_error:
                 code, message = packet.error()
-                self._error = LiveError(f"{self.display}: the stream ended (error {code}): {message}")
+                said = f"{self.display}: the stream ended (error {code}): {message}"
+                found = _GAP_END.search(message) if code == XLOG_GAP else None
+                self._error = XlogGap(said, parse_vclock(found[1])) if found else LiveError(said)
                 if i == 0:
                     raise self._error
                 return out[:i]
