@@ -29,13 +29,14 @@ from ..fsutil import write_atomic
 from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, stored_segments
 from ..repository.manifest import FileEntry
+from ..tarantool.family import Tarantool
 from ..tarantool.live import LiveError, redact_uri
 from ..tarantool.meta import Vclock, vclock_from_json, vclock_sum
 from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool
 from ..tarantool.subscription import Subscription, XlogGap
 
-FAMILY = "tarantool"
+FAMILY = Tarantool.name  # the one family with a replication stream to follow
 SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from . import iproto
-from .live import LiveError, _parse_uri, redact_uri
+from .live import LiveError, parse_uri, redact_uri
 from .meta import Vclock, parse_vclock
 
 SCHEMA_SPACE = 272  # _schema: {key, value...}; 'cluster' (later 'replicaset_uuid') holds the replicaset UUID
@@ -47,7 +47,7 @@ class Subscription:
     def __init__(self, uri: str, password: str | None, *, timeout: float = 10.0):
         self.uri = uri
         self.display = redact_uri(uri)
-        host, port, self.user, uri_password = _parse_uri(uri)
+        host, port, self.user, uri_password = parse_uri(uri)
         self.password = password if password is not None else uri_password
         self.reader = iproto.PacketReader()
         self.greeting: iproto.Greeting | None = None
