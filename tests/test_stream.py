@@ -249,3 +249,42 @@ def test_xlogs_the_instance_removed_while_the_stream_was_stopped_are_a_gap_said_
     spans = _segments(repo)
     after = [s for s in spans if s[0].get(1, 0) > stopped_at]
     assert after and after[0][0][1] > stopped_at + 1, "the segment after the gap starts where the log does"
+
+
+@require_tarantool
+def test_segments_are_verified_and_expire_once_a_snapshot_covers_them(instance, tmp_path):
+    """verify --repo re-reads every segment (hash and scan, as an xlog): one flipped byte is named. A snapshot
+    taken after them covers them: expire deletes them once the window passed them, and not before."""
+    repo = new_repository(tmp_path / "repo")
+    streamer = Streamer(instance, repo, tmp_path)
+    streamer.start()
+    streamer.wait_stored(2)
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+    spans = _segments(repo)
+    verified = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    (archive,) = verified["archive"]
+    assert verified["intact"] and archive["files"] == len(spans) and archive["status"] == "ok", archive
+    env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+    snapshot = subprocess.run([*walvault_command(), "snapshot", str(instance.work_dir), "--connect",
+                               f"bk@127.0.0.1:{instance.port}", "--repo", str(repo)], env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert snapshot.returncode == 0, snapshot.stderr
+    segment_objects = sorted(repo.glob("tarantool/*/stream/*.xlog.zst"))
+    assert len(segment_objects) == len(spans)
+    # within the window: kept; a day later (as of), past the window: deleted, each covered by the snapshot
+    now = run_cli("expire", "--repo", repo, "--days", "1", "--json")
+    assert not [d for d in json.loads(now.stdout)["sources"][0]["delete"] if "/stream/" in d["path"]]
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 * 86400))
+    planned = json.loads(run_cli("expire", "--repo", repo, "--days", "1", "--as-of", later, "--json").stdout)
+    deleted = sorted(d["path"] for d in planned["sources"][0]["delete"] if "/stream/" in d["path"])
+    assert deleted == sorted(str(p.relative_to(repo)) for p in segment_objects), planned
+    # a flipped byte in a segment is named by verify --repo
+    victim = segment_objects[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    damaged = run_cli("verify", "--repo", repo, "--json")
+    assert damaged.returncode == 1
+    (archive,) = json.loads(damaged.stdout)["archive"]
+    assert archive["status"] == "damaged" and any(f["code"] == "object_damaged" for f in archive["findings"])

@@ -199,6 +199,7 @@ class _SegmentStore:
 
     def _store(self, path: Path) -> None:
         from ..tarantool.check import file_verdict
+        from ..tarantool.times import file_range
         from ..tarantool.xlog import scan_file
 
         verdict = file_verdict(scan_file(path))
@@ -211,7 +212,7 @@ class _SegmentStore:
         stored = self.repo.put_object(object_name, path)
         entry = FileEntry(name=f"{STREAM_DIR}/{name}", kind=SEGMENT_KIND, size=stored.size, sha256=stored.sha256,
                           stored=object_name, stored_size=stored.stored_size, stored_sha256=stored.stored_sha256,
-                          reference=None, mutable=False, range={"vclock": [start, end]},
+                          reference=None, mutable=False, range=file_range(verdict, path),
                           verification={"status": "ok", "findings": [], "checked_by": "scan"})
         self.lease.confirm()
         origin = {"host": socket.gethostname(), "connect": self.state.connect,

@@ -111,7 +111,8 @@ FENCE_KEEP = 7 * 86400.0
 # reports, the expiry audit log, leases, the repository's own records (walvault.repo, walvault.policy), other.
 BYTE_KINDS = ("backups", "archive", "ledger", "reports", "audit", "locks", "metadata", "other")
 _TOP_KINDS = {"reports": "reports", "audit": "audit", "locks": "locks"}
-_SOURCE_KINDS = {"backups": "backups", "archive": "archive", "archive-complete.json": "archive", "ledger": "ledger"}
+_SOURCE_KINDS = {"backups": "backups", "archive": "archive", "stream": "archive", "archive-complete.json": "archive",
+                 "ledger": "ledger"}
 
 
 def _kind_of_object(name: str) -> str:
