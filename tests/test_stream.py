@@ -209,6 +209,14 @@ def test_a_killed_instance_restores_to_its_last_commit_from_the_stream(instance,
     assert code == 0 and "0 gaps" in out, out + err
     spans = _segments(repo)
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), "the segments are not one unbroken log"
+    # status: the archive reaches as far as the stream, the stream's last commit is seconds old
+    status = json.loads(run_cli("status", "--repo", repo, "--json").stdout)
+    (source,) = status["sources"]
+    assert source["stream"]["segments"] == len(spans) and source["stream"]["age_seconds"] < 120, source
+    assert source["archive"]["position"] == source["stream"]["position"], source
+    assert source["stream"]["position"]["vclock"]["1"] == spans[-1][1][1], source
+    exposition = run_cli("status", "--repo", repo, "--prometheus").stdout
+    assert "walvault_stream_last_commit_timestamp_seconds{" in exposition
     # what the instance itself recovers from its own files, and the restore to the end: the same rows
     source = tr.dump_data_dir(instance.work_dir)
     restored = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")

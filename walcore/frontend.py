@@ -502,6 +502,10 @@ def status_lines(result) -> list[str]:
         lines.append(f"  archive  reaches {_position(a['position'])}" + (f", written {duration(a['age_seconds'])} ago"
                                                               if a['age_seconds'] is not None else "")
                      if a else "  archive  empty")
+        if s.stream:
+            t = s.stream
+            lines.append(f"  stream   {t['segments']} segments, to {_position(t['position'])}"
+                         + (f", last commit {duration(t['age_seconds'])} ago" if t['age_seconds'] is not None else ""))
         if s.source is None:
             lines.append("  source   not on this host: its archive lag is not judged")
         else:

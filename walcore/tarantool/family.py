@@ -104,12 +104,13 @@ class Tarantool:
 
     def archive_reach(self, repo: Repository, instance: str, source: dict,
                       entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
-        """The furthest end vclock of the archived xlog and snap files, and the time of that file's last row."""
+        """The furthest end vclock of the archived xlog and snap files (and the stream's segments), and the time of
+        that file's last row."""
         logs = [(sum(vclock_from_json(e.range["vclock"][1]).values()), e) for e in entries
-                if e.kind in ("xlog", "snap") and e.range.get("vclock")]
+                if e.kind in ("xlog", "segment", "snap") and e.range.get("vclock")]
         if not logs:
             return None
-        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind == "xlog"))
+        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind != "snap"))
         return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
 
     def source_instance(self, source: Path) -> str | None:
