@@ -70,3 +70,16 @@ def test_verifying_a_backup_still_being_written_gives_it_no_verdict(repo, histor
         status = json.loads(run_main("status", "--repo", repo, "--json").stdout)
     (source,) = status["sources"]
     assert source["backup"]["id"] == ids["I2"], source["problems"]
+
+
+def test_a_backup_expired_while_it_was_verified_is_not_left_behind_by_its_verdict(repo, history):
+    """An expiry deletes a backup while `verify --repo` checks the repository (simulated: the backup removed when
+    the verdict is out, before the verdicts are kept): its verdict must not bring a directory of it back."""
+    from walcore.command.repo_verify import verify_backups
+    from walcore.repository import Repository
+    from walcore.runner import LocalRunner
+
+    gone = _backup_dir(repo, history["ids"]["F1"])
+    verify_backups(Repository(str(repo)), None, runner=LocalRunner(1), show=lambda report: shutil.rmtree(gone))
+    assert not gone.exists()
+    assert history["ids"]["F1"] not in _listed(repo)

@@ -51,11 +51,12 @@ def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
                         f"files: walvault policy --repo {repo.display} --days {loaded.obj.get('days')}")
 
 
-def restorable_backups(repo: Repository, family: str, instance: str,
-                       manifests: list[BackupManifest]) -> dict[str, bool]:
-    """Whether each backup of a source restores, by id: its parent chain reads, every object its manifest names is
-    there, and no last verdict on it or on a backup of its chain failed (repository/verdicts.py: a failed drill, a
-    verification that found damage)."""
+def backup_doubts(repo: Repository, family: str, instance: str,
+                  manifests: list[BackupManifest]) -> dict[str, str | None]:
+    """Why each backup of a source is not counted on to restore, by id: None (it restores), "broken" (its parent
+    chain does not read, or an object its manifest names is missing) or "doubted" (whole, but a last verdict on it
+    or on a backup of its chain failed: repository/verdicts.py, a failed drill, a verification that found damage;
+    a verdict may be stale, so its bytes are not garbage)."""
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
     failed: dict[str, bool] = {}
 
@@ -64,14 +65,22 @@ def restorable_backups(repo: Repository, family: str, instance: str,
             failed[m.id] = failed_verdict(repo, m.family, m.instance, m.id) is not None
         return failed[m.id]
 
-    def restorable(m: BackupManifest) -> bool:
+    def doubt(m: BackupManifest) -> str | None:
         try:
             chain = repo.chain(m)
         except RepositoryError:
-            return False
-        return all(e.stored in stored for e in m.files) and not any(judged_failed(c) for c in chain)
+            return "broken"
+        if not all(e.stored in stored for e in m.files):
+            return "broken"
+        return "doubted" if any(judged_failed(c) for c in chain) else None
 
-    return {m.id: restorable(m) for m in manifests}
+    return {m.id: doubt(m) for m in manifests}
+
+
+def restorable_backups(repo: Repository, family: str, instance: str,
+                       manifests: list[BackupManifest]) -> dict[str, bool]:
+    """Whether each backup of a source restores, by id (backup_doubts says none of it)."""
+    return {backup_id: why is None for backup_id, why in backup_doubts(repo, family, instance, manifests).items()}
 
 
 def window_anchor(fam: Family, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
