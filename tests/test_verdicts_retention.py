@@ -83,3 +83,32 @@ def test_a_backup_expired_while_it_was_verified_is_not_left_behind_by_its_verdic
     verify_backups(Repository(str(repo)), None, runner=LocalRunner(1), show=lambda report: shutil.rmtree(gone))
     assert not gone.exists()
     assert history["ids"]["F1"] not in _listed(repo)
+
+
+def test_a_doubted_anchor_leaves_the_window_uncovered_not_anchored_on_an_older_snapshot(repo, history, tmp_path):
+    """An expiry anchored on S1 and deleted the log its checkpoint covers; then a verification finds the copies of
+    that checkpoint (in S1 and in I1) damaged. F1 is older and restorable, but the log from it on is gone: the window
+    must be reported uncovered (and nothing of it deleted), not covered by F1, from which its start does not
+    restore."""
+    ids = history["ids"]
+    with clock_at(history["mid"] + 30 * DAY):
+        first = json.loads(run_main("expire", "--repo", repo, "--days", "30", "--apply", "--json").stdout)
+    assert first["sources"][0]["anchor"]["name"] == ids["S1"] and first["deleted"] > 0
+    for backup_id in (ids["I1"], ids["S1"]):
+        manifest = json.loads((_backup_dir(repo, backup_id) / "backup.manifest").read_text())
+        (snap,) = [Path(repo) / e["stored"] for e in manifest["files"] if e["kind"] == "snap"]
+        damaged = bytearray(snap.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x10
+        snap.write_bytes(bytes(damaged))
+    assert run_main("verify", "--repo", repo).returncode == 1
+    assert run_main("policy", "--repo", repo, "--days", "30").returncode == 0
+    with clock_at(history["mid"] + 30 * DAY):
+        status = json.loads(run_main("status", "--repo", repo, "--json").stdout)
+        plan = json.loads(run_main("expire", "--repo", repo, "--json").stdout)
+    (source,) = status["sources"]
+    assert source["window"]["covered"] is False and source["window"]["anchor"] is None
+    assert any(ids["S1"] in p and "is doubted" in p for p in source["problems"]), source["problems"]
+    assert plan["sources"][0]["anchor"] is None and plan["sources"][0]["delete"] == []
+    # what status said: the start of the window does not restore from F1
+    proc = run_main("restore", ids["F1"], tmp_path / "r", "--repo", repo, "--to", f"@{history['mid']:.3f}")
+    assert proc.returncode != 0 and "archived log ends" in proc.stderr

@@ -238,6 +238,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     doubts = backup_doubts(repo, family, instance, manifests)
     restorable = {backup_id: why is None for backup_id, why in doubts.items()}
     doubted = {backup_id for backup_id, why in doubts.items() if why == "doubted"}
+    uncovered: dict[tuple, str] = {}  # why a source identity's window has no anchor, where a doubt says it
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
     identities: dict[tuple, list[BackupManifest]] = {}
@@ -246,8 +247,12 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     anchors: dict[tuple, BackupManifest | None] = {}
     kept: dict[str, str] = {}
     for identity, own in sorted(identities.items(), key=lambda i: max(fam.position_key(m) for m in i[1])):
-        anchor = window_anchor(fam, [m for m in own if restorable[m.id]], window_start)
+        anchor, doubted_anchor = window_anchor(fam, own, doubts, window_start)
         anchors[identity] = anchor
+        if doubted_anchor is not None:
+            uncovered[identity] = ("its source's snapshot reaching furthest at or before the window's start, "
+                                   f"{doubted_anchor.id}, is doubted by a failed drill or verification: the log from "
+                                   "an older one may be expired, so none anchors the window")
         plan.identities.append({"host": identity[2], "path": identity[3],
                                 "anchor": describe_anchor(fam, anchor) if anchor is not None else None})
         for backup_id, why in _keep_backups(fam, own, restorable, doubted, anchor, window_start, repo).items():
@@ -265,8 +270,8 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})", "reason": kept[m.id]})
         elif anchor is None:
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})",
-                              "reason": "no verified snapshot of its own source at or before the window's start "
-                                        "covers it"})
+                              "reason": uncovered.get(m.identity, "no verified snapshot of its own source at or "
+                                                                  "before the window's start covers it")})
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
                                     "of its source before it, and no kept backup's parent", {"position": m.position},
