@@ -3,7 +3,8 @@ it, status reports it): the repository's policy, which backups restore, and the 
 
 The anchor of a window is the verified snapshot reaching furthest in the log (by vclock or epoch) among those
 taken at or before the window's start, of the restorable backups of one source: a `walvault snapshot`, or the
-snapshot a Tarantool backup holds. A source with none is uncovered: not every point of its window restores.
+snapshot a Tarantool backup holds. A source with none is uncovered: not every point of its window restores; so is
+one whose snapshot reaching furthest there is doubted (a failed drill or verification).
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ def stored_policy(repo: Repository) -> tuple[dict | None, str | None]:
                         f"files: walvault policy --repo {repo.display} --days {loaded.obj.get('days')}")
 
 
-def restorable_backups(repo: Repository, family: str, instance: str,
-                       manifests: list[BackupManifest]) -> dict[str, bool]:
-    """Whether each backup of a source restores, by id: its parent chain reads, every object its manifest names is
-    there, and no last verdict on it or on a backup of its chain failed (repository/verdicts.py: a failed drill, a
-    verification that found damage)."""
+def backup_doubts(repo: Repository, family: str, instance: str,
+                  manifests: list[BackupManifest]) -> dict[str, str | None]:
+    """Why each backup of a source is not counted on to restore, by id: None (it restores), "broken" (its parent
+    chain does not read, or an object its manifest names is missing) or "doubted" (whole, but a last verdict on it
+    or on a backup of its chain failed: repository/verdicts.py, a failed drill, a verification that found damage;
+    a verdict may be stale, so its bytes are not garbage)."""
     stored = set(repo.storage.list(f"{repo.source_dir(family, instance)}/backups"))
     failed: dict[str, bool] = {}
 
@@ -64,25 +66,37 @@ def restorable_backups(repo: Repository, family: str, instance: str,
             failed[m.id] = failed_verdict(repo, m.family, m.instance, m.id) is not None
         return failed[m.id]
 
-    def restorable(m: BackupManifest) -> bool:
+    def doubt(m: BackupManifest) -> str | None:
         try:
             chain = repo.chain(m)
         except RepositoryError:
-            return False
-        return all(e.stored in stored for e in m.files) and not any(judged_failed(c) for c in chain)
+            return "broken"
+        if not all(e.stored in stored for e in m.files):
+            return "broken"
+        return "doubted" if any(judged_failed(c) for c in chain) else None
 
-    return {m.id: restorable(m) for m in manifests}
+    return {m.id: doubt(m) for m in manifests}
 
 
-def window_anchor(fam: Family, manifests: list[BackupManifest], window_start: float) -> BackupManifest | None:
-    """The anchor among restorable `manifests` of one source for a window starting at `window_start` (None:
-    the window is uncovered)."""
-    candidates = []
+def window_anchor(fam: Family, manifests: list[BackupManifest], doubts: dict[str, str | None],
+                  window_start: float) -> tuple[BackupManifest | None, BackupManifest | None]:
+    """(the anchor, None) of one source's window starting at `window_start`, among its `manifests` as `doubts`
+    (backup_doubts) judges them; (None, None): no verified snapshot at or before the start. (None, the snapshot)
+    where one reaching further than every restorable one is doubted: the window is uncovered too, not anchored on
+    an older snapshot, since an earlier expiry may have anchored on the doubted one and deleted the log from the
+    older one on."""
+    best: dict[bool, tuple] = {}
     for m in manifests:
         snap = fam.snapshot_of(m)
-        if snap is not None and snap[1] <= window_start:
-            candidates.append((fam.snapshot_rank(snap[0]), m.finished, m.id, m))
-    return max(candidates, key=lambda c: c[:3])[3] if candidates else None
+        if doubts[m.id] != "broken" and snap is not None and snap[1] <= window_start:
+            candidate = (fam.snapshot_rank(snap[0]), m.finished, m.id, m)
+            doubted = doubts[m.id] is not None
+            if doubted not in best or candidate[:3] > best[doubted][:3]:
+                best[doubted] = candidate
+    good, doubted = best.get(False), best.get(True)
+    if doubted is not None and (good is None or doubted[0] > good[0]):
+        return None, doubted[3]
+    return (good[3] if good is not None else None), None
 
 
 def describe_anchor(fam: Family, m: BackupManifest) -> dict:

@@ -12,10 +12,10 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   conflict or while two source identities (a copy beside the original) back the instance up.
 - Backups are judged per source identity (family, instance, host, source path), each with its own anchor:
   backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
-  the newest restorable backup and the newest restorable full or incremental one are kept with their parent
-  chains; the rest go, children before parents, each
-  manifest before its objects (a backup without its manifest does not exist), and an object only when no kept
-  manifest references it.
+  the newest restorable backup, the newest restorable full or incremental one, and those newer than the anchor
+  that a failed verdict (drill, verification) doubts are kept with their parent chains; the rest go, children
+  before parents, each manifest before its objects (a backup without its manifest does not exist), and an object
+  only when no kept manifest references it.
 - Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
   files are not garbage: the expiry stops).
 With `apply`, each source is expired under its lease; every deletion re-checks its conditions right before it
@@ -44,8 +44,7 @@ from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, F
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
-from ..retention import (DAY, check_days, describe_anchor, iso, restorable_backups, stored_policy,
-                         window_anchor)
+from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
 LOG_KINDS = ("xlog", "segment", "snap", "pwal_rotated", "epoch_rotated")  # segment: `walvault stream`'s
 CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
@@ -236,7 +235,10 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     fam = family_named(family)
     records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
-    restorable = restorable_backups(repo, family, instance, manifests)
+    doubts = backup_doubts(repo, family, instance, manifests)
+    restorable = {backup_id: why is None for backup_id, why in doubts.items()}
+    doubted = {backup_id for backup_id, why in doubts.items() if why == "doubted"}
+    uncovered: dict[tuple, str] = {}  # why a source identity's window has no anchor, where a doubt says it
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
     identities: dict[tuple, list[BackupManifest]] = {}
@@ -245,11 +247,15 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     anchors: dict[tuple, BackupManifest | None] = {}
     kept: dict[str, str] = {}
     for identity, own in sorted(identities.items(), key=lambda i: max(fam.position_key(m) for m in i[1])):
-        anchor = window_anchor(fam, [m for m in own if restorable[m.id]], window_start)
+        anchor, doubted_anchor = window_anchor(fam, own, doubts, window_start)
         anchors[identity] = anchor
+        if doubted_anchor is not None:
+            uncovered[identity] = ("its source's snapshot reaching furthest at or before the window's start, "
+                                   f"{doubted_anchor.id}, is doubted by a failed drill or verification: the log from "
+                                   "an older one may be expired, so none anchors the window")
         plan.identities.append({"host": identity[2], "path": identity[3],
                                 "anchor": describe_anchor(fam, anchor) if anchor is not None else None})
-        for backup_id, why in _keep_backups(fam, own, restorable, anchor, window_start, repo).items():
+        for backup_id, why in _keep_backups(fam, own, restorable, doubted, anchor, window_start, repo).items():
             kept.setdefault(backup_id, why)
     # The identity of the newest backup speaks for the instance where one anchor is shown.
     shown = next((a for a in reversed(list(anchors.values())) if a is not None), None)
@@ -264,8 +270,8 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})", "reason": kept[m.id]})
         elif anchor is None:
             plan.keep.append({"path": prefix, "kind": f"backup ({m.type})",
-                              "reason": "no verified snapshot of its own source at or before the window's start "
-                                        "covers it"})
+                              "reason": uncovered.get(m.identity, "no verified snapshot of its own source at or "
+                                                                  "before the window's start covers it")})
         else:
             plan.delete.append(Item(prefix, f"backup ({m.type})", "older than the window, not the newest backup "
                                     "of its source before it, and no kept backup's parent", {"position": m.position},
@@ -290,7 +296,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     return plan
 
 
-def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict[str, bool],
+def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict[str, bool], doubted: set[str],
                   anchor: BackupManifest | None, window_start: float, repo: Repository) -> dict[str, str]:
     kept: dict[str, str] = {}
 
@@ -309,6 +315,12 @@ def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict
          "the newest restorable backup of the source")
     keep(max((m for m in usable if m.type != "snapshot"), key=lambda m: fam.position_key(m), default=None),
          "the newest restorable full or incremental backup of the source")
+    # A failed verdict keeps a backup from anchoring, not from being needed: the log an earlier expiry judged it to
+    # cover is gone, so past the anchor its bytes may be the only ones of what it holds (and a verdict may be stale).
+    for m in manifests:
+        if m.id in doubted and anchor is not None and fam.position_key(m) > fam.position_key(anchor):
+            keep(m, "newer than the anchor, and a failed drill or verification doubts it: what it holds may be in "
+                    "no other backup nor in the archive (mend it and verify it again, or delete it by hand)")
     for m in manifests:
         if m.id in kept:
             try:

@@ -268,11 +268,15 @@ def verify_backups(repo: Repository, backup: str | None, *, runner, show, full: 
 
 def _record_verdicts(repo: Repository, report: RepoReport) -> None:
     """Each checked backup's verdict beside it (repository/verdicts.py): status and retention read it there, not
-    from the newest of many reports. A repository that cannot be written is said, as for the report."""
+    from the newest of many reports. A backup whose manifest was not read gets none: there was nothing to judge (a
+    backup still being written, when named: once committed, it is another), and status names an unreadable
+    manifest itself. A repository that cannot be written is said, as for the report."""
     from ..repository.report import warn
 
     time_checked = utc_now()
     for b in report.backups:
+        if any(f["code"] == "manifest_unreadable" for f in b["findings"]):
+            continue
         damage = [f for f in b["findings"] if not f.get("redundancy")]
         verdict = {"status": b["status"], "time": time_checked, "findings": len(damage),
                    "problem": (f"{damage[0].get('file') or b['id']}: {damage[0]['message']}" if damage else None),

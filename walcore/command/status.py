@@ -32,7 +32,7 @@ from ..family import family_named
 from ..repository import Repository, stamp_seconds
 from ..repository.archive import archive_origins, split_archive, stored_segments
 from ..repository.verdicts import last_drill, last_verification
-from ..retention import DAY, check_days, describe_anchor, iso, restorable_backups, stored_policy, window_anchor
+from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
 HOUR, MINUTE = 3600.0, 60.0
 CLOCK_SLACK = 5 * MINUTE  # a backup finished further ahead of this host's clock than this is not taken as fresh
@@ -119,7 +119,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
     # A backup whose manifest cannot be read is of no known directory: each of the instance's says it.
     unreadable = [f"the manifest of backup {r.id} cannot be read ({r.problem})" for r in records
                   if r.manifest is None and r.complete]
-    restorable = restorable_backups(repo, family, instance, manifests)
+    doubts = backup_doubts(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
     segments = stored_segments(repo, family, instance)  # `walvault stream`'s: the archive reaches as far as they
     verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
@@ -131,7 +131,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
     for host, path in sorted(places, key=lambda p: (str(p[0]), str(p[1]))):
         s = SourceStatus(family, instance, host, path, problems=list(unreadable))
         own = [m for m in manifests if (m.source.get("host"), m.source.get("path")) == (host, path)]
-        usable = [m for m in own if restorable[m.id]]
+        usable = [m for m in own if doubts[m.id] is None]
         _backup(s, max(usable, key=fam.position_key, default=None), now, result.max_backup_age)
         entries = [e for e in split_archive(repo, family, instance, {"host": host, "path": path})[0] if e]
         reach = fam.archive_reach(repo, instance, {"host": host, "path": path}, entries + segments)
@@ -145,10 +145,14 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         _lag(s, fam, reach, result.max_archive_lag)
         if result.policy_days is not None:
             start = now - result.policy_days * DAY
-            anchor = window_anchor(fam, usable, start)
+            anchor, doubted = window_anchor(fam, own, doubts, start)
             s.window = {"days": result.policy_days, "start": iso(start), "covered": anchor is not None,
                         "anchor": describe_anchor(fam, anchor) if anchor is not None else None}
-            if anchor is None:
+            if doubted is not None:
+                s.problems.append(f"the recovery window of {result.policy_days} days is not covered: the snapshot "
+                                  f"reaching furthest at or before its start ({iso(start)}), {doubted.id}, is doubted "
+                                  "by a failed drill or verification, and the log from an older one may be expired")
+            elif anchor is None:
                 s.problems.append(f"the recovery window of {result.policy_days} days is not covered: no verified "
                                   f"snapshot at or before its start ({iso(start)})")
         verdicts = [d for m in own if (d := drills[m.id]) is not None]

@@ -11,7 +11,7 @@ anchors nothing on it and status does not call it good, until a drill or a verif
 from __future__ import annotations
 
 from . import Repository
-from .manifest import ManifestError, decode_checked, encode_checked
+from .manifest import MANIFEST_NAME, ManifestError, decode_checked, encode_checked
 
 DRILL_NAME = "drill.json"
 VERIFY_NAME = "verify.json"
@@ -36,7 +36,11 @@ def last_verification(repo: Repository, family: str, instance: str, backup_id: s
 
 
 def write_verdict(repo: Repository, family: str, instance: str, backup_id: str, name: str, verdict: dict) -> None:
-    repo.storage.write_bytes(f"{repo.backup_dir(family, instance, backup_id)}/{name}", encode_checked(verdict))
+    """The verdict beside the backup, unless its manifest is gone meanwhile (an expiry deleted it while it was
+    checked): written there, it would leave a directory of the backup behind."""
+    where = repo.backup_dir(family, instance, backup_id)
+    if repo.storage.exists(f"{where}/{MANIFEST_NAME}"):
+        repo.storage.write_bytes(f"{where}/{name}", encode_checked(verdict))
 
 
 def failed_verdict(repo: Repository, family: str, instance: str, backup_id: str) -> str | None:
