@@ -60,7 +60,7 @@ OTHER_COMMANDS = {
 # Python scripts whose command lines shown are parsed by their own argument parser.
 PARSED_SCRIPTS = {"bench/verify_tarantool.py", "bench/verify_limestone.py", "bench/backup.py",
                   "bench/verify_spark.py", "bench/airflow_pipeline.py", "bench/fuzz_scan.py", "bench/nemesis.py",
-                  "scripts/ui.py"}
+                  "scripts/ui.py", "bench/rpo.py"}
 
 # What a synopsis's placeholder stands for when it is parsed.
 PLACEHOLDERS = {"PATH": "samples", "SOURCE": "samples/tarantool/features", "URL": "var/repository",

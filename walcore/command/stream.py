@@ -40,6 +40,7 @@ FAMILY = Tarantool.name  # the one family with a replication stream to follow
 SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
+FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
 
 
 @dataclass
@@ -140,6 +141,8 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
     while not stop.is_set():
         deadline = writer.opened + segment_seconds if writer.opened is not None else None
         wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
+        if writer.pending:
+            wait = min(wait, FLUSH_EVERY)
         packets = sub.packets(wait)
         batch: list[Transaction] = []
         for packet in packets:
@@ -153,10 +156,12 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
                     writer.gap(event)
         writer.append(batch)
         now = time.monotonic()
+        writer.flush_if_due(now)
         if packets and now - acked >= ACK_EVERY:
             sub.ack()
             acked = now
-        if writer.opened is not None and (now - writer.opened >= segment_seconds or writer.spool.size >= segment_bytes):
+        if writer.opened is not None and (now - writer.opened >= segment_seconds
+                                          or writer.spool.size + writer.pending_bytes >= segment_bytes):
             writer.seal_and_store()
             _status(status_file, writer.state)
 
@@ -167,17 +172,33 @@ class _SegmentStore:
     def __init__(self, repo: Repository, instance: str, spool: Spool, lease, state: StreamState, say):
         self.repo, self.instance, self.spool, self.lease, self.state, self.say = repo, instance, spool, lease, state, say
         self.opened: float | None = None  # when the open segment got its first transaction (monotonic)
+        self.pending: list[Transaction] = []  # received, not yet in the spool
+        self.pending_bytes = 0
+        self.flushed = 0.0
 
     def append(self, batch: list[Transaction]) -> None:
         if not batch:
             return
-        after = dict(self.state.vclock)
-        for tx in batch:
-            after[tx.replica_id] = tx.last_lsn
-        self.spool.append(batch, after)
-        self.state.vclock = after
+        self.pending += batch
+        self.pending_bytes += sum(tx.size for tx in batch)
         if self.opened is None:
             self.opened = time.monotonic()
+
+    def flush_if_due(self, now: float) -> None:
+        """A block per FLUSH_EVERY (one fsync each), not per packet: at thousands of transactions a second the
+        fsyncs would be the streamer's whole cost. Rows still pending when it dies are sent again."""
+        if self.pending and (now - self.flushed >= FLUSH_EVERY or self.pending_bytes >= FLUSH_BYTES):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        after = dict(self.state.vclock)
+        for tx in self.pending:
+            after[tx.replica_id] = tx.last_lsn
+        self.spool.append(self.pending, after)
+        self.state.vclock = after
+        self.pending, self.pending_bytes, self.flushed = [], 0, time.monotonic()
 
     def gap(self, gap: Gap) -> None:
         said = gap.describe()
@@ -192,6 +213,7 @@ class _SegmentStore:
             self._store(path)
 
     def seal_and_store(self) -> None:
+        self.flush()
         path = self.spool.seal()
         self.opened = None
         if path is not None:
