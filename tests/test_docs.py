@@ -60,14 +60,14 @@ OTHER_COMMANDS = {
 # Python scripts whose command lines shown are parsed by their own argument parser.
 PARSED_SCRIPTS = {"bench/verify_tarantool.py", "bench/verify_limestone.py", "bench/backup.py",
                   "bench/verify_spark.py", "bench/airflow_pipeline.py", "bench/fuzz_scan.py", "bench/nemesis.py",
-                  "scripts/ui.py"}
+                  "scripts/ui.py", "bench/rpo.py"}
 
 # What a synopsis's placeholder stands for when it is parsed.
 PLACEHOLDERS = {"PATH": "samples", "SOURCE": "samples/tarantool/features", "URL": "var/repository",
                 "BACKUP": "latest", "TARGET": "var/restored", "DIR": "samples/limestone/01-clean",
                 "MASTER": "local[2]", "N": "7", "S": "10", "FILE": "password.txt", "TIME": "2026-01-01T00:00:00Z",
                 "USER@HOST:PORT": "backup@127.0.0.1:3301", "K=V": "key=value", "HOST:PORT": "127.0.0.1:9477",
-                "HOURS": "26", "MINUTES": "60"}
+                "HOURS": "26", "MINUTES": "60", "B": "16777216"}
 WALVAULT = ("walvault", ".venv/bin/walvault")
 
 

@@ -502,6 +502,10 @@ def status_lines(result) -> list[str]:
         lines.append(f"  archive  reaches {_position(a['position'])}" + (f", written {duration(a['age_seconds'])} ago"
                                                               if a['age_seconds'] is not None else "")
                      if a else "  archive  empty")
+        if s.stream:
+            t = s.stream
+            lines.append(f"  stream   {t['segments']} segments, to {_position(t['position'])}"
+                         + (f", last commit {duration(t['age_seconds'])} ago" if t['age_seconds'] is not None else ""))
         if s.source is None:
             lines.append("  source   not on this host: its archive lag is not judged")
         else:
@@ -519,11 +523,42 @@ def status_lines(result) -> list[str]:
     return lines
 
 
+def _stream(request: rq.StreamRequest, runner) -> int:
+    import signal
+    import threading
+
+    from .command.stream import stream
+    from .tarantool.receiver import StreamBroken
+
+    repo = _repository(request)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def say(line: str) -> None:
+        print(f"walvault stream: {line}", file=sys.stderr, flush=True)
+
+    try:
+        state = stream(repo, request.connect, request.spool, segment_seconds=request.segment_seconds,
+                       segment_bytes=request.segment_bytes, status_file=request.status, stop=stop, say=say)
+    except StreamBroken as e:
+        print(f"walvault: stream stopped: {e}", file=sys.stderr)
+        return EXIT_FINDINGS
+    if request.json:
+        print_json(state.to_json())
+    else:
+        print(f"stream of {state.instance} stopped: {state.segments} segments stored, vclock "
+              f"{state.vclock}; {len(state.gaps)} gaps")
+        for gap in state.gaps:
+            print(f"  gap: {gap}")
+    return EXIT_FINDINGS if state.gaps else EXIT_OK
+
+
 COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequest: _rotate,
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
             rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
-            rq.RestoreRequest: _restore, rq.StatusRequest: _status}
+            rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
            rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result,
            rq.StatusRequest: _status_result}

@@ -331,8 +331,10 @@ class RestoreRequest(_RepoRequest):
 
     def problem(self):
         return _first(f"--to {self.to!r} is not a point: a vclock ('{{1: 120, 0: 5}}' or '1:120,0:5'), a time (ISO "
-                      "8601, or @unix seconds) or, for limestone, an epoch (N or epoch:N)"
-                      if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or point(self.to))
+                      "8601, or @unix seconds), end (the newest the repository holds) or, for limestone, an epoch "
+                      "(N or epoch:N)"
+                      if self.to is not None and not (_LIMESTONE_POINT.fullmatch(self.to) or self.to.strip() == "end"
+                                                      or point(self.to))
                       else None,
                       super().problem())
 
@@ -357,6 +359,26 @@ class StatusRequest(_RepoRequest):
                       _threshold_problem("--max-backup-age", self.max_backup_age),
                       _threshold_problem("--max-archive-lag", self.max_archive_lag),
                       super().problem())
+
+
+@dataclass(kw_only=True)
+class StreamRequest(_RepoRequest):
+    """`walvault stream`: a running Tarantool's rows into the repository as sealed segments, until stopped."""
+    command, not_done = "stream", "not streamed"
+    connect: str = field(repr=False)  # it may hold a password
+    password_file: Path | None = None
+    spool: Path = Path("var/stream-spool")
+    segment_seconds: float = 1.0
+    segment_bytes: int = 16 << 20
+    status: Path | None = None  # the status file, rewritten as the stream goes
+
+    def problem(self):
+        return _first("--segment-seconds must be a positive number" if not 0 < self.segment_seconds < math.inf
+                      else None,
+                      "--segment-bytes must be at least 4096" if self.segment_bytes < 4096 else None,
+                      f"--status {self.status}: its directory does not exist" if self.status is not None
+                      and not Path(self.status).parent.is_dir() else None,
+                      _password_problem(self.password_file, self.connect), super().problem())
 
 
 def serve_address(text: str) -> tuple[str, int] | None:

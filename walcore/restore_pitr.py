@@ -15,18 +15,25 @@ from .tarantool.meta import vclock_from_json, vclock_leq
 
 
 def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
-    from .tarantool.pitr import PointError, cut_chain, parse_point
+    """`to`: a point (tarantool/pitr.py's parse_point), or "end": the newest point this history reaches in the
+    repository. Past the archived xlogs the log goes on through the stream's segments that continue it."""
+    from .tarantool.pitr import Point, PointError, cut_chain, parse_point
+    from .tarantool.segments import build_tail
+    from .tarantool.writer import file_name
 
+    to_end = to.strip() == "end"
     try:
-        point = parse_point(to)
+        point = None if to_end else parse_point(to)
     except ValueError as e:
-        raise Refused(f"--to {to!r}: {e}", "refused") from None
+        raise Refused(f"--to {to!r}: {e} (or end: the newest point the repository holds)", "refused") from None
     lineage = _Lineage(repo, newest)
 
     def snap_vclock(m: BackupManifest) -> dict[int, int]:
         return vclock_from_json(m.checks.get("snapshot", {}).get("vclock"))
 
     def before(m: BackupManifest) -> bool:
+        if point is None:
+            return True
         if point.vclock is not None:
             return vclock_leq(snap_vclock(m), point.vclock)
         taken = m.checks.get("snapshot", {}).get("time")
@@ -41,27 +48,48 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     base = max(bases, key=lambda m: (m.finished, m.id))
     start = snap_vclock(base)
     chain, fork = lineage.log_from(start)
+    log_end = _ends(chain[-1]) if chain else _nonzero(start)
+    segments, segments_say = ([], None) if fork else _continuing_segments(repo, newest, log_end)
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
     wal_dir = wal_dir_of(base)
     entries = [(e.name, e) for e in base_files]  # a Tarantool file is restored under its own name
     log_dir = staging / ".walvault-log"
     log_entries = [(Path(e.name).name, e) for e in chain]
-    tracker = Progress(len(entries) + len(chain), sum(e.size for _, e in entries + log_entries), progress,
-                       "restored")
+    segment_entries = [(e.name, e) for e in segments]  # under stream/: apart from the chain's xlogs
+    tracker = Progress(len(entries) + len(chain) + len(segments),
+                       sum(e.size for _, e in entries + log_entries + segment_entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     log_dir.mkdir(exist_ok=True)
-    reused += materialize(repo, log_entries, log_dir, tracker)
+    reused += materialize(repo, log_entries + segment_entries, log_dir, tracker)
+    xlogs = [log_dir / name for name, _ in log_entries]
+    reach = log_end
+    if segments:
+        full_end = vclock_from_json(chain[-1].range["vclock"][1]) if chain else start
+        tail = log_dir / file_name(full_end, "xlog")  # named as Tarantool names the xlog starting there
+        try:
+            reach = _nonzero(build_tail([log_dir / name for name, _ in segment_entries], full_end, tail,
+                                        instance=newest.instance,
+                                        prev=vclock_from_json(chain[-1].verification["vclock"]) if chain else None))
+        except ValueError as e:
+            raise Refused(f"the stream's segments do not continue the log at {_text(log_end)}: {e}", "refused") \
+                from None
+        if tail.exists():
+            xlogs.append(tail)
+    if to_end:
+        point = Point(vclock=reach)
     out = staging / wal_dir
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.xlog"):  # an interrupted run's cut log (the wal dir may be the data dir itself)
         stale.unlink()
     try:
-        result = cut_chain([log_dir / name for name, _ in log_entries], out, point, start_vclock=start)
+        result = cut_chain(xlogs, out, point, start_vclock=start)
     except PointError as e:
-        raise Refused(f"cannot restore to {point.describe()}: {e}" + (f"; {fork}" if fork else ""),
+        said = "; ".join(filter(None, (fork, segments_say)))
+        raise Refused(f"cannot restore to {point.describe()}: {e}" + (f"; {said}" if said else ""),
                       "refused") from None
     shutil.rmtree(log_dir)
     info = {"point": point.describe(), "base": base.id, "xlogs": result.files, "cut": result.cut_file,
+            "segments": len(segments),
             "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
     return reused, info, entries
 
@@ -198,6 +226,37 @@ class _Lineage:
                             for v in steps[:2])
         return (f"two histories of instance {self.newest.instance} continue {after}: {both}; a point past it cannot "
                 f"be placed in the history of {self.newest.id}")
+
+
+def _continuing_segments(repo: Repository, newest: BackupManifest,
+                         log_end: dict[int, int]) -> tuple[list[FileEntry], str | None]:
+    """The stream's segments that continue a log ending at `log_end`, one after the other; and, where they stop
+    short of the newest one, why."""
+    from .repository.archive import stored_segments
+
+    def span(e: FileEntry) -> tuple[dict[int, int], dict[int, int]]:
+        first, last = e.range["vclock"]
+        return _nonzero(vclock_from_json(first)), _nonzero(vclock_from_json(last))
+
+    segments = stored_segments(repo, newest.family, newest.instance)
+    path: list[FileEntry] = []
+    at = log_end
+    while True:
+        steps = [e for e in segments if e not in path and vclock_leq(span(e)[0], at)
+                 and not vclock_leq(span(e)[1], at)]
+        if path:
+            steps = [e for e in steps if span(e)[0] == at]
+        if not steps:
+            break
+        if len(steps) > 1:
+            return path, (f"two streamed histories continue at {_text(at)}: {steps[0].stored} and "
+                          f"{steps[1].stored}; the log is not placed past it")
+        path.append(steps[0])
+        at = span(steps[0])[1]
+    later = [e for e in segments if not vclock_leq(span(e)[1], at)]
+    if later:
+        return path, f"the stream's segments from {_text(span(later[0])[0])} on do not continue the log at {_text(at)}"
+    return path, None
 
 
 def _xlogs(entries) -> list[FileEntry]:

@@ -25,9 +25,9 @@ from pathlib import Path
 from ..backup_common import ArchiveItem, Progress
 from ..family import family_named
 from ..fsutil import file_sha256
-from ..repository import FAMILIES, Repository, SourceChanged, utc_now
-from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, load_record
-from ..repository.manifest import FileEntry, ManifestError, decode_checked, encode_checked
+from ..repository import FAMILIES, Repository, SourceChanged
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, commit_record, load_record
+from ..repository.manifest import FileEntry, ManifestError, decode_checked
 
 
 # How long an archive waits for another archive, or an expiry, of a source to finish with its archive (it has no
@@ -111,7 +111,8 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
                       mutable=False, range=fam.archived_range(item), verification=verdict)
     lease.confirm()
-    if problem := _commit_record(repo, record_name, entry, item):
+    origin = {"source": str(item.path), "host": socket.gethostname(), "source_dir": str(item.root.resolve())}
+    if problem := commit_record(repo, record_name, entry, origin):
         result.refused.append({"path": str(item.path), "findings": [{"code": "not_committed", "offset": None,
                                                                      "message": problem}]})
         return
@@ -123,29 +124,6 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
     else:
         result.stored.append(str(item.path))
     tracker.advance(stored.size)
-
-
-def _commit_record(repo: Repository, record_name: str, entry: FileEntry, item: ArchiveItem) -> str | None:
-    """Create the record of a stored object, exclusively; then make sure the object it names is still the one
-    stored (an expiry that took it for an orphan meanwhile removed it: the record goes too). None when committed,
-    else why not."""
-    data = encode_checked({**entry.__dict__, "archived": utc_now(), "source": str(item.path),
-                           "host": socket.gethostname(), "source_dir": str(item.root.resolve())})
-    if not repo.storage.create(record_name, data):
-        found = load_record(repo, record_name)
-        if found is None:  # a damaged record (archive took it for none): replaced, under the lease just proven
-            repo.storage.write_bytes(record_name, data)
-        elif (found.stored, found.sha256, found.stored_sha256) != (entry.stored, entry.sha256, entry.stored_sha256):
-            return f"{record_name} was written by another process meanwhile: archive the file again"
-    try:
-        size = repo.storage.size(entry.stored)
-    except FileNotFoundError:
-        size = None
-    if size != entry.stored_size:
-        repo.storage.remove(record_name)
-        return f"{entry.stored} was removed or replaced while its record was written (an expiry took it for an " \
-               "orphan): archive the file again"
-    return None
 
 
 @dataclass

@@ -39,14 +39,14 @@ from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
 from ..repository import Repository, RepositoryError, stamp_seconds, walvault_version
-from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX
+from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, STREAM_DIR
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
-LOG_KINDS = ("xlog", "snap", "pwal_rotated", "epoch_rotated")
+LOG_KINDS = ("xlog", "segment", "snap", "pwal_rotated", "epoch_rotated")  # segment: `walvault stream`'s
 CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
 
 
@@ -347,8 +347,8 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
     it expires (two sources share the instance); `orphans`: the instance is covered, so garbage goes."""
     family, instance = plan.family, plan.instance
     fam = family_named(family)
-    base = f"{repo.source_dir(family, instance)}/archive"
-    names = repo.storage.list(base)
+    names = [n for where in ("archive", STREAM_DIR) for n in repo.storage.list(f"{repo.source_dir(family, instance)}/"
+                                                                             f"{where}")]
     records = {n for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
     judge = fam.coverage(anchor) if anchor is not None else None  # an anchor is a backup holding a snapshot
     present = set(names)

@@ -14,7 +14,7 @@ from ..backup_common import Progress
 from ..family import family_named
 from ..fsutil import owned_tempdir
 from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
-from ..repository.archive import RECORD_SUFFIX, load_record
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, load_record
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
@@ -149,7 +149,7 @@ def _mend_hint(repo: Repository, state: PairState, what: str, problem: str) -> s
     return f"to restore the redundancy, copy the bytes of {good} (which is good) over {bad}"
 
 
-SCANNED_KINDS = ("snap", "xlog", "vylog", "run", "index")
+SCANNED_KINDS = ("snap", "xlog", "segment", "vylog", "run", "index")  # a stream's segment is an xlog
 
 
 def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, list[dict] | None, str]:
@@ -199,8 +199,9 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
 
 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:
-    """The archive's object names, and each record's entry (None: unreadable)."""
-    names = repo.storage.list(f"{repo.source_dir(family, instance)}/archive")
+    """The archive's object names (the stream's segments included), and each record's entry (None: unreadable)."""
+    names = [n for where in ("archive", STREAM_DIR) for n in repo.storage.list(f"{repo.source_dir(family, instance)}/"
+                                                                             f"{where}")]
     return names, {n: load_record(repo, n) for n in names if n.endswith(".zst" + RECORD_SUFFIX)}
 
 

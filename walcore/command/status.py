@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..family import family_named
 from ..repository import Repository, stamp_seconds
-from ..repository.archive import archive_origins, split_archive
+from ..repository.archive import archive_origins, split_archive, stored_segments
 from ..repository.verdicts import last_drill, last_verification
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
@@ -46,6 +46,7 @@ class SourceStatus:
     path: str | None
     backup: dict | None = None  # the newest backup that restores: {"id", "type", "finished", "age_seconds", ...}
     archive: dict | None = None  # how far the archive reaches: {"position", "time", "age_seconds", "files"}
+    stream: dict | None = None  # its stored stream segments: {"segments", "position", "last_commit", "age_seconds"}
     source: dict | None = None  # the directory on this host: {"position", "time", "instance" it holds now}
     archive_lag_seconds: float | None = None
     window: dict | None = None  # {"days", "start", "covered", "anchor"}; None: no policy to judge by
@@ -59,9 +60,9 @@ class SourceStatus:
 
     def to_json(self) -> dict:
         return {"family": self.family, "instance": self.instance, "host": self.host, "path": self.path,
-                "ok": self.ok, "backup": self.backup, "archive": self.archive, "source": self.source,
-                "archive_lag_seconds": self.archive_lag_seconds, "window": self.window, "drill": self.drill,
-                "verification": self.verification, "problems": self.problems}
+                "ok": self.ok, "backup": self.backup, "archive": self.archive, "stream": self.stream,
+                "source": self.source, "archive_lag_seconds": self.archive_lag_seconds, "window": self.window,
+                "drill": self.drill, "verification": self.verification, "problems": self.problems}
 
 
 @dataclass
@@ -120,6 +121,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
                   if r.manifest is None and r.complete]
     doubts = backup_doubts(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
+    segments = stored_segments(repo, family, instance)  # `walvault stream`'s: the archive reaches as far as they
     verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
     places |= archive_origins(repo, family, instance)
@@ -132,10 +134,14 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         usable = [m for m in own if doubts[m.id] is None]
         _backup(s, max(usable, key=fam.position_key, default=None), now, result.max_backup_age)
         entries = [e for e in split_archive(repo, family, instance, {"host": host, "path": path})[0] if e]
-        reach = fam.archive_reach(repo, instance, {"host": host, "path": path}, entries)
+        reach = fam.archive_reach(repo, instance, {"host": host, "path": path}, entries + segments)
         if reach is not None:
             s.archive = {"position": reach[1], "time": iso(reach[2]), "files": len(entries),
                          "age_seconds": None if reach[2] is None else max(0.0, now - reach[2])}
+        if segments:
+            streamed = fam.archive_reach(repo, instance, {"host": host, "path": path}, segments)
+            s.stream = {"segments": len(segments), "position": streamed[1], "last_commit": iso(streamed[2]),
+                        "age_seconds": None if streamed[2] is None else max(0.0, now - streamed[2])}
         _lag(s, fam, reach, result.max_archive_lag)
         if result.policy_days is not None:
             start = now - result.policy_days * DAY
@@ -257,6 +263,8 @@ def exposition(result: StatusResult) -> str:
                                      "Age of the newest archived point of the log, when the status was taken"),
         "archive_lag_seconds": gauge("archive_lag_seconds", "Seconds of the reachable source's log the archive "
                                      "does not hold yet (0: it holds all)"),
+        "stream_last_commit_timestamp_seconds": gauge("stream_last_commit_timestamp_seconds", "When the newest "
+                                                       "transaction the stream stored was committed (Unix time)"),
         "recovery_window_covered": gauge("recovery_window_covered", "1 when every point of the retention "
                                          "policy's window restores (an anchor at or before its start), else 0"),
         "last_drill_success": gauge("last_drill_success", "1 when the last restore drill of the source's backups "
@@ -279,6 +287,8 @@ def exposition(result: StatusResult) -> str:
                       "archive_age_seconds": s.archive["age_seconds"]}
         if s.archive_lag_seconds is not None:
             facts["archive_lag_seconds"] = s.archive_lag_seconds
+        if s.stream and s.stream["last_commit"]:
+            facts["stream_last_commit_timestamp_seconds"] = stamp_seconds(s.stream["last_commit"])
         if s.window is not None:
             facts["recovery_window_covered"] = 1.0 if s.window["covered"] else 0.0
         if s.drill:

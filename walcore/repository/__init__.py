@@ -6,6 +6,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     walvault.policy(.copy)                            the retention policy (checksummed): {"days": N}
     locks/<family>-<instance>.lease                   one backup, snapshot or expiry of a source at a time
     locks/<family>-<instance>.archive.lease           one archive or expiry of a source's archive at a time
+    locks/<family>-<instance>.stream.lease            one `walvault stream` of an instance at a time
     locks/<family>-<instance>.restore-<hex>.lease     a restore in progress (expiry leaves the source alone)
     audit/<YYYYMMDD-HHMMSS>-<hex8>/<nnnnnn>.json      append-only: every deletion of an expiry, just before it
     <family>/<instance>/backups/<id>/<name>.zst       a backup's (or a snapshot's) own files, zstd-compressed
@@ -16,6 +17,8 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)
+    <family>/<instance>/stream/<name>.xlog.zst        a segment `walvault stream` received and sealed, named as an
+                                                      xlog; its record (.json, its vclock range): the commit point
     <family>/<instance>/archive-complete.json         limestone: the epoch up to which every channel is archived
     <family>/<instance>/ledger/<sha256>.json          what verifying those bytes found (so they are not re-read)
 """
@@ -108,7 +111,8 @@ FENCE_KEEP = 7 * 86400.0
 # reports, the expiry audit log, leases, the repository's own records (walvault.repo, walvault.policy), other.
 BYTE_KINDS = ("backups", "archive", "ledger", "reports", "audit", "locks", "metadata", "other")
 _TOP_KINDS = {"reports": "reports", "audit": "audit", "locks": "locks"}
-_SOURCE_KINDS = {"backups": "backups", "archive": "archive", "archive-complete.json": "archive", "ledger": "ledger"}
+_SOURCE_KINDS = {"backups": "backups", "archive": "archive", "stream": "archive", "archive-complete.json": "archive",
+                 "ledger": "ledger"}
 
 
 def _kind_of_object(name: str) -> str:
@@ -189,6 +193,11 @@ class Repository:
         """One archive (or expiry) of a source's archive at a time: apart from the source's lease, so that a long
         backup does not hold archiving up."""
         return acquire(self.locks, f"{family}-{check_instance(instance)}.archive.lease", command, wait=wait)
+
+    def stream_lease(self, family: str, instance: str) -> Lease:
+        """One `walvault stream` of an instance at a time: apart from the archive's, which a stream would otherwise
+        hold for as long as it runs."""
+        return acquire(self.locks, f"{family}-{check_instance(instance)}.stream.lease", "stream")
 
     def restore_pin(self, family: str, instance: str) -> Lease | None:
         """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None

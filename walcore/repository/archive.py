@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 from ..fsutil import file_sha256
-from . import Repository
-from .manifest import FileEntry, ManifestError, decode_checked
+from . import Repository, utc_now
+from .manifest import FileEntry, ManifestError, decode_checked, encode_checked
 from .storage import UnsafeName
 
 RECORD_SUFFIX = ".json"
+STREAM_DIR = "stream"  # a source's segments from `walvault stream`, beside its archive
 EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 
 
@@ -24,6 +25,13 @@ def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntr
         if name.endswith(".zst" + RECORD_SUFFIX):
             out.append(load_record(repo, name))
     return out
+
+
+def stored_segments(repo: Repository, family: str, instance: str) -> list[FileEntry]:
+    """The source's stored stream segments (those whose record reads), by name."""
+    prefix = f"{repo.source_dir(family, instance)}/{STREAM_DIR}"
+    found = [load_record(repo, n) for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX)]
+    return sorted((e for e in found if e is not None), key=lambda e: e.name)
 
 
 def load_record(repo: Repository, name: str) -> FileEntry | None:
@@ -38,6 +46,28 @@ def _load_raw(repo: Repository, name: str) -> tuple[FileEntry, dict] | None:
         return FileEntry.from_json(record), record
     except (FileNotFoundError, ManifestError, UnsafeName):
         return None
+
+
+def commit_record(repo: Repository, record_name: str, entry: FileEntry, origin: dict) -> str | None:
+    """Create the record of a stored object (its entry and `origin`: where it came from), exclusively; then make
+    sure the object it names is still the one stored (an expiry that took it for an orphan meanwhile removed it:
+    the record goes too). None when committed, else why not. The caller proved its lease just before."""
+    data = encode_checked({**entry.__dict__, "archived": utc_now(), **origin})
+    if not repo.storage.create(record_name, data):
+        found = load_record(repo, record_name)
+        if found is None:  # a damaged record (taken for none): replaced, under the lease just proven
+            repo.storage.write_bytes(record_name, data)
+        elif (found.stored, found.sha256, found.stored_sha256) != (entry.stored, entry.sha256, entry.stored_sha256):
+            return f"{record_name} was written by another process meanwhile: store the file again"
+    try:
+        size = repo.storage.size(entry.stored)
+    except FileNotFoundError:
+        size = None
+    if size != entry.stored_size:
+        repo.storage.remove(record_name)
+        return f"{entry.stored} was removed or replaced while its record was written (an expiry took it for an " \
+               "orphan): store the file again"
+    return None
 
 
 def source_archive(repo: Repository, family: str, instance: str, source: dict,

@@ -186,6 +186,8 @@ def acquire(storage: Storage, name: str, command: str, *, ttl: float | None = No
 def _kind(name: str) -> str:
     if name.endswith(".archive.lease"):
         return "archive or expiry"
+    if name.endswith(".stream.lease"):
+        return "stream"
     return "restore" if ".restore-" in name else "backup or expiry"
 
 

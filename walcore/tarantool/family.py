@@ -104,12 +104,13 @@ class Tarantool:
 
     def archive_reach(self, repo: Repository, instance: str, source: dict,
                       entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
-        """The furthest end vclock of the archived xlog and snap files, and the time of that file's last row."""
+        """The furthest end vclock of the archived xlog and snap files (and the stream's segments), and the time of
+        that file's last row."""
         logs = [(sum(vclock_from_json(e.range["vclock"][1]).values()), e) for e in entries
-                if e.kind in ("xlog", "snap") and e.range.get("vclock")]
+                if e.kind in ("xlog", "segment", "snap") and e.range.get("vclock")]
         if not logs:
             return None
-        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind == "xlog"))
+        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind != "snap"))
         return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
 
     def source_instance(self, source: Path) -> str | None:
@@ -269,8 +270,8 @@ def _components_taken_as_zero(to: str, manifest: BackupManifest, point_info: dic
     """A vclock point that leaves out a component the log has stops before that component's first row: say so."""
     from .pitr import parse_point
 
-    point = parse_point(to)
-    if point.vclock is None:
+    point = None if to.strip() == "end" else parse_point(to)
+    if point is None or point.vclock is None:
         return []
     has = {int(c) for vclock in (point_info.get("vclock") or {}, manifest.position.get("vclock") or {})
            for c, lsn in vclock.items() if lsn}

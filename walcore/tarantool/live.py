@@ -80,7 +80,7 @@ def with_password(uri: str, password: str) -> str:
     return f"{head}{userinfo}:{password}@{hostport}"
 
 
-def _parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
+def parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
     """(host, port, user, password) from [tarantool://][user[:password]@]host:port."""
     scheme = _SCHEME.match(uri)
     rest = uri[scheme.end():] if scheme else uri
@@ -103,7 +103,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _connect(uri: str, timeout: float):
-    host, port, user, password = _parse_uri(uri)
+    host, port, user, password = parse_uri(uri)
     try:
         import tarantool
     except ImportError:

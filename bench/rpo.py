@@ -1,0 +1,230 @@
+"""Measure the RPO of `walvault stream`: a writing Tarantool killed, its data dir deleted, `restore --to end`.
+
+    .venv/bin/python bench/rpo.py [--rates 1000,10000] [--statements 1,5] [--trials 20] [--segment-seconds 1] [--dir DIR] [--json FILE] [--keep]
+
+For each rate (transactions per second) and transaction size (statements per transaction), `--trials` times:
+a fresh instance (bench/lua/rpo_writer.lua) commits at that rate; its base backup is taken through
+box.backup.start(); `walvault stream` is attached; at a random moment 2 to 6 s later the instance gets SIGKILL.
+What it had committed is read from its own xlogs (the newest transaction's commit time: the instance
+acknowledges a commit once its WAL holds it); its data dir is then deleted; the streamer, after another
+segment interval, gets SIGTERM; `walvault restore latest --to end` rebuilds it. RPO = the commit time of the
+newest transaction the instance acknowledged minus that of the newest one restored (0: nothing lost).
+
+Per rate it also gives the streamer's CPU (user + system over the trial, as a share of one core) and peak RSS,
+and the instance's write throughput with the streamer attached against without (the writer at full speed,
+3 s each way, alternated). Targets (issue 25): RPO p99 <= 2 s at 1,000 tx/s and <= 5 s at 10,000 tx/s; the
+throughput ratio >= 0.95; the streamer's CPU <= 10% of a core at 1,000 tx/s. This is a benchmark: it never
+fails on figures. It exits 1 when a command fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from walcore.tarantool.check import file_verdict  # noqa: E402
+from walcore.tarantool.times import row_times  # noqa: E402
+from walcore.tarantool.xlog import scan_file  # noqa: E402
+
+WALVAULT = [str(REPO / ".venv" / "bin" / "walvault")]
+TARANTOOL = shutil.which("tarantool") or "tarantool"
+WRITER = REPO / "bench" / "lua" / "rpo_writer.lua"
+PASSWORD = "rpo-bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def eval_lua(port: int, code: str):
+    import tarantool
+
+    conn = tarantool.Connection("127.0.0.1", port, user="bk", password=PASSWORD, fetch_schema=False,
+                                connection_timeout=5, socket_timeout=30)
+    try:
+        return conn.eval(code).data
+    finally:
+        conn.close()
+
+
+def start_instance(root: Path, rate: int, statements: int) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([TARANTOOL, str(WRITER), str(root / "instance"), str(port), PASSWORD, str(rate),
+                             str(statements)], cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(root / "tarantool.log", "ab"))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if eval_lua(port, "return committed")[0] > 10:
+                return proc, port
+        except Exception:  # noqa: BLE001 - not listening yet
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"rpo: the instance did not start: {(root / 'tarantool.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+
+
+def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+    proc = subprocess.run([*WALVAULT, *args], env=env, capture_output=True, text=True, timeout=600, **kwargs)
+    if proc.returncode != 0:
+        raise SystemExit(f"rpo: walvault {' '.join(args[:1])} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+def newest_commit(wal_dir: Path) -> float:
+    """The commit time of the newest transaction the instance's own xlogs hold."""
+    newest = None
+    for path in sorted(wal_dir.glob("*.xlog")):
+        verdict = file_verdict(scan_file(path))
+        if verdict.edge_blocks:
+            times = row_times(path, edges=verdict.edge_blocks)
+            if times:
+                newest = times[1]
+    if newest is None:
+        raise SystemExit(f"rpo: no row in {wal_dir}")
+    return newest
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: random.Random) -> dict:
+    instance, port = start_instance(root, rate, statements)
+    repo = root / "repo"
+    try:
+        run(["init", "--repo", str(repo)])
+        run(["backup", str(root / "instance"), "--connect", f"bk@127.0.0.1:{port}", "--repo", str(repo)])
+        env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+        streamer = subprocess.Popen([*WALVAULT, "stream", "--connect", f"repl@127.0.0.1:{port}", "--repo", str(repo),
+                                     "--spool", str(root / "spool"), "--segment-seconds", str(segment_seconds)],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # connected and caught up
+        cpu0, t0 = cpu_seconds(streamer.pid), time.monotonic()
+        time.sleep(rng.uniform(2.0, 6.0))
+        instance.send_signal(signal.SIGKILL)
+        instance.wait()
+        cpu = (cpu_seconds(streamer.pid) - cpu0) / (time.monotonic() - t0)
+        rss = peak_rss_mb(streamer.pid)
+        acknowledged = newest_commit(root / "instance")
+        shutil.rmtree(root / "instance")
+        time.sleep(segment_seconds + 0.5)
+        streamer.send_signal(signal.SIGTERM)
+        _out, err = streamer.communicate(timeout=120)
+        if streamer.returncode != 0:
+            raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
+        restored = json.loads(run(["restore", "latest", str(root / "restored"), "--repo", str(repo), "--to", "end",
+                                   "--json"]).stdout)
+        last = restored["point"]["last_time"]
+        return {"rpo_s": max(0.0, acknowledged - last), "cpu_share": cpu, "rss_mb": rss}
+    finally:
+        if instance.poll() is None:
+            instance.kill()
+            instance.wait()
+
+
+def throughput(root: Path, statements: int, attached: bool, seconds: float = 3.0) -> float:
+    """Transactions per second of the writer at full speed, with or without a streamer attached."""
+    instance, port = start_instance(root, 0, statements)
+    streamer = None
+    try:
+        if attached:
+            run(["init", "--repo", str(root / "repo")])
+            env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+            streamer = subprocess.Popen([*WALVAULT, "stream", "--connect", f"repl@127.0.0.1:{port}", "--repo",
+                                         str(root / "repo"), "--spool", str(root / "spool")], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+        before = eval_lua(port, "return committed")[0]
+        time.sleep(seconds)
+        return (eval_lua(port, "return committed")[0] - before) / seconds
+    finally:
+        if streamer is not None:
+            streamer.send_signal(signal.SIGTERM)
+            streamer.wait(timeout=60)
+        instance.kill()
+        instance.wait()
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="1000,10000", help="transactions per second, comma-separated")
+    ap.add_argument("--statements", default="1,5", help="statements per transaction, comma-separated")
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--segment-seconds", type=float, default=1.0)
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    ap.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "rpo.json")
+    ap.add_argument("--keep", action="store_true", help="keep the last trial's files")
+    args = ap.parse_args()
+    rng = random.Random(20261127)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="walvault-rpo-"))
+    results = []
+    for statements in [int(s) for s in args.statements.split(",")]:
+        for rate in [int(r) for r in args.rates.split(",")]:
+            trials = []
+            for n in range(args.trials):
+                root = base / f"r{rate}-s{statements}-{n}"
+                root.mkdir(parents=True, exist_ok=True)
+                trials.append(trial(root, rate, statements, args.segment_seconds, rng))
+                if not args.keep:
+                    shutil.rmtree(root)
+            rpos = [t["rpo_s"] for t in trials]
+            row = {"rate": rate, "statements": statements, "trials": len(trials), "rpo_p50_s": statistics.median(rpos),
+                   "rpo_p99_s": p99(rpos), "rpo_max_s": max(rpos),
+                   "streamer_cpu_share": statistics.median(t["cpu_share"] for t in trials),
+                   "streamer_peak_rss_mb": max(t["rss_mb"] for t in trials)}
+            results.append(row)
+            print(f"{rate:>6} tx/s x{statements}: RPO p50 {row['rpo_p50_s']:.3f} s, p99 {row['rpo_p99_s']:.3f} s, "
+                  f"max {row['rpo_max_s']:.3f} s; streamer CPU {row['streamer_cpu_share']:.1%} of a core, peak RSS "
+                  f"{row['streamer_peak_rss_mb']:.0f} MB", flush=True)
+        pairs = []
+        for n in range(2):  # alternated: without, with, without, with
+            for attached in (False, True):
+                root = base / f"throughput-s{statements}-{n}-{int(attached)}"
+                root.mkdir(parents=True, exist_ok=True)
+                pairs.append((attached, throughput(root, statements, attached)))
+                shutil.rmtree(root)
+        without = statistics.median(t for a, t in pairs if not a)
+        attached = statistics.median(t for a, t in pairs if a)
+        results.append({"statements": statements, "throughput_without_tps": without, "throughput_with_tps": attached,
+                        "ratio": attached / without})
+        print(f"full speed x{statements}: {without:,.0f} tx/s without the streamer, {attached:,.0f} with "
+              f"({attached / without:.2f})", flush=True)
+    if not args.keep and args.dir is None:
+        shutil.rmtree(base, ignore_errors=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"segment_seconds": args.segment_seconds, "results": results}, indent=1) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

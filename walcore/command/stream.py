@@ -1,0 +1,256 @@
+"""The stream command: a running Tarantool's rows, received as an anonymous replica, sealed into segments every few
+seconds and stored in the repository: a source that dies loses seconds of commits, not a checkpoint interval.
+
+- It subscribes from the newest position the repository holds of the instance (its stream, its archive, its
+  backups) and receives rows as they commit; it changes nothing on the instance (anonymous: no entry in _cluster;
+  its ACKs carry an empty vclock, so they never vote in a synchronous quorum).
+- Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
+  Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
+  created under the stream lease, proven right before: the record is the commit point.
+- The instance may no longer have the rows the stream needs (an anonymous replica holds back no garbage
+  collection before 3.3): it answers XlogGapError naming where its log goes on, or, when its oldest xlog names no
+  PrevVClock, sends it without a word, so a row whose LSN is not the last one of its replica id plus one is a gap
+  too. Either way the segment before it is sealed, the gap is said (status file, exit 1 at the end) and the
+  stream goes on from what the instance has.
+- A dropped connection is reconnected with back-off, from the vclock of the whole transactions received: no gap
+  and no duplicate. A stop (SIGTERM) seals and stores the open segment.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..fsutil import write_atomic
+from ..repository import Repository, utc_now
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, stored_segments
+from ..repository.manifest import FileEntry
+from ..tarantool.family import Tarantool
+from ..tarantool.live import LiveError, redact_uri
+from ..tarantool.meta import Vclock, vclock_from_json, vclock_sum
+from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
+from ..tarantool.segments import Spool
+from ..tarantool.subscription import Subscription, XlogGap
+
+FAMILY = Tarantool.name  # the one family with a replication stream to follow
+SEGMENT_KIND = "segment"
+RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
+ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
+FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
+
+
+@dataclass
+class StreamState:
+    """What the status file says, rewritten (atomically) as it changes."""
+
+    connect: str  # redacted
+    instance: str | None = None
+    connected: bool = False
+    vclock: Vclock = field(default_factory=dict)  # of the whole transactions received
+    stored: dict | None = None  # the newest segment stored: {"name", "end", "last_commit", "stored"}
+    segments: int = 0  # stored by this run
+    gaps: list[str] = field(default_factory=list)
+    error: str | None = None  # the last connection error, while disconnected
+    started: str = field(default_factory=utc_now)
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "vclock": {str(k): v for k, v in sorted(self.vclock.items())},
+                "updated": utc_now()}
+
+
+def held_position(repo: Repository, instance: str) -> Vclock:
+    """The newest position the repository holds of the instance: the furthest end of a stored segment, an
+    archived file or a backup (by vclock sum; one history's are ordered)."""
+    from ..repository.archive import load_archived
+
+    ends = [vclock_from_json(e.range["vclock"][1]) for e in stored_segments(repo, FAMILY, instance) + [
+        e for e in load_archived(repo, FAMILY, instance) if e is not None and e.kind == "xlog"]
+        if isinstance(e.range.get("vclock"), list)]
+    ends += [vclock_from_json(r.manifest.position.get("vclock")) for r in repo.source_backups(FAMILY, instance)
+             if r.manifest is not None and r.manifest.position.get("vclock")]
+    return max(ends, key=vclock_sum, default={})
+
+
+def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: float = 1.0,
+           segment_bytes: int = 16 << 20, status_file: Path | None = None, stop: threading.Event | None = None,
+           say=print) -> StreamState:
+    """Stream until `stop` is set; returns the final state (its `gaps`: what never came). LiveError when the first
+    connection fails (nothing was streamed: the caller says it and exits 2)."""
+    stop = stop or threading.Event()
+    state = StreamState(redact_uri(connect))
+    first = Subscription(connect, None)
+    try:
+        instance = first.hello().instance_uuid
+    except LiveError:
+        first.close()
+        raise
+    state.instance = instance
+    spool = Spool(spool_dir, instance)
+    with repo.stream_lease(FAMILY, instance) as lease:
+        writer = _SegmentStore(repo, instance, spool, lease, state, say)
+        writer.store_left_over()
+        receiver = Receiver(held_position(repo, instance))
+        state.vclock = dict(receiver.vclock)
+        backoff, sub = RECONNECT_FIRST, first
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    sub = Subscription(connect, None)
+                    if sub.hello().instance_uuid != instance:
+                        raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
+                                           f"{instance}: its history is another one")
+                subscribed = sub.subscribe(receiver.vclock)
+                state.connected, state.error, backoff = True, None, RECONNECT_FIRST
+                say(f"streaming {instance} from {state.connect} (master id {subscribed.master_id}) from vclock "
+                    f"{_show(receiver.vclock)}")
+                _status(status_file, state)
+                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file)
+            except XlogGap as e:  # the stream goes on from what the instance has, the gap said
+                receiver.drop_open()
+                writer.seal_and_store()
+                for replica_id, lsn in sorted(e.resume.items()):
+                    if replica_id and lsn > receiver.vclock.get(replica_id, 0):
+                        writer.gap(Gap(replica_id, receiver.vclock.get(replica_id, 0), lsn + 1))
+                        receiver.vclock[replica_id] = lsn
+                _status(status_file, state)
+            except LiveError as e:
+                receiver.drop_open()
+                state.connected, state.error = False, str(e)
+                say(f"disconnected: {e}; reconnecting in {backoff:g} s")
+                _status(status_file, state)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, RECONNECT_MAX)
+            finally:
+                if sub is not None:
+                    sub.close()
+                sub = None
+        writer.seal_and_store()
+        state.connected = False
+        _status(status_file, state)
+    return state
+
+
+def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop: threading.Event,
+             segment_seconds: float, segment_bytes: int, status_file: Path | None) -> None:
+    """One connection's rows until it drops (LiveError) or `stop`."""
+    acked = 0.0
+    while not stop.is_set():
+        deadline = writer.opened + segment_seconds if writer.opened is not None else None
+        wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
+        if writer.pending:
+            wait = min(wait, FLUSH_EVERY)
+        packets = sub.packets(wait)
+        batch: list[Transaction] = []
+        for packet in packets:
+            for event in receiver.receive(packet):
+                if isinstance(event, Transaction):
+                    batch.append(event)
+                elif isinstance(event, Gap):
+                    writer.append(batch)
+                    batch = []
+                    writer.seal_and_store()
+                    writer.gap(event)
+        writer.append(batch)
+        now = time.monotonic()
+        writer.flush_if_due(now)
+        if packets and now - acked >= ACK_EVERY:
+            sub.ack()
+            acked = now
+        if writer.opened is not None and (now - writer.opened >= segment_seconds
+                                          or writer.spool.size + writer.pending_bytes >= segment_bytes):
+            writer.seal_and_store()
+            _status(status_file, writer.state)
+
+
+class _SegmentStore:
+    """The spool's segments sealed, verified, stored and recorded, one at a time."""
+
+    def __init__(self, repo: Repository, instance: str, spool: Spool, lease, state: StreamState, say):
+        self.repo, self.instance, self.spool, self.lease, self.state, self.say = repo, instance, spool, lease, state, say
+        self.opened: float | None = None  # when the open segment got its first transaction (monotonic)
+        self.pending: list[Transaction] = []  # received, not yet in the spool
+        self.pending_bytes = 0
+        self.flushed = 0.0
+
+    def append(self, batch: list[Transaction]) -> None:
+        if not batch:
+            return
+        self.pending += batch
+        self.pending_bytes += sum(tx.size for tx in batch)
+        if self.opened is None:
+            self.opened = time.monotonic()
+
+    def flush_if_due(self, now: float) -> None:
+        """A block per FLUSH_EVERY (one fsync each), not per packet: at thousands of transactions a second the
+        fsyncs would be the streamer's whole cost. Rows still pending when it dies are sent again."""
+        if self.pending and (now - self.flushed >= FLUSH_EVERY or self.pending_bytes >= FLUSH_BYTES):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        after = dict(self.state.vclock)
+        for tx in self.pending:
+            after[tx.replica_id] = tx.last_lsn
+        self.spool.append(self.pending, after)
+        self.state.vclock = after
+        self.pending, self.pending_bytes, self.flushed = [], 0, time.monotonic()
+
+    def gap(self, gap: Gap) -> None:
+        said = gap.describe()
+        self.state.gaps.append(said)
+        self.say(f"GAP: {said}")
+        self.state.vclock[gap.replica_id] = gap.next - 1
+
+    def store_left_over(self) -> None:
+        """What a stopped or killed streamer left in the spool: sealed first, then stored."""
+        self.spool.recover()
+        for path in self.spool.sealed():
+            self._store(path)
+
+    def seal_and_store(self) -> None:
+        self.flush()
+        path = self.spool.seal()
+        self.opened = None
+        if path is not None:
+            self._store(path)
+
+    def _store(self, path: Path) -> None:
+        from ..tarantool.check import file_verdict
+        from ..tarantool.times import file_range
+        from ..tarantool.xlog import scan_file
+
+        verdict = file_verdict(scan_file(path))
+        start, end = verdict.vclock, verdict.end_vclock()
+        if verdict.status != "ok" or start is None or end is None:
+            problems = "; ".join(f.message for f in verdict.findings) or verdict.status
+            raise StreamBroken(f"segment {path} does not verify: {problems}")
+        name = path.name
+        object_name = f"{self.repo.source_dir(FAMILY, self.instance)}/{STREAM_DIR}/{name}.zst"
+        stored = self.repo.put_object(object_name, path)
+        entry = FileEntry(name=f"{STREAM_DIR}/{name}", kind=SEGMENT_KIND, size=stored.size, sha256=stored.sha256,
+                          stored=object_name, stored_size=stored.stored_size, stored_sha256=stored.stored_sha256,
+                          reference=None, mutable=False, range=file_range(verdict, path),
+                          verification={"status": "ok", "findings": [], "checked_by": "scan"})
+        self.lease.confirm()
+        origin = {"host": socket.gethostname(), "connect": self.state.connect,
+                  "last_commit": self.spool.last_time}
+        if problem := commit_record(self.repo, object_name + RECORD_SUFFIX, entry, origin):
+            raise StreamBroken(problem)
+        path.unlink()
+        self.state.segments += 1
+        self.state.stored = {"name": entry.name, "end": {str(k): v for k, v in end.items()},
+                             "last_commit": self.spool.last_time, "stored": utc_now()}
+
+
+def _status(path: Path | None, state: StreamState) -> None:
+    if path is not None:
+        write_atomic(path, [(json.dumps(state.to_json(), indent=1) + "\n").encode()])
+
+
+def _show(vclock: Vclock) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(vclock.items())) + "}"
