@@ -1,13 +1,14 @@
 """Measure the RPO of `walvault stream`: a writing Tarantool killed, its data dir deleted, `restore --to end`.
 
-    .venv/bin/python bench/rpo.py [--rates 1000,10000] [--statements 1,5] [--trials 20] [--segment-seconds 1] [--dir DIR] [--json FILE] [--keep]
+    .venv/bin/python bench/rpo.py [--rates 1000,10000] [--statements 1,5] [--trials 20] [--segment-seconds 1] [--host-dies] [--dir DIR] [--json FILE] [--keep]
 
 For each rate (transactions per second) and transaction size (statements per transaction), `--trials` times:
 a fresh instance (bench/lua/rpo_writer.lua) commits at that rate; its base backup is taken through
 box.backup.start(); `walvault stream` is attached; at a random moment 2 to 6 s later the instance gets SIGKILL.
 What it had committed is read from its own xlogs (the newest transaction's commit time: the instance
 acknowledges a commit once its WAL holds it); its data dir is then deleted; the streamer, after another
-segment interval, gets SIGTERM; `walvault restore latest --to end` rebuilds it. RPO = the commit time of the
+segment interval, gets SIGTERM (with --host-dies it is killed with the instance and its spool deleted: one
+host lost); `walvault restore latest --to end` rebuilds it. RPO = the commit time of the
 newest transaction the instance acknowledged minus that of the newest one restored (0: nothing lost).
 
 Per rate it also gives the streamer's CPU (user + system over the trial, as a share of one core) and peak RSS,
@@ -112,7 +113,8 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: random.Random) -> dict:
+def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: random.Random,
+          host_dies: bool) -> dict:
     instance, port = start_instance(root, rate, statements)
     repo = root / "repo"
     try:
@@ -125,17 +127,23 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         time.sleep(1.0)  # connected and caught up
         cpu0, t0 = cpu_seconds(streamer.pid), time.monotonic()
         time.sleep(rng.uniform(2.0, 6.0))
-        instance.send_signal(signal.SIGKILL)
-        instance.wait()
         cpu = (cpu_seconds(streamer.pid) - cpu0) / (time.monotonic() - t0)
         rss = peak_rss_mb(streamer.pid)
+        if host_dies:  # the streamer dies with the instance, its spool with it: what the repository holds counts
+            streamer.send_signal(signal.SIGKILL)
+        instance.send_signal(signal.SIGKILL)
+        instance.wait()
         acknowledged = newest_commit(root / "instance")
         shutil.rmtree(root / "instance")
-        time.sleep(segment_seconds + 0.5)
-        streamer.send_signal(signal.SIGTERM)
-        _out, err = streamer.communicate(timeout=120)
-        if streamer.returncode != 0:
-            raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
+        if host_dies:
+            streamer.wait()
+            shutil.rmtree(root / "spool", ignore_errors=True)
+        else:
+            time.sleep(segment_seconds + 0.5)
+            streamer.send_signal(signal.SIGTERM)
+            _out, err = streamer.communicate(timeout=120)
+            if streamer.returncode != 0:
+                raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
         restored = json.loads(run(["restore", "latest", str(root / "restored"), "--repo", str(repo), "--to", "end",
                                    "--json"]).stdout)
         last = restored["point"]["last_time"]
@@ -180,6 +188,8 @@ def main() -> int:
     ap.add_argument("--statements", default="1,5", help="statements per transaction, comma-separated")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--segment-seconds", type=float, default=1.0)
+    ap.add_argument("--host-dies", action="store_true", help="kill the streamer with the instance and delete its "
+                    "spool (one host lost): the RPO is then what the repository held")
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "rpo.json")
     ap.add_argument("--keep", action="store_true", help="keep the last trial's files")
@@ -193,7 +203,7 @@ def main() -> int:
             for n in range(args.trials):
                 root = base / f"r{rate}-s{statements}-{n}"
                 root.mkdir(parents=True, exist_ok=True)
-                trials.append(trial(root, rate, statements, args.segment_seconds, rng))
+                trials.append(trial(root, rate, statements, args.segment_seconds, rng, args.host_dies))
                 if not args.keep:
                     shutil.rmtree(root)
             rpos = [t["rpo_s"] for t in trials]
@@ -221,7 +231,8 @@ def main() -> int:
     if not args.keep and args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"segment_seconds": args.segment_seconds, "results": results}, indent=1) + "\n")
+    args.json.write_text(json.dumps({"segment_seconds": args.segment_seconds, "host_dies": args.host_dies,
+                                     "results": results}, indent=1) + "\n")
     print(f"wrote {args.json}")
     return 0
 
