@@ -47,6 +47,8 @@ OPERATOR_ENV = {
     "WALVAULT_REPOSITORY_DIR": "/srv/test-walvault/repository",
     "WALVAULT_TARANTOOL_MAIN": "tarantool://walvault:tt-test-secret@tarantool.test.internal:3301",
     "WALVAULT_ADMIN_PASSWORD": "admin-test-secret-1312",
+    "WALVAULT_STREAM_MAIN": "walvault@tarantool.test.internal:3301",  # optional: the `stream` profile's
+    "WALVAULT_STREAM_PASSWORD": "stream-test-secret-9090",
 }
 REQUIRED = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?", COMPOSE.read_text())))
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|_KEY)$")  # POSTGRES_PASSWORD, ..._JWT_SECRET, ..._FERNET_KEY
@@ -560,3 +562,20 @@ def test_the_image_is_built_from_the_airflow_the_lock_pins_and_copies_what_pypro
                 needed.add(PurePosixPath(where) / pkg.name if where != "." else PurePosixPath(pkg.name))
     missing = [str(p) for p in sorted(needed) if not any(p == c or p.is_relative_to(c) for c in copied)]
     assert not missing, f"the image would lack {missing}, which pip install needs"
+
+
+def test_the_stream_service_follows_the_instance_with_its_password_from_the_environment(rendered):
+    """`walvault stream` as a service of its own profile: the connect URI names no password (argv is readable by
+    every process of the host), the password comes from the operator's environment, the spool is a volume (a
+    restarted container goes on from its open segment), and a stop is SIGTERM with time to store it."""
+    (name,) = [n for n, s in rendered["services"].items() if _command(s)[:2] == ["walvault", "stream"]]
+    service = rendered["services"][name]
+    command = _command(service)
+    assert service["profiles"] == ["stream"]
+    assert command[command.index("--connect") + 1] == OPERATOR_ENV["WALVAULT_STREAM_MAIN"]
+    assert not any(OPERATOR_ENV["WALVAULT_STREAM_PASSWORD"] in word for word in command)
+    assert env_of(rendered, name)["WALVAULT_PASSWORD"] == OPERATOR_ENV["WALVAULT_STREAM_PASSWORD"]
+    spool = command[command.index("--spool") + 1]
+    volumes = {str(v).split(":")[1]: str(v).split(":")[0] for v in service["volumes"]}  # target -> source
+    assert volumes[spool] in rendered["volumes"], service["volumes"]
+    assert service["stop_signal"] == "SIGTERM" and service["restart"] == "unless-stopped"
