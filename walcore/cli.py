@@ -193,8 +193,8 @@ COMMANDS = (
             description="Subscribe to a running Tarantool as an anonymous replica from the newest position the "
             "repository holds of it, and store what it commits as verified segments every --segment-seconds: an "
             "RPO of seconds. Stops on SIGTERM or SIGINT, sealing and storing the open segment. Exit 0 when "
-            "stopped, 1 when rows never came (a gap: the instance no longer had them), 2 when the instance "
-            "cannot be reached at start."),
+            "stopped, 1 when rows never came (a gap: the instance no longer had them) or another streamer of the "
+            "instance runs, 2 when the instance cannot be reached at start."),
     Command("restore", rq.RestoreRequest, "restore a backup into an empty directory (optionally to a point in time)",
             (Arg("backup", metavar="BACKUP", help="a backup id, or latest"),
              Arg("target", type=Path, metavar="TARGET", help="an empty or missing directory"), *REPO,

@@ -90,7 +90,12 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
         raise
     state.instance = instance
     spool = Spool(spool_dir, instance)
-    with repo.stream_lease(FAMILY, instance) as lease:
+    try:
+        lease = repo.stream_lease(FAMILY, instance)
+    except BaseException:
+        first.close()
+        raise
+    with lease:
         writer = _SegmentStore(repo, instance, spool, lease, state, say)
         writer.store_left_over()
         receiver = Receiver(held_position(repo, instance))
