@@ -27,9 +27,13 @@ box.once('stream_server', function()
 end)
 
 committed = 0
+paused = false  -- set by the test: the writer stops between transactions
 fiber.create(function()
     local i = 0
     while true do
+        while paused do
+            fiber.sleep(0.01)
+        end
         i = i + 1
         if i % 3 == 0 then
             box.begin()
