@@ -131,6 +131,40 @@ def test_a_spool_is_used_by_one_streamer_at_a_time(tmp_path):
         pass
 
 
+def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_path):
+    """A spool left over by a streamer killed earlier, while another streamer stored the same rows under the same
+    name: storing it must not replace what is committed (the stream stops and says why); the same bytes again (a
+    streamer killed after the commit, before it removed its file) are taken as stored."""
+    from walcore.command import stream as stream_command
+    from walcore.repository import Repository
+    from walcore.tarantool.segments import Spool
+    from walcore.tarantool.writer import REPLACE, dml_header, encode_row
+
+    instance = "1f7ab73f-901e-431e-a517-04be6ff6a291"
+    repo = Repository(str(new_repository(tmp_path / "repo")), {})
+
+    class Lease:
+        def confirm(self):
+            pass
+
+    def store(name: str, tag: str, rows: int) -> None:
+        with Spool(tmp_path / name, instance) as spool:
+            spool.append([Transaction(1, lsn, lsn, 1.7e9, [encode_row(dml_header(REPLACE, lsn, 1), {0x21: [lsn, tag]})])
+                          for lsn in range(11, 11 + rows)], {1: 10 + rows})
+            path = spool.seal()
+            stream_command._SegmentStore(repo, instance, spool, Lease(), stream_command.StreamState("x"),
+                                         print)._store(path)
+
+    store("first", "a", 5)
+    (stored,) = (tmp_path / "repo").glob("tarantool/*/stream/*.xlog.zst")
+    committed = stored.read_bytes()
+    with pytest.raises(StreamBroken, match="is stored already with other bytes"):
+        store("second", "b", 3)
+    assert stored.read_bytes() == committed
+    store("first", "a", 5)  # the same bytes: stored already, its spool file removed
+    assert not list((tmp_path / "first").rglob("*.xlog")) and stored.read_bytes() == committed
+
+
 # -- against a real instance
 
 
@@ -361,6 +395,11 @@ def test_a_backup_after_many_local_rows_does_not_take_the_stream_back(instance, 
     spans = _segments(repo)
     assert all(a[1].get(1) == b[0].get(1) for a, b in zip(spans, spans[1:])), \
         f"rows stored twice: {[(a[0].get(1), a[1].get(1)) for a in spans]}"
+    # the segments after the restart start at the backup's component 0: restore --to end follows them all the same
+    restored = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
+    assert restored.returncode == 0, restored.stderr
+    result = json.loads(restored.stdout)
+    assert result["point"]["vclock"]["1"] == spans[-1][1][1] and not result["notes"], result
 
 
 @require_tarantool
