@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +97,72 @@ def test_the_receiver_gives_whole_transactions_and_says_gaps():
     r.receive(row(21, tsn=21))
     with pytest.raises(StreamBroken, match="was cut by row"):
         r.receive(row(23))
+
+
+def test_a_connection_silent_past_the_limit_is_taken_for_lost(monkeypatch, tmp_path):
+    """A connection dropped on the way (a NAT, a firewall) is never closed: without a packet, not even the
+    master's heartbeat, for SILENCE_LIMIT seconds the streamer reconnects rather than wait forever."""
+    from walcore.command import stream as stream_command
+    from walcore.tarantool.live import LiveError
+    from walcore.tarantool.segments import Spool
+
+    class Silent:
+        display = "repl@127.0.0.1:3301"
+
+        def packets(self, wait):
+            time.sleep(min(wait, 0.01))
+            return []
+
+    monkeypatch.setattr(stream_command, "SILENCE_LIMIT", 0.2)
+    with Spool(tmp_path, "instance") as spool:
+        writer = stream_command._SegmentStore(None, "instance", spool, None, stream_command.StreamState("x"), print)
+        with pytest.raises(LiveError, match="nothing came in 0.2 s, not even a heartbeat"):
+            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None)
+
+
+def test_a_spool_is_used_by_one_streamer_at_a_time(tmp_path):
+    """Two streamers of one instance (into two repositories) given one spool would write one open segment."""
+    from walcore.tarantool.segments import Spool, SpoolBusy
+
+    with Spool(tmp_path, "instance"):
+        with pytest.raises(SpoolBusy, match="give each stream its own --spool"):
+            Spool(tmp_path, "instance")
+    with Spool(tmp_path, "instance"):  # unlocked when the first one was left
+        pass
+
+
+def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_path):
+    """A spool left over by a streamer killed earlier, while another streamer stored the same rows under the same
+    name: storing it must not replace what is committed (the stream stops and says why); the same bytes again (a
+    streamer killed after the commit, before it removed its file) are taken as stored."""
+    from walcore.command import stream as stream_command
+    from walcore.repository import Repository
+    from walcore.tarantool.segments import Spool
+    from walcore.tarantool.writer import REPLACE, dml_header, encode_row
+
+    instance = "1f7ab73f-901e-431e-a517-04be6ff6a291"
+    repo = Repository(str(new_repository(tmp_path / "repo")), {})
+
+    class Lease:
+        def confirm(self):
+            pass
+
+    def store(name: str, tag: str, rows: int) -> None:
+        with Spool(tmp_path / name, instance) as spool:
+            spool.append([Transaction(1, lsn, lsn, 1.7e9, [encode_row(dml_header(REPLACE, lsn, 1), {0x21: [lsn, tag]})])
+                          for lsn in range(11, 11 + rows)], {1: 10 + rows})
+            path = spool.seal()
+            stream_command._SegmentStore(repo, instance, spool, Lease(), stream_command.StreamState("x"),
+                                         print)._store(path)
+
+    store("first", "a", 5)
+    (stored,) = (tmp_path / "repo").glob("tarantool/*/stream/*.xlog.zst")
+    committed = stored.read_bytes()
+    with pytest.raises(StreamBroken, match="is stored already with other bytes"):
+        store("second", "b", 3)
+    assert stored.read_bytes() == committed
+    store("first", "a", 5)  # the same bytes: stored already, its spool file removed
+    assert not list((tmp_path / "first").rglob("*.xlog")) and stored.read_bytes() == committed
 
 
 # -- against a real instance
@@ -212,7 +279,12 @@ def test_a_killed_instance_restores_to_its_last_commit_from_the_stream(instance,
         assert time.monotonic() < deadline, (written, streamer.status())
         time.sleep(0.05)
     instance.kill()
-    time.sleep(1.5)  # a segment boundary after the last rows came
+    # the instance is gone: what it committed is stored while the streamer tries to reconnect, not once stopped
+    committed = tr.dump_data_dir(instance.work_dir)["vclock"][1]
+    deadline = time.monotonic() + 20
+    while not (_segments(repo) and _segments(repo)[-1][1][1] == committed):
+        assert time.monotonic() < deadline, f"stored to {_segments(repo)[-1][1]}, the instance committed {committed}"
+        time.sleep(0.2)
     code, out, err = streamer.stop()
     assert code == 0 and "0 gaps" in out, out + err
     spans = _segments(repo)
@@ -304,3 +376,56 @@ def test_segments_are_verified_and_expire_once_a_snapshot_covers_them(instance, 
     assert damaged.returncode == 1
     (archive,) = json.loads(damaged.stdout)["archive"]
     assert archive["status"] == "damaged" and any(f["code"] == "object_damaged" for f in archive["findings"])
+
+
+@require_tarantool
+def test_a_backup_after_many_local_rows_does_not_take_the_stream_back(instance, tmp_path):
+    """A segment's component 0 is where its stream started (local rows are never streamed): a backup taken after
+    many local rows has the larger vclock sum though the stream reaches further. Started again, the stream goes on
+    from its own end, component by component: no row stored twice."""
+    repo = new_repository(tmp_path / "repo")
+    streamer = Streamer(instance, repo, tmp_path)
+    streamer.start()
+    streamer.wait_stored(1)
+    instance.eval("box.session.su('admin', function() for i = 1, 30000 do box.space.loc:replace{i} end end)")
+    env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+    backup = subprocess.run([*walvault_command(), "backup", str(instance.work_dir), "--connect",
+                             f"bk@127.0.0.1:{instance.port}", "--repo", str(repo)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert backup.returncode == 0, backup.stderr
+    streamer.wait_stored(streamer.status()["segments"] + 2)  # the stream goes past the backup
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+    streamer.start()
+    streamer.wait_stored(2)
+    code, out, err = streamer.stop()
+    assert code == 0, out + err
+    spans = _segments(repo)
+    assert all(a[1].get(1) == b[0].get(1) for a, b in zip(spans, spans[1:])), \
+        f"rows stored twice: {[(a[0].get(1), a[1].get(1)) for a in spans]}"
+    # the segments after the restart start at the backup's component 0: restore --to end follows them all the same
+    restored = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
+    assert restored.returncode == 0, restored.stderr
+    result = json.loads(restored.stdout)
+    assert result["point"]["vclock"]["1"] == spans[-1][1][1] and not result["notes"], result
+
+
+@require_tarantool
+def test_an_instance_restored_to_an_earlier_point_is_not_streamed_on(instance, tmp_path):
+    """The instance at the URI restored to an earlier point (its files replaced: the same instance UUID) writes
+    another history from there: a stream that went on would continue its segments with rows of that other
+    history, and a restore to the end would hold both. The stream stops and says why (exit 1)."""
+    repo = new_repository(tmp_path / "repo")
+    instance.kill()
+    earlier = tmp_path / "earlier"
+    shutil.copytree(instance.work_dir, earlier)
+    instance.start()
+    streamer = Streamer(instance, repo, tmp_path)
+    streamer.start()
+    streamer.wait_stored(5)
+    instance.kill()
+    shutil.rmtree(instance.work_dir)
+    shutil.copytree(earlier, instance.work_dir)
+    instance.start()
+    out, err = streamer.proc.communicate(timeout=60)
+    assert streamer.proc.returncode == 1 and "behind what the stream holds" in err, out + err

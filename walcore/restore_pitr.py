@@ -90,6 +90,7 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     shutil.rmtree(log_dir)
     info = {"point": point.describe(), "base": base.id, "xlogs": result.files, "cut": result.cut_file,
             "segments": len(segments),
+            "unreached": segments_say if to_end else None,  # why the end is short of the newest stored segment
             "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
     return reused, info, entries
 
@@ -234,13 +235,17 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
     short of the newest one, why."""
     from .repository.archive import stored_segments
 
+    def replicated(vclock: dict[int, int]) -> dict[int, int]:
+        """Without component 0: a segment holds no local row, its component 0 is where its stream started."""
+        return {k: v for k, v in _nonzero(vclock).items() if k}
+
     def span(e: FileEntry) -> tuple[dict[int, int], dict[int, int]]:
         first, last = e.range["vclock"]
-        return _nonzero(vclock_from_json(first)), _nonzero(vclock_from_json(last))
+        return replicated(vclock_from_json(first)), replicated(vclock_from_json(last))
 
     segments = stored_segments(repo, newest.family, newest.instance)
     path: list[FileEntry] = []
-    at = log_end
+    at = replicated(log_end)
     while True:
         steps = [e for e in segments if e not in path and vclock_leq(span(e)[0], at)
                  and not vclock_leq(span(e)[1], at)]

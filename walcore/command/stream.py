@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fsutil import write_atomic
+from ..fsutil import file_sha256, write_atomic
 from ..repository import Repository, utc_now
-from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, stored_segments
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, stored_segments
 from ..repository.manifest import FileEntry
 from ..tarantool.family import Tarantool
 from ..tarantool.live import LiveError, redact_uri
-from ..tarantool.meta import Vclock, vclock_from_json, vclock_sum
+from ..tarantool.meta import Vclock, vclock_from_json
 from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool
 from ..tarantool.subscription import Subscription, XlogGap
@@ -41,6 +41,9 @@ SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
 FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
+# Seconds without a packet before the connection is taken for dead: the master sends a heartbeat every
+# replication_timeout (1 s by default), but a connection dropped on the way (a NAT, a firewall) is never closed.
+SILENCE_LIMIT = 30.0
 
 
 @dataclass
@@ -63,8 +66,10 @@ class StreamState:
 
 
 def held_position(repo: Repository, instance: str) -> Vclock:
-    """The newest position the repository holds of the instance: the furthest end of a stored segment, an
-    archived file or a backup (by vclock sum; one history's are ordered)."""
+    """The newest position the repository holds of the instance: the ends of its stored segments, archived files
+    and backups, component by component. Not the end with the largest sum: a segment's component 0 is where its
+    stream started (local rows are never streamed), so a backup after many local rows outweighs a segment that
+    reaches further, and the stream would take the rows between them again."""
     from ..repository.archive import load_archived
 
     ends = [vclock_from_json(e.range["vclock"][1]) for e in stored_segments(repo, FAMILY, instance) + [
@@ -72,14 +77,18 @@ def held_position(repo: Repository, instance: str) -> Vclock:
         if isinstance(e.range.get("vclock"), list)]
     ends += [vclock_from_json(r.manifest.position.get("vclock")) for r in repo.source_backups(FAMILY, instance)
              if r.manifest is not None and r.manifest.position.get("vclock")]
-    return max(ends, key=vclock_sum, default={})
+    held: Vclock = {}
+    for end in ends:
+        for replica_id, lsn in end.items():
+            held[replica_id] = max(held.get(replica_id, 0), lsn)
+    return held
 
 
 def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: float = 1.0,
            segment_bytes: int = 16 << 20, status_file: Path | None = None, stop: threading.Event | None = None,
            say=print) -> StreamState:
     """Stream until `stop` is set; returns the final state (its `gaps`: what never came). LiveError when the first
-    connection fails (nothing was streamed: the caller says it and exits 2)."""
+    connection or subscription fails (nothing was streamed: the caller says it and exits 2)."""
     stop = stop or threading.Event()
     state = StreamState(redact_uri(connect))
     first = Subscription(connect, None)
@@ -89,18 +98,12 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
         first.close()
         raise
     state.instance = instance
-    spool = Spool(spool_dir, instance)
-    try:
-        lease = repo.stream_lease(FAMILY, instance)
-    except BaseException:
-        first.close()
-        raise
-    with lease:
+    with Spool(spool_dir, instance) as spool, repo.stream_lease(FAMILY, instance) as lease:
         writer = _SegmentStore(repo, instance, spool, lease, state, say)
         writer.store_left_over()
         receiver = Receiver(held_position(repo, instance))
         state.vclock = dict(receiver.vclock)
-        backoff, sub = RECONNECT_FIRST, first
+        backoff, sub, subscribed_once = RECONNECT_FIRST, first, False
         while not stop.is_set():
             try:
                 if sub is None:
@@ -109,7 +112,13 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                         raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
                                            f"{instance}: its history is another one")
                 subscribed = sub.subscribe(receiver.vclock)
-                state.connected, state.error, backoff = True, None, RECONNECT_FIRST
+                if behind := {r: lsn for r, lsn in receiver.vclock.items()
+                              if r and lsn > subscribed.master_vclock.get(r, 0)}:
+                    raise StreamBroken(f"{state.connect} is at vclock {_show(subscribed.master_vclock)}, behind what "
+                                       f"the stream holds of it ({_show(behind)}): the instance was restored to an "
+                                       "earlier point or its files replaced, and what it writes now is another "
+                                       "history, which its segments must not continue")
+                state.connected, state.error, backoff, subscribed_once = True, None, RECONNECT_FIRST, True
                 say(f"streaming {instance} from {state.connect} (master id {subscribed.master_id}) from vclock "
                     f"{_show(receiver.vclock)}")
                 _status(status_file, state)
@@ -123,7 +132,10 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                         receiver.vclock[replica_id] = lsn
                 _status(status_file, state)
             except LiveError as e:
+                if not subscribed_once:  # refused at start (a user without the replication role): said, exit 2
+                    raise
                 receiver.drop_open()
+                writer.seal_and_store()  # the instance may be gone: what it committed is stored now, not when back
                 state.connected, state.error = False, str(e)
                 say(f"disconnected: {e}; reconnecting in {backoff:g} s")
                 _status(status_file, state)
@@ -143,12 +155,18 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
              segment_seconds: float, segment_bytes: int, status_file: Path | None) -> None:
     """One connection's rows until it drops (LiveError) or `stop`."""
     acked = 0.0
+    heard = time.monotonic()
     while not stop.is_set():
         deadline = writer.opened + segment_seconds if writer.opened is not None else None
         wait = 0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic()))
         if writer.pending:
             wait = min(wait, FLUSH_EVERY)
         packets = sub.packets(wait)
+        if packets:
+            heard = time.monotonic()
+        elif time.monotonic() - heard > SILENCE_LIMIT:
+            raise LiveError(f"{sub.display}: nothing came in {SILENCE_LIMIT:g} s, not even a heartbeat: the "
+                            "connection is taken for lost")
         batch: list[Transaction] = []
         for packet in packets:
             for event in receiver.receive(packet):
@@ -236,6 +254,15 @@ class _SegmentStore:
             raise StreamBroken(f"segment {path} does not verify: {problems}")
         name = path.name
         object_name = f"{self.repo.source_dir(FAMILY, self.instance)}/{STREAM_DIR}/{name}.zst"
+        if (found := load_record(self.repo, object_name + RECORD_SUFFIX)) is not None:
+            # a name is committed once: its bytes are never replaced (another streamer's spool, left over here
+            # while that one stored the same rows, would destroy what it stored)
+            if found.sha256 != file_sha256(path):
+                raise StreamBroken(f"{object_name} is stored already with other bytes: {path}, left in the spool "
+                                   "by a streamer stopped earlier, overlaps what another one stored; move it away "
+                                   "if its rows are not needed")
+            path.unlink()  # stored and committed by a streamer killed before it removed it
+            return
         stored = self.repo.put_object(object_name, path)
         entry = FileEntry(name=f"{STREAM_DIR}/{name}", kind=SEGMENT_KIND, size=stored.size, sha256=stored.sha256,
                           stored=object_name, stored_size=stored.stored_size, stored_sha256=stored.stored_sha256,

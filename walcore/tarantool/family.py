@@ -231,7 +231,9 @@ class Tarantool:
         from ..restore_pitr import tarantool_point
 
         reused, point_info, entries = tarantool_point(repo, manifest, to, staging, progress)
-        return reused, point_info, entries, _components_taken_as_zero(to, manifest, point_info)
+        short = [f"the end restored is not the newest the stream stored: {point_info['unreached']}"] \
+            if point_info.get("unreached") else []
+        return reused, point_info, entries, _components_taken_as_zero(to, manifest, point_info) + short
 
     def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
         """A real `tarantool` (where installed) starts on the restore and reaches the recorded vclock."""

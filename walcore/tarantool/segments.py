@@ -9,6 +9,7 @@ fsynced, so that a streamer killed and started again seals what it had received 
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +25,25 @@ from .writer import TarantoolWriter, file_name
 OPEN_NAME = "open.xlog"
 
 
+class SpoolBusy(OSError):
+    """Another streamer of the instance works in the spool directory."""
+
+
 class Spool:
-    """The open segment of one master's stream, in a directory of its own."""
+    """The open segment of one master's stream, in a directory of its own, locked (flock) while it is used: two
+    streamers of one instance (into two repositories) with one spool would write one file and take each other's
+    segments. Leaving its context unlocks it."""
 
     def __init__(self, directory: Path, instance: str):
         self.dir = Path(directory) / instance
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(self.dir, os.O_RDONLY)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise SpoolBusy(f"{self.dir} is the spool of another walvault stream of instance {instance}: give "
+                            "each stream its own --spool") from None
         self.instance = instance
         self._writer: TarantoolWriter | None = None
         self.start: Vclock | None = None
@@ -72,6 +86,12 @@ class Spool:
         self._writer = None
         self.prev = self.start
         return sealed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self._lock)
 
     def abandon(self) -> None:
         if self._writer is not None:
