@@ -93,11 +93,6 @@ class Spool:
     def __exit__(self, *exc):
         os.close(self._lock)
 
-    def abandon(self) -> None:
-        if self._writer is not None:
-            self._writer.abort()
-            self._writer = None
-
     def sealed(self) -> list[Path]:
         """Segments sealed and not yet stored (a streamer stopped between the two), oldest first."""
         return sorted(p for p in self.dir.glob("*.xlog") if p.name != OPEN_NAME)
