@@ -84,6 +84,9 @@ def test_the_receiver_gives_whole_transactions_and_says_gaps():
 
     r = Receiver({1: 10})
     assert r.receive(_packets(_row({0: 0, 2: 1, 4: 5.0}), [])[0]) == [Heartbeat(5.0)]
+    assert r.receive(_packets(_row({0: 30, 2: 1}, {0: 2, 1: 3}), [])[0]) == []  # RAFT: an election's state
+    with pytest.raises(StreamBroken, match="without an LSN"):
+        r.receive(_packets(_row({0: 2, 2: 1}, {0x10: 512}), [])[0])
     (single,) = r.receive(row(11))
     assert isinstance(single, Transaction) and (single.first_lsn, single.last_lsn) == (11, 11)
     assert r.receive(row(12, tsn=12)) == [] and r.receive(row(13, tsn=12)) == [] and r.in_transaction

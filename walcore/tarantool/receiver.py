@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .iproto import COMMIT_FLAG, FLAGS, LSN, REPLICA_ID, TIMESTAMP, TSN, TYPE, Packet
+from .iproto import COMMIT_FLAG, FLAGS, LSN, RAFT, REPLICA_ID, TIMESTAMP, TSN, TYPE, Packet
 
 
 class StreamBroken(ValueError):
@@ -63,6 +63,8 @@ class Receiver:
         if LSN not in header:
             if header.get(TYPE) == 0:
                 return [Heartbeat(header.get(TIMESTAMP))]
+            if header.get(TYPE) == RAFT:
+                return []  # not a row of the log: nothing to store, nothing to check
             raise StreamBroken(f"a row of type {header.get(TYPE)} without an LSN")
         replica_id, lsn = header.get(REPLICA_ID, 0), header[LSN]
         if not isinstance(replica_id, int) or not isinstance(lsn, int):
