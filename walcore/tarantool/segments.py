@@ -47,15 +47,9 @@ class Spool:
         self.instance = instance
         self._writer: TarantoolWriter | None = None
         self.start: Vclock | None = None
-        self.end: Vclock | None = None
         self.prev: Vclock | None = None  # the start of the segment sealed before this one
         self.size = 0
-        self.rows = 0
         self.last_time: float | None = None  # the commit time of its last transaction
-
-    @property
-    def empty(self) -> bool:
-        return self._writer is None
 
     def append(self, transactions: list[Transaction], vclock: Vclock) -> None:
         """Write whole transactions as one block, made durable; `vclock`: the stream's after them."""
@@ -65,14 +59,11 @@ class Spool:
             self.start = _before(vclock, transactions)
             self._writer = TarantoolWriter(self.dir / OPEN_NAME, "XLOG", instance=self.instance, vclock=self.start,
                                            prev_vclock=self.prev)
-            self.size, self.rows = self._writer.f.tell(), 0
         payload = b"".join(row for tx in transactions for row in tx.rows)
         self._writer.write_rows(payload)
         self._writer.f.flush()
         os.fsync(self._writer.f.fileno())
         self.size = self._writer.f.tell()
-        self.rows += sum(len(tx.rows) for tx in transactions)
-        self.end = dict(vclock)
         self.last_time = transactions[-1].timestamp
 
     def seal(self) -> Path | None:
@@ -148,12 +139,6 @@ def split_rows(payload: bytes) -> Iterator[tuple[dict, bytes]]:
     ends = [r.offset for r in rows[1:]] + [len(payload)]
     for row, end in zip(rows, ends):
         yield row.header, bytes(payload[row.offset:end])
-
-
-def segment_rows(path: Path) -> Iterator[tuple[dict, bytes]]:
-    """Every row of a segment (or any xlog): header decoded, and the row's bytes; ValueError at damage."""
-    for payload in _payloads(path):
-        yield from split_rows(payload)
 
 
 def build_tail(segments: list[Path], after: Vclock, out: Path, *, instance: str, prev: Vclock | None) -> Vclock:
