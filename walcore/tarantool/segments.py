@@ -75,7 +75,7 @@ class Spool:
         os.replace(path, sealed)
         fsync_dir(self.dir)
         self._writer = None
-        self.prev = self.start
+        self.prev, self.size = self.start, 0
         return sealed
 
     def __enter__(self):
