@@ -243,24 +243,26 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
         first, last = e.range["vclock"]
         return replicated(vclock_from_json(first)), replicated(vclock_from_json(last))
 
-    segments = stored_segments(repo, newest.family, newest.instance)
-    path: list[FileEntry] = []
+    spans = [(e, *span(e)) for e in stored_segments(repo, newest.family, newest.instance)]
+    by_start: dict[tuple, list[FileEntry]] = {}  # each link is a lookup: a month of 1-second segments is 2.6 M
+    for e, first, _last in spans:
+        by_start.setdefault(_key(first), []).append(e)
+    ends = {id(e): last for e, _first, last in spans}
     at = replicated(log_end)
-    while True:
-        steps = [e for e in segments if e not in path and vclock_leq(span(e)[0], at)
-                 and not vclock_leq(span(e)[1], at)]
-        if path:
-            steps = [e for e in steps if span(e)[0] == at]
-        if not steps:
-            break
+    # the first segment holds the log's end inside it (it began at or before it); the next ones begin where the
+    # previous ended
+    steps = [e for e, first, last in spans if vclock_leq(first, at) and not vclock_leq(last, at)]
+    path: list[FileEntry] = []
+    while steps:
         if len(steps) > 1:
             return path, (f"two streamed histories continue at {_text(at)}: {steps[0].stored} and "
                           f"{steps[1].stored}; the log is not placed past it")
         path.append(steps[0])
-        at = span(steps[0])[1]
-    later = [e for e in segments if not vclock_leq(span(e)[1], at)]
+        at = ends[id(steps[0])]
+        steps = [e for e in by_start.get(_key(at), []) if not vclock_leq(ends[id(e)], at)]
+    later = [(first, last) for _e, first, last in spans if not vclock_leq(last, at)]
     if later:
-        return path, f"the stream's segments from {_text(span(later[0])[0])} on do not continue the log at {_text(at)}"
+        return path, f"the stream's segments from {_text(later[0][0])} on do not continue the log at {_text(at)}"
     return path, None
 
 
