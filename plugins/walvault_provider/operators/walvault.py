@@ -611,7 +611,8 @@ class WalvaultFreshnessOperator(_SourceOperator):
 
         config = self.load_config()
         source = config.source(self.source)
-        alerts, lines = judge(source.name, source.path, self.status, config.freshness)
+        alerts, lines = judge(source.name, source.path, self.status, config.freshness,
+                              streamed=source.stream is not None)
         ti = context["ti"]
         # the newest run's before this one (a fresh check keeps its state too: a later alert is new)
         previous = ti.xcom_pull(task_ids=self.task_id, key=ALERT_KEY, include_prior_dates=True, map_indexes=-1)
@@ -625,9 +626,10 @@ class WalvaultFreshnessOperator(_SourceOperator):
         return {"source": source.name, "fresh": True}
 
 
-def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], list[str]]:
-    """({"backup" and/or "archive": the alert}, the lines that say why) of the configured source `name` at `path`,
-    by a status result's JSON. The source is its directory, whichever host recorded its backups (a Spark worker)
+def judge(name: str, path, status: dict, freshness, *, streamed: bool = False) -> tuple[dict[str, str], list[str]]:
+    """({"backup", "archive" and/or "stream": the alert}, the lines that say why) of the configured source `name` at
+    `path`, by a status result's JSON; `streamed`: the configuration streams it (its streamer must be live, and
+    where its directory is on this host, lag it by at most `freshness.max_stream_lag_seconds`). The source is its directory, whichever host recorded its backups (a Spark worker)
     or its archive: its newest backup of them all, and the archive that reaches furthest; of the instance the
     directory holds now where it is on this host (a re-created database's fresh history does not hide the stale
     one, nor the other way round). A directory not on this host recorded as several instances is an alert: which
@@ -680,6 +682,9 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
         alerts["archive"] = f"archive of {name} behind by more than {minutes:g} minutes: nothing of it is archived"
     else:
         lines.append("archive lag not judged: the directory is not on this host, or its log does not say its time")
+    if streamed:
+        _judge_stream(name, [s["stream"] for s in entries if s["stream"]], freshness.max_stream_lag_seconds, alerts,
+                      lines)
     # what the other DAGs alert on, for the whole picture
     lines += [f"also: the recovery window of {s['window']['days']:g} days is not covered" for s in entries
               if s["window"] and not s["window"]["covered"]]
@@ -688,6 +693,28 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
     lines += [f"also: the last verification of backup {d['backup']} found it damaged: {d['problem']}"
               for s in entries if s.get("verification") for d in s["verification"]["damaged"]]
     return alerts, lines
+
+
+def _judge_stream(name: str, streams: list[dict], limit: float, alerts: dict, lines: list[str]) -> None:
+    """A streamed source's alert: no live streamer (its lease not renewed: the newest segment's age cannot tell a
+    dead streamer from an idle source), or a live one lagging its directory by more than `limit` seconds."""
+    from walcore.command.status import duration
+
+    live = next((t for t in streams if t["alive"]), None)
+    if live is None:
+        newest = max((t["last_commit"] for t in streams if t["last_commit"]), default=None)
+        alerts["stream"] = (f"stream of {name} is down: no live walvault stream renews its lease; "
+                            + (f"its newest stored commit is of {newest}" if newest else "none of it is stored"))
+        return
+    lines.append(f"stream live (its lease renewed {live['lease_renewed']}), {live['segments']} segments stored")
+    lag = live["lag_seconds"]
+    if lag is None:
+        lines.append("stream lag not judged: the directory is not on this host, or its log does not say its time")
+        return
+    lines.append(f"stream lags the source by {duration(lag)} (alert after {limit:g} seconds)")
+    if lag > limit:
+        alerts["stream"] = (f"stream of {name} behind by more than {limit:g} seconds: {duration(lag)} behind (it "
+                            f"reaches {live['position']})")
 
 
 def alert_state(previous: dict | None, kinds: list[str], now: float, remind_every_hours: float) -> dict:
