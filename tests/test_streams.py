@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,3 +110,26 @@ def test_the_supervisor_streams_then_sigterm_stores_every_open_segment_and_exits
     alerts, _ = judge("tt", instance.work_dir, status, freshness, streamed=True)
     assert alerts["stream"].startswith("stream of tt is down: no live walvault stream renews its lease; its newest "
                                        "stored commit is of "), alerts
+
+
+def test_the_archive_log_says_whether_a_streamed_sources_streamer_is_live(tmp_path):
+    """The archive forces no seal on a Tarantool and still archives what it sealed (local spaces' rows, the copy
+    that supersedes the segments): for a streamed source its log says whether the streamer is live."""
+    from conftest import TARANTOOL_FIXTURES, copy_tree
+    from walcore.repository import Repository
+    from walcore.tarantool.family import Tarantool
+    from walvault_provider.operators.walvault import streamed_lines
+
+    tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
+    config = tmp_path / "walvault.yaml"
+    config.write_text(f"sources: [{{name: tt, family: tarantool, path: {tt}, connection: c, stream: {{}}}}, "
+                      f"{{name: plain, family: tarantool, path: {tt}}}]\n")
+    sources = load(config).sources
+    repo = Repository(str(new_repository(tmp_path / "repo")))
+    assert streamed_lines(repo, sources) == ["tt: streamed, but no live walvault stream renews its lease: only what "
+                                             "the instance sealed is archived"]
+    with repo.stream_lease("tarantool", Tarantool().source_instance(tt)):
+        (line,) = streamed_lines(repo, sources)
+    assert line.startswith(f"tt: streamed by {socket.gethostname()} (pid {os.getpid()}, its lease renewed ")
+    assert line.endswith("): nothing forced; the sealed files archived still hold its local spaces' rows and "
+                         "supersede its segments")

@@ -239,7 +239,8 @@ class _WalvaultOperator(BaseOperator):
 class WalvaultArchiveOperator(_WalvaultOperator):
     """Rotate each configured limestone source whose active pwal files hold `rotate_min_bytes` (every non-empty
     channel, with limestone's own names; never a directory a running limestone holds), then archive the sealed
-    files of every source. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
+    files of every source. A streamed source's sealed files are archived too, its stream live or not
+    (streamed_lines() says why), and nothing is forced on it: its log says whether its streamer is live. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
     "counts": {...}, "problems": [...]}: the new files are what the Spark verify job checks next. A problem (a
     source missing or refused, a damaged or conflicting file) never stops the other sources' archive; it fails the
     task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify).
@@ -260,7 +261,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
 
         config = self.load_config()
         repo, names_repo = self.repository(config)
-        lines, problems = [], []
+        lines, problems = streamed_lines(repo, config.sources), []
         for source in config.sources:
             if not source.path.is_dir():
                 problems.append(f"{source.name}: {source.path} is not a directory")
@@ -292,6 +293,31 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         if problems and self.fail_on_problems:
             raise AirflowFailException(f"{len(problems)} problems (listed above); the other sources were archived")
         return {"new": result.stored, "counts": counts, "problems": problems}
+
+
+def streamed_lines(repo, sources) -> list[str]:
+    """What the archive log says of each streamed source. Its stream holds its commits to the second; the archive
+    still stores the xlogs Tarantool sealed, which the stream does not make redundant: they hold the rows of local
+    spaces (never replicated) and supersede the segments of their range. The archive forces no seal of a Tarantool
+    (no rotation, no checkpoint), so a live stream leaves it nothing to skip; a dead one leaves the source's RPO
+    to its checkpoints until it is live again."""
+    from walcore.family import family_named
+    from walcore.retention import iso
+
+    lines = []
+    for source in sources:
+        if source.stream is None:
+            continue
+        instance = family_named(source.family).source_instance(source.path) if source.path.is_dir() else None
+        holder = repo.stream_holder(source.family, instance) if instance is not None else None
+        if holder is None:
+            lines.append(f"{source.name}: streamed, but no live walvault stream renews its lease: only what the "
+                         "instance sealed is archived")
+        else:
+            lines.append(f"{source.name}: streamed by {holder.get('host')} (pid {holder.get('pid')}, its lease "
+                         f"renewed {iso(holder.get('taken'))}): nothing forced; the sealed files archived still hold "
+                         "its local spaces' rows and supersede its segments")
+    return lines
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
