@@ -620,7 +620,8 @@ class WalvaultFreshnessOperator(_SourceOperator):
     """Whether one configured source is fresh, by `status` (the WalvaultStatusOperator's result): its newest backup
     that restores (neither its last drill nor its last verification failed) is at most
     `freshness.max_backup_age_hours` old, and where its directory is on this host, the archive lags it by at most
-    `freshness.max_archive_lag_minutes` (judge() says how). Stale: the
+    `freshness.max_archive_lag_minutes`, and a streamed source's streamer is live and lags it by at most
+    `freshness.max_stream_lag_seconds` (judge() says how). Stale: the
     task fails with the alerts as its cause (FreshnessAlert, mailed as `remind_every_hours` says). The source's
     other problems (its window, its last drill) are logged, not alerted: their DAGs say them.
 
