@@ -240,8 +240,9 @@ class WalvaultArchiveOperator(_WalvaultOperator):
     """Rotate each configured limestone source whose active pwal files hold `rotate_min_bytes` (every non-empty
     channel, with limestone's own names; never a directory a running limestone holds), then archive the sealed
     files of every source. A streamed source's sealed files are archived too, its stream live or not
-    (streamed_lines() says why), and nothing is forced on it: its log says whether its streamer is live. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
-    "counts": {...}, "problems": [...]}: the new files are what the Spark verify job checks next. A problem (a
+    (streamed_lines() says why), and nothing is forced on it: its log says whether its streamer is live. A re-run
+    of the same interval finds nothing new. Returns {"new": [paths archived now], "counts": {...}, "problems":
+    [...]}: the new files are what the Spark verify job checks next. A problem (a
     source missing or refused, a damaged or conflicting file) never stops the other sources' archive; it fails the
     task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify).
 
@@ -656,11 +657,11 @@ class WalvaultFreshnessOperator(_SourceOperator):
 def judge(name: str, path, status: dict, freshness, *, streamed: bool = False) -> tuple[dict[str, str], list[str]]:
     """({"backup", "archive" and/or "stream": the alert}, the lines that say why) of the configured source `name` at
     `path`, by a status result's JSON; `streamed`: the configuration streams it (its streamer must be live, and
-    where its directory is on this host, lag it by at most `freshness.max_stream_lag_seconds`). The source is its directory, whichever host recorded its backups (a Spark worker)
-    or its archive: its newest backup of them all, and the archive that reaches furthest; of the instance the
-    directory holds now where it is on this host (a re-created database's fresh history does not hide the stale
-    one, nor the other way round). A directory not on this host recorded as several instances is an alert: which
-    history is its own cannot be told."""
+    where its directory is on this host, lag it by at most `freshness.max_stream_lag_seconds`). The source is its
+    directory, whichever host recorded its backups (a Spark worker) or its archive: its newest backup of them all,
+    and the archive that reaches furthest; of the instance the directory holds now where it is on this host (a
+    re-created database's fresh history does not hide the stale one, nor the other way round). A directory not on
+    this host recorded as several instances is an alert: which history is its own cannot be told."""
     from pathlib import Path
 
     from walcore.command.status import CLOCK_SLACK, duration
