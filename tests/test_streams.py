@@ -54,6 +54,39 @@ sources:
         assert not [w for w in child.argv if "secret" in w], child.argv
 
 
+def test_a_dead_streamer_is_started_again_with_back_off_and_a_stop_reaches_every_live_one(tmp_path):
+    """One child dies at once, every time: started again 1 s after, then 2 s. The other runs until the stop, which
+    it gets as SIGTERM (then it stores its open segment), and the supervisor returns once it exited."""
+    import threading
+
+    from walvault_provider.streams import Child, Supervisor
+
+    starts = tmp_path / "starts"
+    dying = [sys.executable, "-c", f"import time; open({str(starts)!r}, 'a').write(f'{{time.time()}}\\n'); "
+             "raise SystemExit(1)"]
+    lasting = [sys.executable, "-c", "import signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+               "time.sleep(120); sys.exit(3)"]
+    said: list[str] = []
+    supervisor = Supervisor([Child("dies", dying, tmp_path / "a", {}), Child("lasts", lasting, tmp_path / "b", {})],
+                            said.append)
+
+    def stop_after_three_starts():
+        _wait("three starts", lambda: starts.exists() and len(starts.read_text().split()) >= 3, timeout=60)
+        supervisor.stop()
+
+    threading.Thread(target=stop_after_three_starts, daemon=True).start()
+    code = supervisor.run()
+    stopped = {line.split(":")[0]: line.rsplit(" ", 1)[1] for line in said if "stopped, exit" in line}
+    assert stopped["lasts"] == "0", said
+    assert code == (0 if set(stopped.values()) == {"0"} else 1), "0 only when every child stopped exited 0"
+    first, second, third = (float(t) for t in starts.read_text().split()[:3])
+    assert second - first >= 1 and third - second >= 2, "started again at once"
+    assert [line.split("; ")[1] for line in said if "exited" in line][:2] == ["started again in 1 s",
+                                                                              "started again in 2 s"], said
+    assert (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir(), "each spool made before its child starts"
+
+
 def _wait(what: str, ready, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while not (found := ready()):
