@@ -19,7 +19,7 @@ import pytest
 
 from conftest import new_repository, require_tarantool, run_cli
 from test_stream import PASSWORD, instance  # noqa: F401  (instance: a writing Tarantool, a fixture)
-from walvault_provider.config import load
+from walvault_provider.config import ConfigError, load
 from walvault_provider.operators.walvault import judge
 from walvault_provider.streams import children
 
@@ -52,6 +52,11 @@ sources:
     assert fast.env["WALVAULT_PASSWORD"] == "fast-secret"
     for child in (main, fast):
         assert not [w for w in child.argv if "secret" in w], child.argv
+    monkeypatch.setenv("AIRFLOW_CONN_WALVAULT_REPO", _repo_connection(
+        "s3://bucket/walvault", options={"client_kwargs": {"aws_secret_access_key": "nested-secret"}}))
+    with pytest.raises(ConfigError, match="the storage option 'client_kwargs' would go on a command line") as e:
+        children(load(config), Path("/spool"), "walvault")
+    assert "nested-secret" not in str(e.value)
 
 
 def test_a_dead_streamer_is_started_again_with_back_off_and_a_stop_reaches_every_live_one(tmp_path):

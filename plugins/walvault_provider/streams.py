@@ -64,7 +64,7 @@ def children(config, spool_root: Path, walvault: str = "walvault") -> list[Child
     for key, value in sorted(target.options.items()):
         if key in _SECRET_OPTIONS:
             repo_env[_SECRET_OPTIONS[key]] = str(value)
-        elif any(word in key.lower() for word in ("secret", "password", "token", "key")):
+        elif _names_a_secret(key, value):
             raise ConfigError(f"connection {config.repository_connection!r}: the storage option {key!r} would go "
                               "on a command line: give it to the streamers' environment as boto reads it instead")
         else:
@@ -77,6 +77,13 @@ def children(config, spool_root: Path, walvault: str = "walvault") -> list[Child
                 "--segment-seconds", f"{source.stream.segment_seconds:g}", "--status", str(spool / "status.json")]
         found.append(Child(source.name, argv, spool, {**repo_env, "WALVAULT_PASSWORD": password or ""}))
     return found
+
+
+def _names_a_secret(key: str, value) -> bool:
+    """Whether a storage option, or one nested in it, is named as a secret is."""
+    nested = value.items() if isinstance(value, dict) else ()
+    return any(word in key.lower() for word in ("secret", "password", "token", "key")) or any(
+        _names_a_secret(k, v) for k, v in nested)
 
 
 class Supervisor:
