@@ -2,7 +2,8 @@
 status), written as the Prometheus textfile `metrics.textfile` names for node exporter, then one check per
 configured source, `freshness_<source>`, that fails with the alert as its cause while the source is stale: "no
 verified backup of S for N hours", "archive of S behind by more than M minutes" (`freshness`: 26 hours and 60
-minutes by default). A stale source is mailed when it turns stale, and again every `freshness.remind_every_hours`
+minutes by default), and for a streamed source "stream of S is down" or "stream of S behind by more than N
+seconds" (60). A stale source is mailed when it turns stale, and again every `freshness.remind_every_hours`
 (4) while it stays so; the runs in between fail without mail. When every source is fresh again, the run's
 success after a failed one sends the recovery mail. Runs never overlap and never catch up: a check is of now."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, S3_CREDENTIALS, new_repository, require_tarantool, run_cli
-from walvault_provider.config import DEFAULT_TASK_TIMEOUTS, ConfigError, config_path, load
+from walvault_provider.config import DEFAULT_TASK_TIMEOUTS, ConfigError, Stream, config_path, load
 
 SHIPPED = REPO / "dags" / "walvault.yaml"
 
@@ -30,7 +30,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 GOOD = """
 sources:
-  - {name: tt1, family: tarantool, path: data/tt1, connection: tt1_live}
+  - {name: tt1, family: tarantool, path: data/tt1, connection: tt1_live, stream: {segment_seconds: 2}}
+  - {name: tt2, family: tarantool, path: data/tt2, stream: {connection: tt2_repl}}
   - {name: ls1, family: limestone, path: /srv/ls1, rotate_min_bytes: 1024}
 retention: {days: 7}
 backup: {full_every_days: 1.5}
@@ -50,8 +51,10 @@ def test_the_shipped_configuration_loads_with_a_30_day_window():
 def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     path = _write(tmp_path, GOOD)
     config = load(path)
-    tt1, ls1 = config.sources
+    tt1, tt2, ls1 = config.sources
     assert tt1.path == tmp_path / "data/tt1" and tt1.connection == "tt1_live"
+    assert tt1.stream == Stream("tt1_live", 2.0) and tt2.stream == Stream("tt2_repl", 1.0) and ls1.stream is None, \
+        "a stream follows the source's connection unless it names its own"
     assert ls1.path == Path("/srv/ls1") and ls1.rotate_min_bytes == 1024
     assert config.retention_days == 7 and config.full_every_days == 1.5
     assert config.spark_connections == ("spark_local", "spark_cluster") and config.spark_connection == "spark_local"
@@ -115,6 +118,16 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x}]\nmetrics: {textfile: /srv/walvault.txt}", "metrics.textfile"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nmetrics: {path: /srv/walvault.prom}", "metrics.path"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nschedules: {status: every ten minutes}", "schedules.status"),
+    ("sources: [{name: a, family: limestone, path: /x, stream: {}}]", "sources[0].stream"),
+    ("sources: [{name: a, family: tarantool, path: /x, stream: {}}]", "sources[0].stream"),
+    ("sources: [{name: a, family: tarantool, path: /x, connection: c, stream: true}]", "sources[0].stream"),
+    ("sources: [{name: a, family: tarantool, path: /x, connection: c, stream: {segment_seconds: 0}}]",
+     "sources[0].stream.segment_seconds"),
+    ("sources: [{name: a, family: tarantool, path: /x, connection: c, stream: {colour: red}}]",
+     "sources[0].stream.colour"),
+    ("sources: [{name: a, family: tarantool, path: /x, stream: {connection: 'a b'}}]", "sources[0].stream.connection"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {max_stream_lag_seconds: 0}",
+     "freshness.max_stream_lag_seconds"),
 ])
 def test_every_error_names_its_key(tmp_path, text, key):
     path = _write(tmp_path, text)

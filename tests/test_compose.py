@@ -47,8 +47,6 @@ OPERATOR_ENV = {
     "WALVAULT_REPOSITORY_DIR": "/srv/test-walvault/repository",
     "WALVAULT_TARANTOOL_MAIN": "tarantool://walvault:tt-test-secret@tarantool.test.internal:3301",
     "WALVAULT_ADMIN_PASSWORD": "admin-test-secret-1312",
-    "WALVAULT_STREAM_MAIN": "walvault@tarantool.test.internal:3301",  # optional: the `stream` profile's
-    "WALVAULT_STREAM_PASSWORD": "stream-test-secret-9090",
 }
 REQUIRED = sorted(set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?", COMPOSE.read_text())))
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|_KEY)$")  # POSTGRES_PASSWORD, ..._JWT_SECRET, ..._FERNET_KEY
@@ -564,18 +562,45 @@ def test_the_image_is_built_from_the_airflow_the_lock_pins_and_copies_what_pypro
     assert not missing, f"the image would lack {missing}, which pip install needs"
 
 
-def test_the_stream_service_follows_the_instance_with_its_password_from_the_environment(rendered):
-    """`walvault stream` as a service of its own profile: the connect URI names no password (argv is readable by
-    every process of the host), the password comes from the operator's environment, the spool is a volume (a
-    restarted container goes on from its open segment), and a stop is SIGTERM with time to store it."""
-    (name,) = [n for n, s in rendered["services"].items() if _command(s)[:2] == ["walvault", "stream"]]
+def test_the_stream_service_runs_a_streamer_per_streamed_source_with_its_password_from_the_environment(
+        rendered, service_environment):
+    """`walvault stream` as a service of its own profile, one streamer per streamed source of the configuration it
+    mounts (walvault_provider.streams, as the service's environment resolves its connections): no command line
+    names a password (argv is readable by every process of the host), each password comes from the operator's
+    environment, the repository is the scheduler's volume at the same path, writable, the spools are on a volume
+    (a restarted container goes on from its open segments), and a stop is SIGTERM with time to store them."""
+    from walvault_provider.streams import children
+
+    (name,) = [n for n, s in rendered["services"].items() if "walvault_provider.streams" in _command(s)]
     service = rendered["services"][name]
     command = _command(service)
     assert service["profiles"] == ["stream"]
-    assert command[command.index("--connect") + 1] == OPERATOR_ENV["WALVAULT_STREAM_MAIN"]
-    assert not any(OPERATOR_ENV["WALVAULT_STREAM_PASSWORD"] in word for word in command)
-    assert env_of(rendered, name)["WALVAULT_PASSWORD"] == OPERATOR_ENV["WALVAULT_STREAM_PASSWORD"]
-    spool = command[command.index("--spool") + 1]
-    volumes = {str(v).split(":")[1]: str(v).split(":")[0] for v in service["volumes"]}  # target -> source
-    assert volumes[spool] in rendered["volumes"], service["volumes"]
     assert service["stop_signal"] == "SIGTERM" and service["restart"] == "unless-stopped"
+    assert service["stop_grace_period"] == "60s"
+    config = walvault_config(rendered, name)
+    streamed = [s for s in config.sources if s.stream is not None]
+    assert streamed, "the deployment's configuration streams no source"
+    env = env_of(rendered, name)
+    scheduler = env_of(rendered, one(rendered, "scheduler"))
+    for conn_id in {config.repository_connection, *(s.stream.connection for s in streamed)}:
+        key = f"AIRFLOW_CONN_{conn_id.upper()}"
+        assert env.get(key) and env[key] == scheduler.get(key), f"{name}: {key} is not the scheduler's connection"
+    spool_root = PurePosixPath(command[command.index("--spool-root") + 1])
+    spool = mount_holding(rendered, name, str(spool_root))
+    assert spool is not None and spool.source in rendered["volumes"] and not spool.read_only, service["volumes"]
+    service_environment(env)
+    found = children(config, Path(spool_root))
+    assert [c.source for c in found] == [s.name for s in streamed]
+    secrets = [v for k, v in OPERATOR_ENV.items() if SECRET_NAME.search(k) or "://" in v]
+    secrets += [urlsplit(OPERATOR_ENV["WALVAULT_TARANTOOL_MAIN"]).password]
+    for child in found:
+        argv = child.argv
+        assert not [word for word in argv + command if any(secret in word for secret in secrets)], argv
+        tarantool = urlsplit(OPERATOR_ENV["WALVAULT_TARANTOOL_MAIN"])
+        assert argv[argv.index("--connect") + 1] == f"{tarantool.username}@{tarantool.hostname}:{tarantool.port}"
+        assert child.env["WALVAULT_PASSWORD"] == tarantool.password
+        repo = argv[argv.index("--repo") + 1]
+        held = mount_holding(rendered, name, repo)
+        assert held is not None and not held.read_only, f"{name}: the repository {repo} is not on a volume"
+        assert held == mount_holding(rendered, one(rendered, "scheduler"), repo), "not the scheduler's repository"
+        assert mount_holding(rendered, name, argv[argv.index("--spool") + 1]) == spool

@@ -42,6 +42,65 @@ def test_freshness_and_textfile_defaults(tmp_path):
     assert config.textfile == tmp_path / "prom" / "walvault.prom" and config.freshness.max_archive_lag_minutes == 15
 
 
+def _status_of(path, stream: dict | None) -> dict:
+    """`walvault status --json` of one Tarantool source at `path` on this host, fresh but for its stream: `stream`."""
+    from walcore.retention import iso
+
+    now = 1_800_000_000.0
+    source = {"family": "tarantool", "instance": "i1", "host": "h", "path": str(path.resolve()), "ok": True,
+              "backup": {"id": "b1", "type": "full", "finished": iso(now - HOUR), "age_seconds": HOUR,
+                         "position": {"vclock": {"1": 5}}},
+              "archive": {"position": {"vclock": {"1": 90}}, "time": iso(now - 60), "files": 3, "age_seconds": 60},
+              "stream": stream, "source": {"position": {"vclock": {"1": 90}}, "time": iso(now - 60), "instance": "i1"},
+              "archive_lag_seconds": 0.0, "window": None, "drill": None, "verification": None, "problems": []}
+    return {"time": iso(now), "sources": [source]}
+
+
+def _stream(alive: bool, lag: float | None, last_commit: str | None = "2027-01-15T07:59:00Z") -> dict:
+    return {"segments": 3 if last_commit else 0, "position": {"vclock": {"1": 90}} if last_commit else None,
+            "last_commit": last_commit, "age_seconds": 3 * HOUR if last_commit else None, "alive": alive,
+            "lease_renewed": "2027-01-15T07:59:50Z" if alive else None, "lag_seconds": lag}
+
+
+def test_a_streamed_source_alerts_when_its_streamer_is_down_or_lags_not_when_its_source_is_idle(tmp_path):
+    """The streamer's lease, renewed while it runs, says it is live: an idle source's newest segment may be hours
+    old and the source fresh; a dead streamer (no live lease) alerts whatever its segments; a live one lagging
+    its directory on this host by more than `max_stream_lag_seconds` (60 by default) alerts. A source the
+    configuration does not stream is not judged by its stream."""
+    freshness = load(_config(tmp_path, SOURCES)).freshness
+    assert freshness.max_stream_lag_seconds == 60
+    path = tmp_path / "tt"
+
+    def judged(stream, **given):
+        return judge("tt", path, _status_of(path, stream), given.pop("freshness", freshness), **given)
+
+    assert judged(None) == judged(_stream(False, None)) == judged(None, streamed=False)
+    assert "stream" not in judged(_stream(False, None))[0], "not streamed: its stream is not judged"
+    alerts, lines = judged(_stream(True, 0.0), streamed=True)
+    assert alerts == {}, "idle for three hours, its streamer live: fresh"
+    assert "stream live (its lease renewed 2027-01-15T07:59:50Z), 3 segments stored" in lines
+    assert "stream lags the source by 0s (alert after 60 seconds)" in lines
+    assert judged(None, streamed=True)[0] == {"stream": "stream of tt is down: no live walvault stream renews its "
+                                                        "lease; none of it is stored"}
+    assert judged(_stream(False, 0.0), streamed=True)[0] == {
+        "stream": "stream of tt is down: no live walvault stream renews its lease; its newest stored commit is of "
+                  "2027-01-15T07:59:00Z"}
+    assert judged(_stream(True, 120.0), streamed=True)[0] == {
+        "stream": "stream of tt behind by more than 60 seconds: 2m00s behind (it reaches {'vclock': {'1': 90}})"}
+    assert judged(_stream(True, 120.0), streamed=True,
+                  freshness=load(_config(tmp_path, SOURCES + "freshness: {max_stream_lag_seconds: 300}")).freshness
+                  )[0] == {}
+    alerts, lines = judged(_stream(True, None, last_commit=None), streamed=True)
+    assert alerts == {} and "stream lag not judged: the directory is not on this host, or its log does not say " \
+        "its time" in lines
+
+
+def _config(tmp_path, text: str):
+    path = tmp_path / "walvault.yaml"
+    path.write_text(text)
+    return path
+
+
 def test_a_stale_source_is_mailed_when_it_turns_stale_then_every_few_hours():
     """10-minute checks: the first stale one mails, the next ones do not until the reminder is due; a new kind of
     alert mails at once; fresh, the state is gone, and the next stale check mails again."""

@@ -144,6 +144,39 @@ def test_the_exposition_parses_and_says_what_the_json_says(history):
     assert "walvault_last_drill_success" in families and not families["walvault_last_drill_success"].samples
 
 
+def test_a_streamer_is_live_while_its_lease_is_renewed_whatever_its_segments(tmp_path):
+    """The stream lease, renewed by a live `walvault stream` however idle its source: held, the source's stream is
+    live (its renewal time said) though it stored nothing yet; released at a stop, or another host's left without
+    renewal past its expiry, no streamer runs. The text and the exposition (walvault_stream_up) say the same."""
+    from walcore.repository import Repository
+    from walcore.retention import iso
+
+    tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
+    repo = new_repository(tmp_path / "repo")
+    assert run_main("archive", tt, "--repo", repo).returncode == 0
+    (source,) = _status(repo)[1]["sources"]
+    assert source["stream"] is None
+    lease_path = repo / "locks" / f"tarantool-{source['instance']}.stream.lease"
+    with Repository(str(repo)).stream_lease("tarantool", source["instance"]):
+        renewed = iso(json.loads(lease_path.read_text())["taken"])
+        (source,) = _status(repo)[1]["sources"]
+        assert source["stream"] == {"segments": 0, "position": None, "last_commit": None, "age_seconds": None,
+                                    "alive": True, "lease_renewed": renewed, "lag_seconds": None}
+        assert f"  stream   no segment stored; streamer live (lease renewed {renewed})" in run_main(
+            "status", "--repo", repo).stdout.splitlines()
+        families = _families(run_main("status", "--repo", repo, "--prometheus").stdout)
+        assert _value(families["walvault_stream_up"], instance=source["instance"]) == 1
+        assert not families["walvault_stream_lag_seconds"].samples, "no segment: no lag to say"
+    assert not lease_path.exists() and _status(repo)[1]["sources"][0]["stream"] is None
+    now = time.time()
+    elsewhere = {"holder": "h1", "generation": 1, "command": "stream", "host": "elsewhere.invalid", "pid": 4242,
+                 "taken": now - 90, "expires": now - 30}
+    lease_path.write_text(json.dumps(elsewhere))
+    assert _status(repo)[1]["sources"][0]["stream"] is None, "not renewed past its expiry: its streamer is dead"
+    lease_path.write_text(json.dumps({**elsewhere, "taken": now - 10, "expires": now + 50}))
+    assert _status(repo)[1]["sources"][0]["stream"]["alive"] is True, "another host's, renewed: live"
+
+
 def test_textfile_is_written_whole_beside_the_output(history, tmp_path):
     target = tmp_path / "walvault.prom"
     target.write_text("an old exposition\n")

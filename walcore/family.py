@@ -78,6 +78,10 @@ class Family(Protocol):
         """How far a source directory on this host reaches in the log, as archive_reach says it (None: it holds
         no log); read from its newest files only."""
 
+    def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
+        """Whether a source directory's log (source_reach's position) holds rows its stream (archive_reach's of the
+        stream's segments) has not stored; rows a stream never carries do not count."""
+
     def source_instance(self, source: Path) -> str | None:
         """The instance a source directory on this host holds now, as its backups are kept under (None: its files
         do not say)."""

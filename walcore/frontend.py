@@ -504,8 +504,13 @@ def status_lines(result) -> list[str]:
                      if a else "  archive  empty")
         if s.stream:
             t = s.stream
-            lines.append(f"  stream   {t['segments']} segments, to {_position(t['position'])}"
-                         + (f", last commit {duration(t['age_seconds'])} ago" if t['age_seconds'] is not None else ""))
+            held = f"{t['segments']} segments, to {_position(t['position'])}" if t["position"] else "no segment stored"
+            lines.append(f"  stream   {held}"
+                         + (f", last commit {duration(t['age_seconds'])} ago" if t['age_seconds'] is not None else "")
+                         + (f"; streamer live (lease renewed {t['lease_renewed']})" if t["alive"] else
+                            "; no live streamer")
+                         + (f"; lags the source by {duration(t['lag_seconds'])}" if t["lag_seconds"] is not None
+                            else ""))
         if s.source is None:
             lines.append("  source   not on this host: its archive lag is not judged")
         else:

@@ -15,6 +15,11 @@ connections, which the file names. Every error names the key at fault.
         family: tarantool              # tarantool | limestone
         path: /data/tt1                # the data dir (relative: to this file)
         connection: tt1_live           # optional: a running Tarantool (host, port, login, password)
+        stream:                        # optional, a running Tarantool only: `walvault stream` follows it, one
+          segment_seconds: 1           # streamer per streamed source in the walvault-stream service
+                                       # (walvault_provider.streams); a segment sealed every S seconds (default 1)
+          connection: tt1_repl         # optional: its user's connection (the replication role is all it needs);
+                                       # default: the source's `connection`, whose user then needs that role too
       - name: ls1
         family: limestone
         path: /data/ls1
@@ -57,6 +62,8 @@ connections, which the file names. Every error names the key at fault.
     freshness:                         # walvault_status's alerts, each naming its source (mailed as `notify` says)
       max_backup_age_hours: 26         # "no verified backup of S for N hours": a daily backup and its run time
       max_archive_lag_minutes: 60      # "archive of S behind by more than M minutes" (the source on this host)
+      max_stream_lag_seconds: 60       # a streamed source: "stream of S is down" (no live streamer renews its
+                                       # lease), or "stream of S behind by more than N seconds" (on this host)
       remind_every_hours: 4            # a source still stale is mailed again this often; its runs in between
                                        # fail without mail (its first run stale, or a new alert, mails at once)
     metrics:                           # optional: no textfile without it
@@ -108,6 +115,14 @@ class Source:
     path: Path
     connection: str | None = None  # an Airflow connection to a running Tarantool
     rotate_min_bytes: int = DEFAULT_ROTATE_MIN_BYTES
+    stream: Stream | None = None  # None: not streamed
+
+
+@dataclass(frozen=True)
+class Stream:
+    """How a source is streamed (`walvault stream`, run by walvault_provider.streams)."""
+    connection: str  # the Airflow connection of the streamer's user: the source's own unless `stream.connection`
+    segment_seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +172,7 @@ class Freshness:
     """When walvault_status alerts on a source (the `freshness` section); the defaults are walvault status's."""
     max_backup_age_hours: float = 26
     max_archive_lag_minutes: float = 60
+    max_stream_lag_seconds: float = 60
     remind_every_hours: float = 4
 
 
@@ -277,7 +293,7 @@ def parse(raw, path: Path) -> Config:
         key = f"sources[{i}]"
         if not isinstance(item, dict):
             fail(key, "a mapping with name, family and path")
-        _known(item, ("name", "family", "path", "connection", "rotate_min_bytes"), key, fail)
+        _known(item, ("name", "family", "path", "connection", "rotate_min_bytes", "stream"), key, fail)
         name = item.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             fail(f"{key}.name", f"{name!r} is not a name (letters, digits, '_', '-'; up to 64)")
@@ -299,7 +315,7 @@ def parse(raw, path: Path) -> Config:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 1:
             fail(f"{key}.rotate_min_bytes", f"{min_bytes!r} is not a positive number of bytes")
         full = Path(os.path.abspath(path.parent / source_path))  # dags/../var -> var; symlinks kept
-        sources.append(Source(name, family, full, connection, min_bytes))
+        sources.append(Source(name, family, full, connection, min_bytes, _stream(item, connection, key, fail)))
     days = retention.get("days", 30)
     try:
         from walcore.command.expire import check_days
@@ -393,9 +409,29 @@ def _notify(raw: dict, fail) -> Notify | None:
     return Notify(tuple(to), frozenset(events), connection, sender)
 
 
+def _stream(item: dict, connection: str | None, key: str, fail) -> Stream | None:
+    if item.get("stream") is None:
+        return None
+    if not isinstance(item["stream"], dict):
+        fail(f"{key}.stream", "a mapping (segment_seconds, connection; {} for the defaults)")
+    stream = _section(item, "stream", ("segment_seconds", "connection"), lambda k, m: fail(f"{key}.{k}", m))
+    if item.get("family") != "tarantool":
+        fail(f"{key}.stream", "a running Tarantool only (walvault stream follows it as a replica)")
+    connection = stream.get("connection", connection)
+    if connection is None:
+        fail(f"{key}.stream", "the running Tarantool to follow: the source's `connection`, or `stream.connection`")
+    if not _conn_id(connection):
+        fail(f"{key}.stream.connection", f"{connection!r} is not an Airflow connection id")
+    seconds = stream.get("segment_seconds", Stream.segment_seconds)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
+        fail(f"{key}.stream.segment_seconds", f"{seconds!r} is not a number of seconds (more than 0, at most 3600)")
+    return Stream(connection, float(seconds))
+
+
 def _freshness(raw: dict, fail) -> Freshness:
     section = _section(raw, "freshness", tuple(Freshness.__dataclass_fields__), fail)
-    limits = {"max_backup_age_hours": 24 * 366, "max_archive_lag_minutes": 10080, "remind_every_hours": 24 * 7}
+    limits = {"max_backup_age_hours": 24 * 366, "max_archive_lag_minutes": 10080, "max_stream_lag_seconds": 86400,
+              "remind_every_hours": 24 * 7}
     values = {}
     for key, limit in limits.items():
         value = section.get(key, getattr(Freshness, key))

@@ -46,7 +46,8 @@ class SourceStatus:
     path: str | None
     backup: dict | None = None  # the newest backup that restores: {"id", "type", "finished", "age_seconds", ...}
     archive: dict | None = None  # how far the archive reaches: {"position", "time", "age_seconds", "files"}
-    stream: dict | None = None  # its stored stream segments: {"segments", "position", "last_commit", "age_seconds"}
+    stream: dict | None = None  # its stream: {"segments", "position", "last_commit", "age_seconds", "alive",
+    #                             "lease_renewed", "lag_seconds"} (_stream)
     source: dict | None = None  # the directory on this host: {"position", "time", "instance" it holds now}
     archive_lag_seconds: float | None = None
     window: dict | None = None  # {"days", "start", "covered", "anchor"}; None: no policy to judge by
@@ -122,6 +123,7 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
     doubts = backup_doubts(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
     segments = stored_segments(repo, family, instance)  # `walvault stream`'s: the archive reaches as far as they
+    streamer = repo.stream_holder(family, instance)
     verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
     places |= archive_origins(repo, family, instance)
@@ -138,11 +140,8 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         if reach is not None:
             s.archive = {"position": reach[1], "time": iso(reach[2]), "files": len(entries),
                          "age_seconds": None if reach[2] is None else max(0.0, now - reach[2])}
-        if segments:
-            streamed = fam.archive_reach(repo, instance, {"host": host, "path": path}, segments)
-            s.stream = {"segments": len(segments), "position": streamed[1], "last_commit": iso(streamed[2]),
-                        "age_seconds": None if streamed[2] is None else max(0.0, now - streamed[2])}
         _lag(s, fam, reach, result.max_archive_lag)
+        s.stream = _stream(repo, fam, s, segments, streamer, now)
         if result.policy_days is not None:
             start = now - result.policy_days * DAY
             anchor, doubted = window_anchor(fam, own, doubts, start)
@@ -195,6 +194,29 @@ def _verification(s: SourceStatus, verdicts: dict[str, dict]) -> None:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         s.problems.append(f"the last verification of backup {first['backup']} ({first['time']}) found it damaged"
                           f"{more}: {first['problem']}")
+
+
+def _stream(repo: Repository, fam, s: SourceStatus, segments: list, streamer: dict | None, now: float) -> dict | None:
+    """The source's stream (None: no segment stored, no streamer running): its stored segments, whether a live
+    streamer holds its lease (renewed however idle the source is, so it tells a live streamer from a dead one
+    where the newest segment's age cannot), and where the directory is on this host, how many seconds of the
+    source's log it lacks (0: it holds all)."""
+    if not segments and streamer is None:
+        return None
+    stream = {"segments": len(segments), "position": None, "last_commit": None, "age_seconds": None,
+              "alive": streamer is not None, "lease_renewed": iso(streamer.get("taken")) if streamer else None,
+              "lag_seconds": None}
+    streamed = fam.archive_reach(repo, s.instance, {"host": s.host, "path": s.path}, segments) if segments else None
+    if streamed is None:
+        return stream
+    stream |= {"position": streamed[1], "last_commit": iso(streamed[2]),
+               "age_seconds": None if streamed[2] is None else max(0.0, now - streamed[2])}
+    if s.source is not None and s.source["instance"] in (None, s.instance):
+        if not fam.stream_behind(s.source["position"], streamed[1]):
+            stream["lag_seconds"] = 0.0
+        elif s.source["time"] is not None and streamed[2] is not None:
+            stream["lag_seconds"] = max(0.0, stamp_seconds(s.source["time"]) - streamed[2])
+    return stream
 
 
 def _lag(s: SourceStatus, fam, reach, max_lag: float) -> None:
@@ -265,6 +287,10 @@ def exposition(result: StatusResult) -> str:
                                      "does not hold yet (0: it holds all)"),
         "stream_last_commit_timestamp_seconds": gauge("stream_last_commit_timestamp_seconds", "When the newest "
                                                        "transaction the stream stored was committed (Unix time)"),
+        "stream_up": gauge("stream_up", "1 while a live walvault stream holds the source's stream lease (renewed "
+                           "however idle the source), 0 when none does"),
+        "stream_lag_seconds": gauge("stream_lag_seconds", "Seconds of the reachable source's log the stream has "
+                                    "not stored (0: it holds all)"),
         "recovery_window_covered": gauge("recovery_window_covered", "1 when every point of the retention "
                                          "policy's window restores (an anchor at or before its start), else 0"),
         "last_drill_success": gauge("last_drill_success", "1 when the last restore drill of the source's backups "
@@ -287,8 +313,12 @@ def exposition(result: StatusResult) -> str:
                       "archive_age_seconds": s.archive["age_seconds"]}
         if s.archive_lag_seconds is not None:
             facts["archive_lag_seconds"] = s.archive_lag_seconds
-        if s.stream and s.stream["last_commit"]:
-            facts["stream_last_commit_timestamp_seconds"] = stamp_seconds(s.stream["last_commit"])
+        if s.stream:
+            facts["stream_up"] = 1.0 if s.stream["alive"] else 0.0
+            if s.stream["last_commit"]:
+                facts["stream_last_commit_timestamp_seconds"] = stamp_seconds(s.stream["last_commit"])
+            if s.stream["lag_seconds"] is not None:
+                facts["stream_lag_seconds"] = s.stream["lag_seconds"]
         if s.window is not None:
             facts["recovery_window_covered"] = 1.0 if s.window["covered"] else 0.0
         if s.drill:

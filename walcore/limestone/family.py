@@ -97,6 +97,9 @@ class Limestone:
         times = [t for e in logs if e.range["epochs"][1] <= epoch and (t := rotation_time(e.name)) is not None]
         return epoch, self.describe_position(epoch), max(times, default=None)
 
+    def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
+        return source_position["epoch"] > stream_position["epoch"]
+
     def source_instance(self, source: Path) -> str | None:
         """Its manifest's instance_uuid, else the one derived from its path (as a backup of it is kept under)."""
         from .layout import path_instance

@@ -197,7 +197,19 @@ class Repository:
     def stream_lease(self, family: str, instance: str) -> Lease:
         """One `walvault stream` of an instance at a time: apart from the archive's, which a stream would otherwise
         hold for as long as it runs."""
-        return acquire(self.locks, f"{family}-{check_instance(instance)}.stream.lease", "stream")
+        return acquire(self.locks, self._stream_lease_name(family, instance), "stream")
+
+    def stream_holder(self, family: str, instance: str) -> dict | None:
+        """What the stream lease of the instance says while a live `walvault stream` holds it (its `host`, `pid`,
+        `taken`: when it was last renewed, every TTL/4 while the streamer runs, and `expires`); None when none does
+        (never taken, released at a stop, or stale: its process gone, or not renewed in a TTL). A streamer renews
+        it however idle its source is: this tells a live one from a dead one where no new segment can."""
+        found = read_lease(self.locks, self._stream_lease_name(family, instance), DEFAULT_TTL)
+        return found[1] if found is not None and not stale(found[1]) else None
+
+    @staticmethod
+    def _stream_lease_name(family: str, instance: str) -> str:
+        return f"{family}-{check_instance(instance)}.stream.lease"
 
     def restore_pin(self, family: str, instance: str) -> Lease | None:
         """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None

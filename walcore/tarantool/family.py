@@ -113,6 +113,12 @@ class Tarantool:
         rank, newest = max(logs, key=lambda log: (log[0], log[1].kind != "snap"))
         return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
 
+    def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
+        """Component 0 (local spaces' rows) is never replicated: only the other replica ids' LSNs count."""
+        streamed = vclock_from_json(stream_position["vclock"])
+        return any(replica_id and lsn > streamed.get(replica_id, 0)
+                   for replica_id, lsn in vclock_from_json(source_position["vclock"]).items())
+
     def source_instance(self, source: Path) -> str | None:
         from .backup_set import instance_of
 

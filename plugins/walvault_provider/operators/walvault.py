@@ -239,8 +239,10 @@ class _WalvaultOperator(BaseOperator):
 class WalvaultArchiveOperator(_WalvaultOperator):
     """Rotate each configured limestone source whose active pwal files hold `rotate_min_bytes` (every non-empty
     channel, with limestone's own names; never a directory a running limestone holds), then archive the sealed
-    files of every source. A re-run of the same interval finds nothing new. Returns {"new": [paths archived now],
-    "counts": {...}, "problems": [...]}: the new files are what the Spark verify job checks next. A problem (a
+    files of every source. A streamed source's sealed files are archived too, its stream live or not
+    (streamed_lines() says why), and nothing is forced on it: its log says whether its streamer is live. A re-run
+    of the same interval finds nothing new. Returns {"new": [paths archived now], "counts": {...}, "problems":
+    [...]}: the new files are what the Spark verify job checks next. A problem (a
     source missing or refused, a damaged or conflicting file) never stops the other sources' archive; it fails the
     task at its end, or with `fail_on_problems=False` is only returned (the DAG fails its run after the verify).
 
@@ -260,7 +262,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
 
         config = self.load_config()
         repo, names_repo = self.repository(config)
-        lines, problems = [], []
+        lines, problems = streamed_lines(repo, config.sources), []
         for source in config.sources:
             if not source.path.is_dir():
                 problems.append(f"{source.name}: {source.path} is not a directory")
@@ -292,6 +294,31 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         if problems and self.fail_on_problems:
             raise AirflowFailException(f"{len(problems)} problems (listed above); the other sources were archived")
         return {"new": result.stored, "counts": counts, "problems": problems}
+
+
+def streamed_lines(repo, sources) -> list[str]:
+    """What the archive log says of each streamed source. Its stream holds its commits to the second; the archive
+    still stores the xlogs Tarantool sealed, which the stream does not make redundant: they hold the rows of local
+    spaces (never replicated) and supersede the segments of their range. The archive forces no seal of a Tarantool
+    (no rotation, no checkpoint), so a live stream leaves it nothing to skip; a dead one leaves the source's RPO
+    to its checkpoints until it is live again."""
+    from walcore.family import family_named
+    from walcore.retention import iso
+
+    lines = []
+    for source in sources:
+        if source.stream is None:
+            continue
+        instance = family_named(source.family).source_instance(source.path) if source.path.is_dir() else None
+        holder = repo.stream_holder(source.family, instance) if instance is not None else None
+        if holder is None:
+            lines.append(f"{source.name}: streamed, but no live walvault stream renews its lease: only what the "
+                         "instance sealed is archived")
+        else:
+            lines.append(f"{source.name}: streamed by {holder.get('host')} (pid {holder.get('pid')}, its lease "
+                         f"renewed {iso(holder.get('taken'))}): nothing forced; the sealed files archived still hold "
+                         "its local spaces' rows and supersede its segments")
+    return lines
 
 
 class WalvaultVerifyOperator(_WalvaultOperator):
@@ -594,7 +621,8 @@ class WalvaultFreshnessOperator(_SourceOperator):
     """Whether one configured source is fresh, by `status` (the WalvaultStatusOperator's result): its newest backup
     that restores (neither its last drill nor its last verification failed) is at most
     `freshness.max_backup_age_hours` old, and where its directory is on this host, the archive lags it by at most
-    `freshness.max_archive_lag_minutes` (judge() says how). Stale: the
+    `freshness.max_archive_lag_minutes`, and a streamed source's streamer is live and lags it by at most
+    `freshness.max_stream_lag_seconds` (judge() says how). Stale: the
     task fails with the alerts as its cause (FreshnessAlert, mailed as `remind_every_hours` says). The source's
     other problems (its window, its last drill) are logged, not alerted: their DAGs say them.
 
@@ -611,7 +639,8 @@ class WalvaultFreshnessOperator(_SourceOperator):
 
         config = self.load_config()
         source = config.source(self.source)
-        alerts, lines = judge(source.name, source.path, self.status, config.freshness)
+        alerts, lines = judge(source.name, source.path, self.status, config.freshness,
+                              streamed=source.stream is not None)
         ti = context["ti"]
         # the newest run's before this one (a fresh check keeps its state too: a later alert is new)
         previous = ti.xcom_pull(task_ids=self.task_id, key=ALERT_KEY, include_prior_dates=True, map_indexes=-1)
@@ -625,13 +654,14 @@ class WalvaultFreshnessOperator(_SourceOperator):
         return {"source": source.name, "fresh": True}
 
 
-def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], list[str]]:
-    """({"backup" and/or "archive": the alert}, the lines that say why) of the configured source `name` at `path`,
-    by a status result's JSON. The source is its directory, whichever host recorded its backups (a Spark worker)
-    or its archive: its newest backup of them all, and the archive that reaches furthest; of the instance the
-    directory holds now where it is on this host (a re-created database's fresh history does not hide the stale
-    one, nor the other way round). A directory not on this host recorded as several instances is an alert: which
-    history is its own cannot be told."""
+def judge(name: str, path, status: dict, freshness, *, streamed: bool = False) -> tuple[dict[str, str], list[str]]:
+    """({"backup", "archive" and/or "stream": the alert}, the lines that say why) of the configured source `name` at
+    `path`, by a status result's JSON; `streamed`: the configuration streams it (its streamer must be live, and
+    where its directory is on this host, lag it by at most `freshness.max_stream_lag_seconds`). The source is its
+    directory, whichever host recorded its backups (a Spark worker) or its archive: its newest backup of them all,
+    and the archive that reaches furthest; of the instance the directory holds now where it is on this host (a
+    re-created database's fresh history does not hide the stale one, nor the other way round). A directory not on
+    this host recorded as several instances is an alert: which history is its own cannot be told."""
     from pathlib import Path
 
     from walcore.command.status import CLOCK_SLACK, duration
@@ -680,6 +710,9 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
         alerts["archive"] = f"archive of {name} behind by more than {minutes:g} minutes: nothing of it is archived"
     else:
         lines.append("archive lag not judged: the directory is not on this host, or its log does not say its time")
+    if streamed:
+        _judge_stream(name, [s["stream"] for s in entries if s["stream"]], freshness.max_stream_lag_seconds, alerts,
+                      lines)
     # what the other DAGs alert on, for the whole picture
     lines += [f"also: the recovery window of {s['window']['days']:g} days is not covered" for s in entries
               if s["window"] and not s["window"]["covered"]]
@@ -688,6 +721,28 @@ def judge(name: str, path, status: dict, freshness) -> tuple[dict[str, str], lis
     lines += [f"also: the last verification of backup {d['backup']} found it damaged: {d['problem']}"
               for s in entries if s.get("verification") for d in s["verification"]["damaged"]]
     return alerts, lines
+
+
+def _judge_stream(name: str, streams: list[dict], limit: float, alerts: dict, lines: list[str]) -> None:
+    """A streamed source's alert: no live streamer (its lease not renewed: the newest segment's age cannot tell a
+    dead streamer from an idle source), or a live one lagging its directory by more than `limit` seconds."""
+    from walcore.command.status import duration
+
+    live = next((t for t in streams if t["alive"]), None)
+    if live is None:
+        newest = max((t["last_commit"] for t in streams if t["last_commit"]), default=None)
+        alerts["stream"] = (f"stream of {name} is down: no live walvault stream renews its lease; "
+                            + (f"its newest stored commit is of {newest}" if newest else "none of it is stored"))
+        return
+    lines.append(f"stream live (its lease renewed {live['lease_renewed']}), {live['segments']} segments stored")
+    lag = live["lag_seconds"]
+    if lag is None:
+        lines.append("stream lag not judged: the directory is not on this host, or its log does not say its time")
+        return
+    lines.append(f"stream lags the source by {duration(lag)} (alert after {limit:g} seconds)")
+    if lag > limit:
+        alerts["stream"] = (f"stream of {name} behind by more than {limit:g} seconds: {duration(lag)} behind (it "
+                            f"reaches {live['position']})")
 
 
 def alert_state(previous: dict | None, kinds: list[str], now: float, remind_every_hours: float) -> dict:
