@@ -273,6 +273,20 @@ def test_a_user_name_with_an_at_sign_still_hides_the_password(tmp_path, monkeypa
     assert "visible in the process list" in proc.stderr
 
 
+@pytest.mark.parametrize("scheme", ["tarantool", "http"])
+def test_a_uri_with_a_scheme_holds_no_password_in_its_colon(tmp_path, monkeypatch, scheme):
+    """scheme://user@host:port: the colon after the scheme starts no password (it was taken for one: a false
+    warning, and the environment's password not given to the tarantool:// user)."""
+    from walcore.requests import connect_with_password
+
+    repo = tmp_path / "repo"
+    new_repository(repo)
+    monkeypatch.setenv("WALVAULT_PASSWORD", "from-env")
+    proc = run_main("backup", tmp_path, "--repo", repo, "--connect", f"{scheme}://backup@127.0.0.1:1")
+    assert proc.returncode == 2 and "visible in the process list" not in proc.stderr, proc.stderr
+    assert connect_with_password("tarantool://backup@127.0.0.1:1", None) == "tarantool://backup:from-env@127.0.0.1:1"
+
+
 @pytest.mark.parametrize("problem", ["missing", "empty", "both", "no-connect"])
 def test_password_file_problems_exit_2(tmp_path, problem):
     repo = tmp_path / "repo"
