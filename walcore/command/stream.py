@@ -112,6 +112,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                         raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
                                            f"{instance}: its history is another one")
                 subscribed = sub.subscribe(receiver.vclock)
+                receiver.know_spaces(subscribed.spaces)
                 if behind := {r: lsn for r, lsn in receiver.vclock.items()
                               if r and lsn > subscribed.master_vclock.get(r, 0)}:
                     raise StreamBroken(f"{state.connect} is at vclock {_show(subscribed.master_vclock)}, behind what "

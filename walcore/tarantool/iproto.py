@@ -22,6 +22,12 @@ GREETING_SIZE = 128
 # Request and row types (src/box/iproto_constants.h).
 OK, SELECT, AUTH, SUBSCRIBE = 0, 1, 7, 66
 RAFT = 30  # an election's state (2.6.1+): sent to replicas outside the log, with no LSN
+INSERT, REPLACE, UPDATE, DELETE, UPSERT = 2, 3, 4, 5, 9
+DML_TYPES = frozenset((INSERT, REPLACE, UPDATE, DELETE, UPSERT))
+# Synchronous replication's rows, each with an LSN, body {REPLICA_ID: the queue's owner, LSN: ...}: CONFIRM commits
+# the owner's transactions up to the LSN, ROLLBACK undoes those from it on; PROMOTE and DEMOTE (2.10+) move the
+# queue to another owner (the old one's confirmed up to the LSN, the rest undone).
+PROMOTE, DEMOTE, CONFIRM, ROLLBACK = 31, 32, 40, 41
 ERROR_TYPE = 0x8000
 # Header keys.
 TYPE, SYNC, REPLICA_ID, LSN, TIMESTAMP, SERVER_VERSION, TSN, FLAGS = 0, 1, 2, 3, 4, 6, 8, 9
@@ -88,10 +94,10 @@ def subscribe_request(replicaset_uuid: str, own_uuid: str, vclock: dict[int, int
                                                 REPLICA_ANON: True})
 
 
-def select_request(space_id: int, key: list, sync: int) -> bytes:
-    """SELECT of at most one tuple by the primary key."""
-    return _packet({TYPE: SELECT, SYNC: sync}, {SPACE_ID: space_id, INDEX_ID: 0, LIMIT: 1, OFFSET: 0, ITERATOR: 0,
-                                               KEY: key})
+def select_request(space_id: int, key: list, sync: int, limit: int = 1) -> bytes:
+    """SELECT of at most `limit` tuples equal to `key` by the primary key (every one: key [])."""
+    return _packet({TYPE: SELECT, SYNC: sync}, {SPACE_ID: space_id, INDEX_ID: 0, LIMIT: limit, OFFSET: 0,
+                                               ITERATOR: 0, KEY: key})
 
 
 def ack_request() -> bytes:

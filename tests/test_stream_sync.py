@@ -1,0 +1,158 @@
+"""walvault stream and synchronous replication, and the stream's connection cut, stalled or split.
+
+Synchronous replication as Tarantool 2.6 streams it (measured here, and in ../shared/docs): a transaction on an
+`is_sync` space is written and streamed before a quorum has it, with no mark in its rows; a later CONFIRM row
+(type 40, body {2: owner, 3: lsn}) commits it, a ROLLBACK row (41) undoes it and every transaction written after
+it. The streamer's ACKs never vote, its segments never end inside an undecided tail, and a restore never holds a
+transaction a ROLLBACK undid. Without I/O first (synthesized packets, RAFT/PROMOTE/DEMOTE of newer versions
+too), then against a real 2.6 whose quorum no replica can reach; then the connection between the streamer and
+the instance through a loopback proxy that resets it or stops forwarding, and a multi-statement transaction cut by
+a segment boundary or a disconnect.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from walcore.tarantool import iproto
+from walcore.tarantool.receiver import Gap, Receiver, Transaction
+
+SYNC_SPACE, ASYNC_SPACE = 513, 512
+
+
+# -- without I/O: synchronous transactions held until decided
+
+
+def _packet(header: dict, body: dict | None = None) -> iproto.Packet:
+    reader = iproto.PacketReader()
+    reader.feed(iproto._packet(header, body))
+    return reader.next_packet()
+
+
+def _dml(lsn: int, space: int, *, tsn: int | None = None, commit: bool = False) -> iproto.Packet:
+    header = {iproto.TYPE: iproto.REPLACE, iproto.REPLICA_ID: 1, iproto.LSN: lsn, iproto.TIMESTAMP: 1000.0 + lsn}
+    if tsn is not None:
+        header[iproto.TSN] = lsn - tsn
+        if commit:
+            header[iproto.FLAGS] = iproto.COMMIT_FLAG
+    return _packet(header, {iproto.SPACE_ID: space, iproto.TUPLE: [lsn]})
+
+
+def _decision(row_type: int, lsn: int, upto: int, owner: int = 1) -> iproto.Packet:
+    return _packet({iproto.TYPE: row_type, iproto.REPLICA_ID: 1, iproto.LSN: lsn, iproto.TIMESTAMP: 1000.0 + lsn},
+                   {iproto.REPLICA_ID: owner, iproto.LSN: upto})
+
+
+def _given(receiver: Receiver, *packets: iproto.Packet) -> list[tuple[int, int]]:
+    """The (first, last) LSN of each transaction given while the packets are fed."""
+    out = []
+    for packet in packets:
+        out += [(e.first_lsn, e.last_lsn) for e in receiver.receive(packet) if isinstance(e, Transaction)]
+    return out
+
+
+def test_a_synchronous_transaction_and_those_after_it_are_held_until_a_confirm():
+    r = Receiver({1: 10}, {SYNC_SPACE})
+    assert _given(r, _dml(11, ASYNC_SPACE)) == [(11, 11)]
+    assert _given(r, _dml(12, SYNC_SPACE), _dml(13, ASYNC_SPACE), _dml(14, ASYNC_SPACE, tsn=14),
+                  _dml(15, SYNC_SPACE, tsn=14, commit=True)) == []
+    assert r.vclock == {1: 11}  # a reconnection starts before the undecided tail: it is sent again
+    # CONFIRM of 12 only: 13 follows (asynchronous), 14-15 (synchronous: its last row's space) waits; the CONFIRM
+    # row itself comes after 15 in the log, so it waits too
+    assert _given(r, _decision(iproto.CONFIRM, 16, 12)) == [(12, 12), (13, 13)]
+    assert _given(r, _decision(iproto.CONFIRM, 17, 15)) == [(14, 15), (16, 16), (17, 17)]
+    assert r.vclock == {1: 17} and _given(r, _dml(18, ASYNC_SPACE)) == [(18, 18)]
+
+
+def test_a_rollback_gives_what_it_undid_with_it_and_a_disconnect_drops_the_undecided_tail():
+    r = Receiver({1: 10}, {SYNC_SPACE})
+    assert _given(r, _dml(11, SYNC_SPACE), _dml(12, ASYNC_SPACE)) == []
+    r.drop_open()  # disconnected: sent again from 10
+    assert r.vclock == {1: 10}
+    assert _given(r, _dml(11, SYNC_SPACE), _dml(12, ASYNC_SPACE)) == []
+    # the rows it undid go into the log with it, never without it: a replay undoes them
+    assert _given(r, _decision(iproto.ROLLBACK, 13, 11)) == [(11, 11), (12, 12), (13, 13)]
+    # a ROLLBACK from a later LSN leaves the transactions before it undecided
+    assert _given(r, _dml(14, SYNC_SPACE), _dml(15, SYNC_SPACE), _decision(iproto.ROLLBACK, 16, 15)) == []
+    assert _given(r, _decision(iproto.CONFIRM, 17, 14)) == [(14, 14), (15, 15), (16, 16), (17, 17)]
+
+
+def test_promote_and_demote_decide_the_queue_and_raft_never_cuts_a_transaction():
+    """Newer versions (2.10+): PROMOTE and DEMOTE rows (with an LSN, their own transaction) hand the queue to a new
+    owner: the old one's transactions are decided. A RAFT packet (no LSN) is no row of the log, even inside a
+    multi-statement transaction."""
+    for row_type in (iproto.PROMOTE, iproto.DEMOTE):
+        r = Receiver({1: 10}, {SYNC_SPACE})
+        assert _given(r, _dml(11, SYNC_SPACE), _dml(12, ASYNC_SPACE, tsn=12)) == []
+        assert r.receive(_packet({iproto.TYPE: iproto.RAFT, iproto.REPLICA_ID: 1}, {0: 2, 1: 3})) == []
+        assert _given(r, _dml(13, ASYNC_SPACE, tsn=12, commit=True)) == []
+        assert _given(r, _decision(row_type, 14, 11, owner=1)) == [(11, 11), (12, 13), (14, 14)]
+        assert r.vclock == {1: 14} and not r.in_transaction
+
+
+def test_which_spaces_are_synchronous_follows_the_space_rows_streamed():
+    r = Receiver({1: 10})
+    r.know_spaces([[512, 1, "mem", "memtx", 0, {}, []], [600, 1, "syn", "memtx", 0, {"is_sync": True}, []]])
+    assert r.sync_spaces == {600}
+
+    def space_row(lsn, row_type, body):
+        return _packet({iproto.TYPE: row_type, iproto.REPLICA_ID: 1, iproto.LSN: lsn}, {iproto.SPACE_ID: 280, **body})
+
+    assert _given(r, space_row(11, iproto.INSERT, {iproto.TUPLE: [601, 1, "s2", "memtx", 0, {"is_sync": True}, []]}),
+                  space_row(12, iproto.UPDATE, {iproto.KEY: [600], iproto.TUPLE: [["=", 6, {}]]}),
+                  space_row(13, iproto.DELETE, {iproto.KEY: [601]})) == [(11, 11), (12, 12), (13, 13)]
+    assert r.sync_spaces == set()
+    assert _given(r, space_row(14, iproto.REPLACE, {iproto.TUPLE: [512, 1, "mem", "memtx", 0, {"is_sync": True},
+                                                                    []]})) == [(14, 14)]
+    assert r.sync_spaces == {512}
+
+
+def test_a_gap_inside_an_undecided_tail_takes_the_tail_with_it():
+    """The rows after an undecided transaction never came: it is never decided now, and what it held back is part
+    of the gap said (from the last transaction given)."""
+    r = Receiver({1: 10}, {SYNC_SPACE})
+    assert _given(r, _dml(11, SYNC_SPACE), _dml(12, ASYNC_SPACE)) == []
+    gap, after = r.receive(_dml(20, ASYNC_SPACE))
+    assert gap == Gap(1, 10, 20) and (after.first_lsn, after.last_lsn) == (20, 20) and r.vclock == {1: 20}
+
+
+
+# -- without I/O: a point-in-time cut never keeps what a later ROLLBACK undid
+
+
+def _xlog(path, start: dict, rows: list[bytes]):
+    from walcore.tarantool.writer import TarantoolWriter
+
+    writer = TarantoolWriter(path, "XLOG", instance="1f7ab73f-901e-431e-a517-04be6ff6a291", vclock=start)
+    for row in rows:  # a block per row: a cut may fall anywhere
+        writer.write_rows(row)
+    return writer.close()
+
+
+@pytest.mark.parametrize("decision, point, kept", [
+    (iproto.ROLLBACK, 5, 3),  # 4 (synchronous) and 5 (behind it) undone: the point moves back before 4
+    (iproto.ROLLBACK, 4, 3),
+    (iproto.ROLLBACK, 6, 6),  # the ROLLBACK row itself kept: a replay undoes them
+    (iproto.CONFIRM, 5, 5),  # 5 (asynchronous, behind 4) committed with it
+    (iproto.PROMOTE, 5, 4),  # a new owner: the old one's confirmed up to 4, 5 undone
+])
+def test_a_point_never_keeps_a_transaction_a_later_rollback_undoes(tmp_path, decision, point, kept):
+    from walcore.tarantool.pitr import Point, cut_chain
+    from walcore.tarantool.writer import REPLACE, dml_header, encode_row
+
+    def dml(lsn):
+        return encode_row(dml_header(REPLACE, lsn, 1, timestamp=1.7e9 + lsn), {iproto.SPACE_ID: 512,
+                                                                                 iproto.TUPLE: [lsn]})
+
+    decides = encode_row({iproto.TYPE: decision, iproto.REPLICA_ID: 1, iproto.LSN: 6, iproto.TIMESTAMP: 1.7e9 + 6},
+                         {iproto.REPLICA_ID: 1, iproto.LSN: 4})  # its owner's queue from (or up to) 4
+    first = _xlog(tmp_path / "00000000000000000000.xlog", {1: 0}, [dml(n) for n in range(1, 6)])
+    second = _xlog(tmp_path / "00000000000000000005.xlog", {1: 5}, [decides, dml(7)])
+    out = tmp_path / "out"
+    out.mkdir()
+    result = cut_chain([first, second], out, Point(vclock={1: point}), start_vclock={1: 0})
+    assert result.vclock == {1: kept}
+    # a time point between them is the same point
+    out = tmp_path / "by-time"
+    out.mkdir()
+    assert cut_chain([first, second], out, Point(time=1.7e9 + point), start_vclock={1: 0}).vclock == {1: kept}
