@@ -12,10 +12,22 @@ a segment boundary or a disconnect.
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
 
+import pytest
+import tarantool
+
+import tarantool_real as tr
+from conftest import new_repository, require_tarantool, run_cli, walvault_command
+from test_stream import PASSWORD, READY_TIMEOUT, Instance, Streamer, _segments
 from walcore.tarantool import iproto
 from walcore.tarantool.receiver import Gap, Receiver, Transaction
+from walcore.tarantool.subscription import Subscription
 
 SYNC_SPACE, ASYNC_SPACE = 513, 512
 
@@ -156,3 +168,178 @@ def test_a_point_never_keeps_a_transaction_a_later_rollback_undoes(tmp_path, dec
     out = tmp_path / "by-time"
     out.mkdir()
     assert cut_chain([first, second], out, Point(time=1.7e9 + point), start_vclock={1: 0}).vclock == {1: kept}
+
+
+# -- against a real 2.6 whose synchronous quorum no replica can reach
+
+
+class SyncInstance(Instance):
+    """tests/lua/sync_server.lua: `syn` is_sync, quorum 2, no replica; nothing writes but the test."""
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / "sync_server.lua"), str(self.work_dir),
+                                          str(self.port), PASSWORD], cwd=self.work_dir.parent,
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                if self.eval("return box.info.status")[0] == "running":
+                    return
+            except tarantool.Error:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"sync_server.lua not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+
+    def lsn(self) -> int:
+        return self.eval("return box.info.vclock[1]")[0]
+
+
+@pytest.fixture
+def sync_instance(tmp_path):
+    found = SyncInstance(tmp_path)
+    found.start()
+    yield found
+    found.kill()
+
+
+def _backup(instance: Instance, repo: Path) -> None:
+    env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
+    done = subprocess.run([*walvault_command(), "backup", str(instance.work_dir), "--connect",
+                           f"bk@127.0.0.1:{instance.port}", "--repo", str(repo)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def _caught_up(streamer: Streamer, lsn: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not (streamer.status_path.exists() and int(streamer.status()["vclock"].get("1", 0)) >= lsn):
+        assert streamer.proc.poll() is None, streamer.proc.communicate()
+        assert time.monotonic() < deadline, (lsn, streamer.status() if streamer.status_path.exists() else None)
+        time.sleep(0.05)
+
+
+def _connected(streamer: Streamer, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not (streamer.status_path.exists() and streamer.status()["connected"]):
+        assert streamer.proc.poll() is None, streamer.proc.communicate()
+        assert time.monotonic() < deadline, "the streamer never connected"
+        time.sleep(0.05)
+
+
+def _restored(repo: Path, target: Path, to: str) -> dict:
+    restored = run_cli("restore", "latest", target, "--repo", repo, "--to", to, "--json")
+    assert restored.returncode == 0, restored.stderr
+    return {**tr.dump_data_dir(target), "point": json.loads(restored.stdout)["point"]}
+
+
+@require_tarantool
+def test_the_streamer_never_votes_in_a_synchronous_quorum(sync_instance, tmp_path):
+    """quorum 2, no replica, the streamer attached and acknowledging: a synchronous insert times out and is
+    rolled back. The converse, to prove the setup can commit: a replica whose ACK carries its vclock votes."""
+    streamer = Streamer(sync_instance, new_repository(tmp_path / "repo"), tmp_path)
+    streamer.start()
+    _connected(streamer)
+    time.sleep(1.5)  # a heartbeat and its ACK went by
+    assert sync_instance.eval("return write('syn', {1})") == [False, "Quorum collection for a synchronous "
+                                                                      "transaction is timed out"]
+    with Subscription(f"repl@127.0.0.1:{sync_instance.port}", PASSWORD) as voter:
+        voter.hello()
+        voter.subscribe({1: sync_instance.lsn()})
+        writing = threading.Thread(target=lambda: result.append(sync_instance.eval("return write('syn', {2})")))
+        result: list = []
+        writing.start()
+        deadline = time.monotonic() + 5
+        while writing.is_alive() and time.monotonic() < deadline:
+            for packet in voter.packets(0.1):
+                if iproto.LSN in packet.header:  # the row: an ACK with its LSN votes for it
+                    voter.sock.sendall(iproto._packet({iproto.TYPE: iproto.OK},
+                                                      {iproto.VCLOCK: {1: packet.header[iproto.LSN]}}))
+        writing.join()
+    assert result == [[True]]
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+
+
+@require_tarantool
+def test_a_rolled_back_synchronous_transaction_is_never_restored(sync_instance, tmp_path):
+    """A synchronous insert, and an asynchronous one behind it, rolled back after 1 s, while segments are sealed
+    every 0.1 s: no segment ends between them and the ROLLBACK; a restore to the end, to the undone transaction's
+    own vclock, or to a time before its ROLLBACK holds neither; the confirmed one after them is restored."""
+    repo = new_repository(tmp_path / "repo")
+    _backup(sync_instance, repo)
+    streamer = Streamer(sync_instance, repo, tmp_path)
+    streamer.args += ["--segment-seconds", "0.1"]
+    streamer.start()
+    _connected(streamer)
+    before = sync_instance.lsn()
+    written = time.time()
+    assert sync_instance.eval("""
+        local fiber = require('fiber')
+        local behind
+        fiber.create(function() fiber.sleep(0.2) behind = {write('mem', {1})} end)
+        local ok = write('syn', {1})
+        while behind == nil do fiber.sleep(0.01) end
+        return ok, behind[1], behind[2]""") == [False, False, "A rollback for a synchronous transaction is received"]
+    time.sleep(0.3)  # stored: the confirmed ones go into a segment of their own
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('syn', {2})") == [True]
+    assert sync_instance.eval("return write('mem', {2})") == [True]
+    end = sync_instance.lsn()
+    assert end == before + 6  # syn 1, mem 1, ROLLBACK, syn 2, its CONFIRM, mem 2
+    _caught_up(streamer, end)
+    time.sleep(0.3)  # the last segment sealed and stored
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+    spans = _segments(repo)
+    assert len(spans) >= 2 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert not [s for s in spans if before + 1 <= s[1].get(1, 0) < before + 3], \
+        f"a segment ends inside the undecided tail {before + 1}..{before + 3}: {spans}"
+    at_end = _restored(repo, tmp_path / "end", "end")
+    assert at_end["spaces"]["syn"] == [[2]] and at_end["spaces"]["mem"] == [[2]], at_end
+    assert at_end["vclock"][1] == end
+    for to in (f"{{1: {before + 1}}}", f"{{1: {before + 2}}}", f"@{written + 0.5}"):
+        inside = _restored(repo, tmp_path / f"to-{to}", to)
+        assert inside["spaces"]["syn"] == [] and inside["spaces"]["mem"] == [], (to, inside)
+        assert inside["vclock"][1] == before, (to, inside)
+
+
+@require_tarantool
+def test_an_undecided_transaction_is_never_stored_and_the_instance_dying_leaves_it_out(sync_instance, tmp_path):
+    """A synchronous insert waits 30 s for a quorum: the streamer, stopped and started again meanwhile, stores the
+    log up to before it (and the asynchronous one behind it), never into it. The instance killed with it undecided:
+    restore --to end leaves both out; Tarantool 2.6 itself, recovering its own files, shows them (an undecided
+    transaction is visible), which no client was told is committed."""
+    repo = new_repository(tmp_path / "repo")
+    _backup(sync_instance, repo)
+    streamer = Streamer(sync_instance, repo, tmp_path)
+    streamer.args += ["--segment-seconds", "0.1"]
+    streamer.start()
+    _connected(streamer)
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    before = sync_instance.lsn()
+    sync_instance.eval("""
+        local fiber = require('fiber')
+        box.cfg{replication_synchro_timeout = 30}
+        fiber.create(function() write('syn', {1}) end)
+        fiber.create(function() fiber.sleep(0.1) write('mem', {2}) end)""")
+    time.sleep(0.5)
+    assert sync_instance.lsn() == before + 2
+    _caught_up(streamer, before)
+    time.sleep(0.5)  # five segment intervals with the tail undecided
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+    assert _segments(repo)[-1][1][1] == before
+    streamer.start()  # from before the tail: received again, held again
+    _connected(streamer)
+    time.sleep(0.5)
+    sync_instance.kill()
+    time.sleep(0.5)
+    code, _out, err = streamer.stop()
+    assert code == 0, err
+    assert _segments(repo)[-1][1][1] == before
+    at_end = _restored(repo, tmp_path / "end", "end")
+    assert at_end["spaces"]["syn"] == [] and at_end["spaces"]["mem"] == [[1]], at_end
+    itself = tr.dump_data_dir(sync_instance.work_dir)
+    assert itself["spaces"]["syn"] == [[1]] and itself["spaces"]["mem"] == [[1], [2]], itself
