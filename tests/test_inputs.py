@@ -141,6 +141,16 @@ def test_wait_must_be_a_finite_number_of_seconds(tmp_path, seconds):
     assert tree_snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "-1"])
+def test_the_stream_timeout_must_be_a_positive_number_of_seconds(tmp_path, seconds):
+    new_repository(tmp_path / "repo")
+    before = tree_snapshot(tmp_path)
+    proc = run_main("stream", "--connect", "repl@127.0.0.1:1", "--repo", tmp_path / "repo", "--spool",
+                    tmp_path / "spool", "--timeout", seconds)
+    _one_line_exit_2(proc, "--timeout must be a positive number")
+    assert tree_snapshot(tmp_path) == before
+
+
 def test_restore_refuses_a_dangling_symlink_target(tarantool_backup, tmp_path):
     link = tmp_path / "restored"
     link.symlink_to(tmp_path / "nowhere")

@@ -41,7 +41,7 @@ SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
 FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
-# Seconds without a packet before the connection is taken for dead: the master sends a heartbeat every
+# Seconds without a packet before the connection is taken for dead (--timeout): the master sends a heartbeat every
 # replication_timeout (1 s by default), but a connection dropped on the way (a NAT, a firewall) is never closed.
 SILENCE_LIMIT = 30.0
 
@@ -85,8 +85,8 @@ def held_position(repo: Repository, instance: str) -> Vclock:
 
 
 def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: float = 1.0,
-           segment_bytes: int = 16 << 20, status_file: Path | None = None, stop: threading.Event | None = None,
-           say=print) -> StreamState:
+           segment_bytes: int = 16 << 20, status_file: Path | None = None, silence_limit: float = SILENCE_LIMIT,
+           stop: threading.Event | None = None, say=print) -> StreamState:
     """Stream until `stop` is set; returns the final state (its `gaps`: what never came). LiveError when the first
     connection or subscription fails (nothing was streamed: the caller says it and exits 2)."""
     stop = stop or threading.Event()
@@ -123,7 +123,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                 say(f"streaming {instance} from {state.connect} (master id {subscribed.master_id}) from vclock "
                     f"{_show(receiver.vclock)}")
                 _status(status_file, state)
-                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file)
+                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file, silence_limit)
             except XlogGap as e:  # the stream goes on from what the instance has, the gap said
                 receiver.drop_open()
                 writer.seal_and_store()
@@ -153,7 +153,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
 
 
 def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop: threading.Event,
-             segment_seconds: float, segment_bytes: int, status_file: Path | None) -> None:
+             segment_seconds: float, segment_bytes: int, status_file: Path | None, silence_limit: float) -> None:
     """One connection's rows until it drops (LiveError) or `stop`."""
     acked = 0.0
     heard = time.monotonic()
@@ -165,8 +165,8 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
         packets = sub.packets(wait)
         if packets:
             heard = time.monotonic()
-        elif time.monotonic() - heard > SILENCE_LIMIT:
-            raise LiveError(f"{sub.display}: nothing came in {SILENCE_LIMIT:g} s, not even a heartbeat: the "
+        elif time.monotonic() - heard > silence_limit:
+            raise LiveError(f"{sub.display}: nothing came in {silence_limit:g} s, not even a heartbeat: the "
                             "connection is taken for lost")
         batch: list[Transaction] = []
         for packet in packets:
