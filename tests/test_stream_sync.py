@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -21,10 +23,11 @@ from pathlib import Path
 
 import pytest
 import tarantool
+import zstandard
 
 import tarantool_real as tr
 from conftest import new_repository, require_tarantool, run_cli, walvault_command
-from test_stream import PASSWORD, READY_TIMEOUT, Instance, Streamer, _segments
+from test_stream import PASSWORD, READY_TIMEOUT, Instance, Streamer, _segments, instance  # noqa: F401 (a fixture)
 from walcore.tarantool import iproto
 from walcore.tarantool.receiver import Gap, Receiver, Transaction
 from walcore.tarantool.subscription import Subscription
@@ -343,3 +346,164 @@ def test_an_undecided_transaction_is_never_stored_and_the_instance_dying_leaves_
     assert at_end["spaces"]["syn"] == [] and at_end["spaces"]["mem"] == [[1]], at_end
     itself = tr.dump_data_dir(sync_instance.work_dir)
     assert itself["spaces"]["syn"] == [[1]] and itself["spaces"]["mem"] == [[1], [2]], itself
+
+
+# -- the connection cut and stalled through a loopback proxy
+
+
+class StreamProxy:
+    """A loopback TCP proxy between the streamer and the instance (plain sockets, a thread per direction). The
+    first `cuts` connections are reset right after a row that leaves a multi-statement transaction open (once
+    `after_rows` rows went through): the streamer has half a transaction. `stalled` set: no byte is forwarded,
+    and no connection closed."""
+
+    def __init__(self, upstream_port: int, *, cuts: int = 0, after_rows: int = 200):
+        self.upstream_port, self.after_rows = upstream_port, after_rows
+        self.cuts_left, self.cut = cuts, 0
+        self.stalled = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                return
+            cut, self.cuts_left = self.cuts_left > 0, self.cuts_left - 1
+            threading.Thread(target=self._copy, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._copy, args=(upstream, client, cut), daemon=True).start()
+
+    def _copy(self, src: socket.socket, dst: socket.socket, cut: bool) -> None:
+        reader, greeting, rows = iproto.PacketReader(), 0, 0
+        try:
+            while data := src.recv(1 << 16):
+                while self.stalled.is_set():
+                    time.sleep(0.02)
+                if not cut:
+                    dst.sendall(data)
+                    continue
+                if greeting < iproto.GREETING_SIZE:  # the greeting is no packet
+                    take = data[:iproto.GREETING_SIZE - greeting]
+                    dst.sendall(take)
+                    greeting, data = greeting + len(take), data[len(take):]
+                reader.feed(data)
+                while (packet := reader.next_packet()) is not None:
+                    dst.sendall(b"\xce" + len(packet.row).to_bytes(4, "big") + packet.row)
+                    rows += iproto.LSN in packet.header
+                    if rows > self.after_rows and iproto.TSN in packet.header \
+                            and not packet.header.get(iproto.FLAGS, 0) & iproto.COMMIT_FLAG:
+                        self.cut += 1
+                        return
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):  # reset (RST), not closed: SO_LINGER 0
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.shutdown(socket.SHUT_RD)  # wakes the other direction's recv
+                except OSError:
+                    pass
+                sock.close()
+
+    def close(self) -> None:
+        self.stalled.clear()
+        self.listener.close()
+
+
+def _through(streamer: Streamer, proxy: StreamProxy, *options: str) -> None:
+    at = streamer.args.index("--connect") + 1
+    streamer.args[at] = f"repl@127.0.0.1:{proxy.port}"
+    streamer.args += options
+
+
+def _segment_transactions(repo: Path, tmp_path: Path) -> int:
+    """The transactions in the stored segments, each checked whole inside one segment."""
+    from walcore.tarantool.row import iter_rows
+    from walcore.tarantool.segments import _payloads
+
+    transactions = 0
+    for stored in sorted(repo.glob("tarantool/*/stream/*.xlog.zst")):
+        plain = tmp_path / stored.stem
+        plain.write_bytes(zstandard.ZstdDecompressor().decompressobj().decompress(stored.read_bytes()))
+        inside = False
+        for payload in _payloads(plain):
+            for row in iter_rows(payload, require_lsn=True):
+                assert inside or row.tsn == row.lsn, f"{stored.name} starts inside a transaction at {row.lsn}"
+                inside = not row.commit
+                transactions += row.commit
+        assert not inside, f"{stored.name} ends inside a transaction"
+        plain.unlink()
+    return transactions
+
+
+def _stopped_equal_to_the_instance(instance: Instance, streamer: Streamer, repo: Path, tmp_path: Path) -> str:
+    """The writes paused, the stream caught up and stopped, the instance killed: restore --to end holds what
+    the instance itself recovers, and the segments are one unbroken log. Returns the streamer's stderr."""
+    instance.eval("paused = true")
+    written = instance.eval("return box.info.vclock[1]")[0]
+    _caught_up(streamer, written, timeout=60)
+    deadline = time.monotonic() + 30
+    while not (_segments(repo) and _segments(repo)[-1][1][1] == written):
+        assert time.monotonic() < deadline, f"stored to {_segments(repo)[-1][1]}, the instance wrote {written}"
+        time.sleep(0.1)
+    code, out, err = streamer.stop()
+    assert code == 0 and "0 gaps" in out, out + err
+    instance.kill()
+    spans = _segments(repo)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), "the segments are not one unbroken log"
+    source = tr.dump_data_dir(instance.work_dir)
+    restored = _restored(repo, tmp_path / "restored", "end")
+    assert restored["vclock"][1] == source["vclock"][1] == written
+    assert restored["spaces"]["mem"] == source["spaces"]["mem"] and len(source["spaces"]["mem"]) > 1000
+    return err
+
+
+@require_tarantool
+def test_connections_reset_inside_transactions_lose_and_repeat_nothing(instance, tmp_path):
+    """Ten connections in a row reset right after a row inside a multi-statement transaction, segments of 4 KiB
+    (a boundary every few transactions): the streamer reconnects each time from the whole transactions received;
+    every segment holds whole transactions only, and the restore to the end equals the instance."""
+    repo = new_repository(tmp_path / "repo")
+    _backup(instance, repo)
+    proxy = StreamProxy(instance.port, cuts=10)
+    streamer = Streamer(instance, repo, tmp_path)
+    _through(streamer, proxy, "--segment-bytes", "4096")
+    streamer.start()
+    deadline = time.monotonic() + 60
+    while proxy.cut < 10:
+        assert streamer.proc.poll() is None and time.monotonic() < deadline, (proxy.cut, streamer.proc.poll())
+        time.sleep(0.1)
+    time.sleep(1)
+    err = _stopped_equal_to_the_instance(instance, streamer, repo, tmp_path)
+    proxy.close()
+    assert err.count("disconnected:") >= 10, err
+    assert _segment_transactions(repo, tmp_path) > 1000
+
+
+@require_tarantool
+def test_a_stalled_connection_is_taken_for_lost_after_the_timeout(instance, tmp_path):
+    """The proxy stops forwarding without closing anything: after --timeout 1.5 s without a packet (the instance's
+    heartbeats stalled too) the streamer takes the connection for lost and reconnects; once the proxy forwards
+    again, the stream goes on with no gap and no duplicate."""
+    repo = new_repository(tmp_path / "repo")
+    _backup(instance, repo)
+    proxy = StreamProxy(instance.port)
+    streamer = Streamer(instance, repo, tmp_path)
+    _through(streamer, proxy, "--timeout", "1.5")
+    streamer.start()
+    streamer.wait_stored(2)
+    proxy.stalled.set()
+    stalled = time.monotonic()
+    deadline = stalled + 20
+    while "nothing came in 1.5 s" not in (streamer.status().get("error") or ""):
+        assert streamer.proc.poll() is None and time.monotonic() < deadline, streamer.status()
+        time.sleep(0.05)
+    assert time.monotonic() - stalled >= 1.5
+    proxy.stalled.clear()
+    _connected(streamer)
+    err = _stopped_equal_to_the_instance(instance, streamer, repo, tmp_path)
+    proxy.close()
+    assert "nothing came in 1.5 s, not even a heartbeat: the connection is taken for lost" in err, err
