@@ -354,13 +354,14 @@ def test_an_undecided_transaction_is_never_stored_and_the_instance_dying_leaves_
 class StreamProxy:
     """A loopback TCP proxy between the streamer and the instance (plain sockets, a thread per direction). The
     first `cuts` connections are reset right after a row that leaves a multi-statement transaction open (once
-    `after_rows` rows went through): the streamer has half a transaction. `stalled` set: no byte is forwarded,
-    and no connection closed."""
+    `after_rows` rows went through): the streamer has half a transaction. `reset()` resets every connection now.
+    `stalled` set: no byte is forwarded, and no connection closed."""
 
     def __init__(self, upstream_port: int, *, cuts: int = 0, after_rows: int = 200):
         self.upstream_port, self.after_rows = upstream_port, after_rows
         self.cuts_left, self.cut = cuts, 0
         self.stalled = threading.Event()
+        self.sockets: list[socket.socket] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -373,6 +374,7 @@ class StreamProxy:
             except OSError:
                 return
             cut, self.cuts_left = self.cuts_left > 0, self.cuts_left - 1
+            self.sockets += [client, upstream]
             threading.Thread(target=self._copy, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._copy, args=(upstream, client, cut), daemon=True).start()
 
@@ -400,17 +402,25 @@ class StreamProxy:
         except OSError:
             pass
         finally:
-            for sock in (src, dst):  # reset (RST), not closed: SO_LINGER 0
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    sock.shutdown(socket.SHUT_RD)  # wakes the other direction's recv
-                except OSError:
-                    pass
-                sock.close()
+            _reset(src, dst)
+
+    def reset(self) -> None:
+        _reset(*self.sockets)
+        self.sockets = []
 
     def close(self) -> None:
         self.stalled.clear()
         self.listener.close()
+
+
+def _reset(*socks: socket.socket) -> None:
+    for sock in socks:  # reset (RST), not closed: SO_LINGER 0
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.shutdown(socket.SHUT_RD)  # wakes the other direction's recv
+        except OSError:
+            pass
+        sock.close()
 
 
 def _through(streamer: Streamer, proxy: StreamProxy, *options: str) -> None:
@@ -507,3 +517,42 @@ def test_a_stalled_connection_is_taken_for_lost_after_the_timeout(instance, tmp_
     err = _stopped_equal_to_the_instance(instance, streamer, repo, tmp_path)
     proxy.close()
     assert "nothing came in 1.5 s, not even a heartbeat: the connection is taken for lost" in err, err
+
+
+@require_tarantool
+def test_a_disconnect_while_a_transaction_is_undecided_receives_it_again(sync_instance, tmp_path):
+    """The connection reset while a synchronous insert (and an asynchronous one behind it) waits for its quorum:
+    the held tail is dropped and received again on the next connection, with the ROLLBACK that undoes it; no
+    segment ends inside it and the restore to the end holds neither, but the confirmed insert after them."""
+    repo = new_repository(tmp_path / "repo")
+    _backup(sync_instance, repo)
+    proxy = StreamProxy(sync_instance.port)
+    streamer = Streamer(sync_instance, repo, tmp_path)
+    _through(streamer, proxy, "--segment-seconds", "0.1")
+    streamer.start()
+    _connected(streamer)
+    before = sync_instance.lsn()
+    sync_instance.eval("""
+        local fiber = require('fiber')
+        box.cfg{replication_synchro_timeout = 2}
+        fiber.create(function() write('syn', {1}) end)
+        fiber.create(function() fiber.sleep(0.1) write('mem', {1}) end)""")
+    time.sleep(0.7)
+    proxy.reset()
+    deadline = time.monotonic() + 10
+    while sync_instance.lsn() < before + 3:  # the ROLLBACK
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('syn', {2})") == [True]
+    end = sync_instance.lsn()
+    _caught_up(streamer, end)
+    time.sleep(0.3)
+    code, _out, err = streamer.stop()
+    proxy.close()
+    assert code == 0 and "disconnected:" in err, err
+    spans = _segments(repo)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert not [s for s in spans if before + 1 <= s[1].get(1, 0) < before + 3], spans
+    at_end = _restored(repo, tmp_path / "end", "end")
+    assert at_end["spaces"]["syn"] == [[2]] and at_end["spaces"]["mem"] == [] and at_end["vclock"][1] == end
