@@ -171,6 +171,8 @@ def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_pa
 
 
 class Instance:
+    script = "stream_server.lua"
+
     def __init__(self, root: Path):
         self.work_dir = root / "instance"
         self.port = free_port()
@@ -179,19 +181,22 @@ class Instance:
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / "stream_server.lua"), str(self.work_dir),
+            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / self.script), str(self.work_dir),
                                           str(self.port), PASSWORD], cwd=self.work_dir.parent,
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             try:
-                if self.eval("return committed")[0] > 300:
+                if self.ready():
                     return
             except tarantool.Error:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"stream_server.lua not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
+                pytest.fail(f"{self.script} not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
             time.sleep(0.05)
+
+    def ready(self) -> bool:
+        return self.eval("return committed")[0] > 300  # its writer writes
 
     def eval(self, code: str) -> list:
         conn = tarantool.Connection("127.0.0.1", self.port, user="bk", password=PASSWORD, fetch_schema=False,

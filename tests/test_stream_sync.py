@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-import tarantool
 import zstandard
 
 import tarantool_real as tr
 from conftest import new_repository, require_tarantool, run_cli, walvault_command
-from test_stream import PASSWORD, READY_TIMEOUT, Instance, Streamer, _segments, instance  # noqa: F401 (a fixture)
+from test_stream import PASSWORD, Instance, Streamer, _segments, instance  # noqa: F401 (a fixture)
 from walcore.tarantool import iproto
 from walcore.tarantool.receiver import Gap, Receiver, Transaction
 from walcore.tarantool.subscription import Subscription
@@ -179,21 +178,10 @@ def test_a_point_never_keeps_a_transaction_a_later_rollback_undoes(tmp_path, dec
 class SyncInstance(Instance):
     """tests/lua/sync_server.lua: `syn` is_sync, quorum 2, no replica; nothing writes but the test."""
 
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / "sync_server.lua"), str(self.work_dir),
-                                          str(self.port), PASSWORD], cwd=self.work_dir.parent,
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        deadline = time.monotonic() + READY_TIMEOUT
-        while True:
-            try:
-                if self.eval("return box.info.status")[0] == "running":
-                    return
-            except tarantool.Error:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"sync_server.lua not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.05)
+    script = "sync_server.lua"
+
+    def ready(self) -> bool:
+        return self.eval("return box.info.status")[0] == "running"
 
     def lsn(self) -> int:
         return self.eval("return box.info.vclock[1]")[0]
@@ -207,12 +195,36 @@ def sync_instance(tmp_path):
     found.kill()
 
 
-def _backup(instance: Instance, repo: Path) -> None:
+def _undecided(instance: SyncInstance, synchro_timeout: float, *, behind: int) -> int:
+    """A synchronous insert of {1} into `syn` waiting up to `synchro_timeout` s for its quorum, and an asynchronous
+    insert of {behind} into `mem` behind it; returns the instance's LSN before them."""
+    before = instance.lsn()
+    instance.eval(f"""
+        local fiber = require('fiber')
+        box.cfg{{replication_synchro_timeout = {synchro_timeout}}}
+        fiber.create(function() write('syn', {{1}}) end)
+        fiber.create(function() fiber.sleep(0.1) write('mem', {{{behind}}}) end)""")
+    return before
+
+
+def _streaming(instance: Instance, tmp_path: Path, *options: str, proxy: StreamProxy | None = None,
+               wait: bool = True) -> tuple[Path, Streamer]:
+    """A repository with a backup of the instance (a base to restore), and a streamer into it with `options`,
+    started (through `proxy` when given), connected unless not to `wait`."""
+    repo = new_repository(tmp_path / "repo")
     env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
     done = subprocess.run([*walvault_command(), "backup", str(instance.work_dir), "--connect",
                            f"bk@127.0.0.1:{instance.port}", "--repo", str(repo)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    streamer = Streamer(instance, repo, tmp_path)
+    if proxy is not None:
+        streamer.args[streamer.args.index("--connect") + 1] = f"repl@127.0.0.1:{proxy.port}"
+    streamer.args += options
+    streamer.start()
+    if wait:
+        _connected(streamer)
+    return repo, streamer
 
 
 def _caught_up(streamer: Streamer, lsn: int, timeout: float = 30) -> None:
@@ -270,12 +282,7 @@ def test_a_rolled_back_synchronous_transaction_is_never_restored(sync_instance, 
     """A synchronous insert, and an asynchronous one behind it, rolled back after 1 s, while segments are sealed
     every 0.1 s: no segment ends between them and the ROLLBACK; a restore to the end, to the undone transaction's
     own vclock, or to a time before its ROLLBACK holds neither; the confirmed one after them is restored."""
-    repo = new_repository(tmp_path / "repo")
-    _backup(sync_instance, repo)
-    streamer = Streamer(sync_instance, repo, tmp_path)
-    streamer.args += ["--segment-seconds", "0.1"]
-    streamer.start()
-    _connected(streamer)
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1")
     before = sync_instance.lsn()
     written = time.time()
     assert sync_instance.eval("""
@@ -314,19 +321,9 @@ def test_an_undecided_transaction_is_never_stored_and_the_instance_dying_leaves_
     log up to before it (and the asynchronous one behind it), never into it. The instance killed with it undecided:
     restore --to end leaves both out; Tarantool 2.6 itself, recovering its own files, shows them (an undecided
     transaction is visible), which no client was told is committed."""
-    repo = new_repository(tmp_path / "repo")
-    _backup(sync_instance, repo)
-    streamer = Streamer(sync_instance, repo, tmp_path)
-    streamer.args += ["--segment-seconds", "0.1"]
-    streamer.start()
-    _connected(streamer)
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1")
     assert sync_instance.eval("return write('mem', {1})") == [True]
-    before = sync_instance.lsn()
-    sync_instance.eval("""
-        local fiber = require('fiber')
-        box.cfg{replication_synchro_timeout = 30}
-        fiber.create(function() write('syn', {1}) end)
-        fiber.create(function() fiber.sleep(0.1) write('mem', {2}) end)""")
+    before = _undecided(sync_instance, 30, behind=2)
     time.sleep(0.5)
     assert sync_instance.lsn() == before + 2
     _caught_up(streamer, before)
@@ -423,12 +420,6 @@ def _reset(*socks: socket.socket) -> None:
         sock.close()
 
 
-def _through(streamer: Streamer, proxy: StreamProxy, *options: str) -> None:
-    at = streamer.args.index("--connect") + 1
-    streamer.args[at] = f"repl@127.0.0.1:{proxy.port}"
-    streamer.args += options
-
-
 def _segment_transactions(repo: Path, tmp_path: Path) -> int:
     """The transactions in the stored segments, each checked whole inside one segment."""
     from walcore.tarantool.row import iter_rows
@@ -476,12 +467,8 @@ def test_connections_reset_inside_transactions_lose_and_repeat_nothing(instance,
     """Ten connections in a row reset right after a row inside a multi-statement transaction, segments of 4 KiB
     (a boundary every few transactions): the streamer reconnects each time from the whole transactions received;
     every segment holds whole transactions only, and the restore to the end equals the instance."""
-    repo = new_repository(tmp_path / "repo")
-    _backup(instance, repo)
     proxy = StreamProxy(instance.port, cuts=10)
-    streamer = Streamer(instance, repo, tmp_path)
-    _through(streamer, proxy, "--segment-bytes", "4096")
-    streamer.start()
+    repo, streamer = _streaming(instance, tmp_path, "--segment-bytes", "4096", proxy=proxy, wait=False)
     deadline = time.monotonic() + 60
     while proxy.cut < 10:
         assert streamer.proc.poll() is None and time.monotonic() < deadline, (proxy.cut, streamer.proc.poll())
@@ -498,12 +485,8 @@ def test_a_stalled_connection_is_taken_for_lost_after_the_timeout(instance, tmp_
     """The proxy stops forwarding without closing anything: after --timeout 1.5 s without a packet (the instance's
     heartbeats stalled too) the streamer takes the connection for lost and reconnects; once the proxy forwards
     again, the stream goes on with no gap and no duplicate."""
-    repo = new_repository(tmp_path / "repo")
-    _backup(instance, repo)
     proxy = StreamProxy(instance.port)
-    streamer = Streamer(instance, repo, tmp_path)
-    _through(streamer, proxy, "--timeout", "1.5")
-    streamer.start()
+    repo, streamer = _streaming(instance, tmp_path, "--timeout", "1.5", proxy=proxy)
     streamer.wait_stored(2)
     proxy.stalled.set()
     stalled = time.monotonic()
@@ -524,19 +507,9 @@ def test_a_disconnect_while_a_transaction_is_undecided_receives_it_again(sync_in
     """The connection reset while a synchronous insert (and an asynchronous one behind it) waits for its quorum:
     the held tail is dropped and received again on the next connection, with the ROLLBACK that undoes it; no
     segment ends inside it and the restore to the end holds neither, but the confirmed insert after them."""
-    repo = new_repository(tmp_path / "repo")
-    _backup(sync_instance, repo)
     proxy = StreamProxy(sync_instance.port)
-    streamer = Streamer(sync_instance, repo, tmp_path)
-    _through(streamer, proxy, "--segment-seconds", "0.1")
-    streamer.start()
-    _connected(streamer)
-    before = sync_instance.lsn()
-    sync_instance.eval("""
-        local fiber = require('fiber')
-        box.cfg{replication_synchro_timeout = 2}
-        fiber.create(function() write('syn', {1}) end)
-        fiber.create(function() fiber.sleep(0.1) write('mem', {1}) end)""")
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1", proxy=proxy)
+    before = _undecided(sync_instance, 2, behind=1)
     time.sleep(0.7)
     proxy.reset()
     deadline = time.monotonic() + 10
