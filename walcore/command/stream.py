@@ -4,6 +4,8 @@ seconds and stored in the repository: a source that dies loses seconds of commit
 - It subscribes from the newest position the repository holds of the instance (its stream, its archive, its
   backups) and receives rows as they commit; it changes nothing on the instance (anonymous: no entry in _cluster;
   its ACKs carry an empty vclock, so they never vote in a synchronous quorum).
+- A synchronous transaction, and every one after it, is held (tarantool/receiver.py) until the CONFIRM or
+  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail.
 - Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
   Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
   created under the stream lease, proven right before: the record is the commit point.

@@ -40,6 +40,7 @@ ERROR_24, ERROR_STACK = 0x31, 0x52
 ERROR_MESSAGE = 0x03  # in an error stack's entry
 
 MAX_PACKET = 1 << 31  # no row is larger (a block holds at most 2 GiB)
+_UINT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack uint 8 to 64: bytes after the first
 
 
 class ProtocolError(ValueError):
@@ -127,6 +128,20 @@ class Packet:
         return msgpack.unpackb(self.row[self.body_at:], strict_map_key=False, raw=False,
                                unicode_errors="surrogateescape")
 
+    def space_id(self):
+        """A DML row's space id, read without decoding the rest of its body where it comes first (as Tarantool
+        writes it): a stream decodes it for every row."""
+        row, at = self.row, self.body_at
+        if len(row) > at + 2 and 0x80 <= row[at] <= 0x8F and row[at + 1] == SPACE_ID:
+            first = row[at + 2]
+            if first <= 0x7F:
+                return first
+            width = _UINT_WIDTHS.get(first)
+            if width is not None and len(row) >= at + 3 + width:
+                return int.from_bytes(row[at + 3:at + 3 + width], "big")
+        body = self.body()
+        return body.get(SPACE_ID) if isinstance(body, dict) else None
+
     def error(self) -> tuple[int, str]:
         """An error packet's code and message (the error stack's first entry's, else the 1.x message)."""
         body = self.body() or {}
@@ -178,8 +193,7 @@ def _length(buf: bytearray, at: int) -> tuple[int | None, int]:
     first = buf[at]
     if first <= 0x7F:
         return first, at + 1
-    widths = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
-    width = widths.get(first)
+    width = _UINT_WIDTHS.get(first)
     if width is None:
         raise ProtocolError(f"a packet length is not a msgpack uint (byte 0x{first:02x})")
     if at + 1 + width > len(buf):

@@ -23,6 +23,7 @@ from pathlib import Path
 from ..fsutil import fsync_dir, write_atomic
 from .cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock, vclock_leq
+from .iproto import CONFIRM, DEMOTE, PROMOTE, ROLLBACK
 from .row import LSN, REPLICA_ID, TIMESTAMP, iter_rows
 from .writer import TarantoolWriter
 
@@ -30,8 +31,8 @@ COPY_CHUNK = 1 << 20
 
 _VCLOCK_ITEMS = re.compile(r"\d+ *: *\d+( *, *\d+ *: *\d+)*")
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
-PROMOTE, DEMOTE, CONFIRM, ROLLBACK = 31, 32, 40, 41  # rows deciding synchronous transactions (iproto_constants.h)
-# A row header is a map whose first key is its type: a block holds a deciding row only where these bytes are
+# A row header is a map whose first key is its type: a block holds a row deciding synchronous transactions
+# (PROMOTE 31, DEMOTE 32, CONFIRM 40, ROLLBACK 41) only where these bytes are
 # (a match elsewhere only costs decoding the block).
 _DECIDING = re.compile(rb"[\x80-\x8f]\x00[\x1f\x20\x28\x29]")
 

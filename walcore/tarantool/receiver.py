@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .iproto import (COMMIT_FLAG, CONFIRM, DELETE, DEMOTE, DML_TYPES, FLAGS, KEY, LSN, PROMOTE, RAFT, REPLICA_ID,
-                     ROLLBACK, SPACE_ID, TIMESTAMP, TSN, TUPLE, TYPE, UPDATE, Packet)
+                     ROLLBACK, TIMESTAMP, TSN, TUPLE, TYPE, UPDATE, Packet)
 
 SPACE_SPACE = 280  # _space: {id, owner, name, engine, field_count, options, format}; options.is_sync
 DECISIONS = (CONFIRM, ROLLBACK, PROMOTE, DEMOTE)  # rows that decide the fate of undecided synchronous transactions
@@ -105,10 +105,9 @@ class Receiver:
         tx.rows.append(packet.row)
         tx.last_lsn = lsn
         if header.get(TYPE) in DML_TYPES:
-            body = packet.body()
-            space = body.get(SPACE_ID) if isinstance(body, dict) else None
+            space = packet.space_id()
             if space == SPACE_SPACE:
-                self._space_changed(header[TYPE], body)
+                self._space_changed(header[TYPE], packet.body())
             tx.sync |= space in self.sync_spaces
         offset = header.get(TSN)
         if offset is None or header.get(FLAGS, 0) & COMMIT_FLAG:
