@@ -413,6 +413,7 @@ FILE_TIERS = {
     "test_status.py": "unit",
     "test_stream.py": "unit",  # the protocol without I/O; its real-instance tests are integration (a Tarantool)
     "test_streams.py": "integration",  # the supervisor of the configured streamers, against a real Tarantool
+    "test_stream_sync.py": "unit",  # the receiver without I/O; its real-instance tests are integration
     "test_verdicts_retention.py": "integration",  # whole histories backed up, verified, expired and restored
     "test_spark_submit.py": "integration",
     "test_tarantool_cursor.py": "unit",

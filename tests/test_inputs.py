@@ -141,6 +141,16 @@ def test_wait_must_be_a_finite_number_of_seconds(tmp_path, seconds):
     assert tree_snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("seconds", ["nan", "inf", "0", "-1"])
+def test_the_stream_timeout_must_be_a_positive_number_of_seconds(tmp_path, seconds):
+    new_repository(tmp_path / "repo")
+    before = tree_snapshot(tmp_path)
+    proc = run_main("stream", "--connect", "repl@127.0.0.1:1", "--repo", tmp_path / "repo", "--spool",
+                    tmp_path / "spool", "--timeout", seconds)
+    _one_line_exit_2(proc, "--timeout must be a positive number")
+    assert tree_snapshot(tmp_path) == before
+
+
 def test_restore_refuses_a_dangling_symlink_target(tarantool_backup, tmp_path):
     link = tmp_path / "restored"
     link.symlink_to(tmp_path / "nowhere")
@@ -271,6 +281,20 @@ def test_a_user_name_with_an_at_sign_still_hides_the_password(tmp_path, monkeypa
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "pw-in-argv" not in proc.stderr + proc.stdout and "from-env" not in proc.stderr + proc.stdout
     assert "visible in the process list" in proc.stderr
+
+
+@pytest.mark.parametrize("scheme", ["tarantool", "http"])
+def test_a_uri_with_a_scheme_holds_no_password_in_its_colon(tmp_path, monkeypatch, scheme):
+    """scheme://user@host:port: the colon after the scheme starts no password (it was taken for one: a false
+    warning, and the environment's password not given to the tarantool:// user)."""
+    from walcore.requests import connect_with_password
+
+    repo = tmp_path / "repo"
+    new_repository(repo)
+    monkeypatch.setenv("WALVAULT_PASSWORD", "from-env")
+    proc = run_main("backup", tmp_path, "--repo", repo, "--connect", f"{scheme}://backup@127.0.0.1:1")
+    assert proc.returncode == 2 and "visible in the process list" not in proc.stderr, proc.stderr
+    assert connect_with_password("tarantool://backup@127.0.0.1:1", None) == "tarantool://backup:from-env@127.0.0.1:1"
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "both", "no-connect"])

@@ -102,9 +102,9 @@ def test_the_receiver_gives_whole_transactions_and_says_gaps():
         r.receive(row(23))
 
 
-def test_a_connection_silent_past_the_limit_is_taken_for_lost(monkeypatch, tmp_path):
+def test_a_connection_silent_past_the_limit_is_taken_for_lost(tmp_path):
     """A connection dropped on the way (a NAT, a firewall) is never closed: without a packet, not even the
-    master's heartbeat, for SILENCE_LIMIT seconds the streamer reconnects rather than wait forever."""
+    master's heartbeat, for --timeout seconds the streamer reconnects rather than wait forever."""
     from walcore.command import stream as stream_command
     from walcore.tarantool.live import LiveError
     from walcore.tarantool.segments import Spool
@@ -116,11 +116,10 @@ def test_a_connection_silent_past_the_limit_is_taken_for_lost(monkeypatch, tmp_p
             time.sleep(min(wait, 0.01))
             return []
 
-    monkeypatch.setattr(stream_command, "SILENCE_LIMIT", 0.2)
     with Spool(tmp_path, "instance") as spool:
         writer = stream_command._SegmentStore(None, "instance", spool, None, stream_command.StreamState("x"), print)
         with pytest.raises(LiveError, match="nothing came in 0.2 s, not even a heartbeat"):
-            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None)
+            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None, 0.2)
 
 
 def test_a_spool_is_used_by_one_streamer_at_a_time(tmp_path):
@@ -172,6 +171,8 @@ def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_pa
 
 
 class Instance:
+    script = "stream_server.lua"
+
     def __init__(self, root: Path):
         self.work_dir = root / "instance"
         self.port = free_port()
@@ -180,19 +181,22 @@ class Instance:
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / "stream_server.lua"), str(self.work_dir),
+            self.proc = subprocess.Popen([tr.TARANTOOL, str(tr.LUA_DIR / self.script), str(self.work_dir),
                                           str(self.port), PASSWORD], cwd=self.work_dir.parent,
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             try:
-                if self.eval("return committed")[0] > 300:
+                if self.ready():
                     return
             except tarantool.Error:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"stream_server.lua not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
+                pytest.fail(f"{self.script} not ready (exit {self.proc.poll()}):\n{self.log.read_text()[-3000:]}")
             time.sleep(0.05)
+
+    def ready(self) -> bool:
+        return self.eval("return committed")[0] > 300  # its writer writes
 
     def eval(self, code: str) -> list:
         conn = tarantool.Connection("127.0.0.1", self.port, user="bk", password=PASSWORD, fetch_schema=False,

@@ -188,6 +188,8 @@ COMMANDS = (
              Arg("--segment-seconds", type=float, metavar="S", help="seal and store a segment every S seconds "
                  "(default 1)"),
              Arg("--segment-bytes", type=int, metavar="B", help="or once it holds B bytes (default 16 MiB)"),
+             Arg("--timeout", type=float, metavar="S", help="take the connection for lost after S seconds without "
+                 "a packet, not even the instance's heartbeat (default 30; it sends one every replication_timeout)"),
              Arg("--status", type=Path, metavar="FILE", help="keep the stream's state in FILE (JSON, rewritten "
                  "atomically): connected, vclock, newest segment stored, gaps"), JSON),
             description="Subscribe to a running Tarantool as an anonymous replica from the newest position the "

@@ -545,7 +545,8 @@ def _stream(request: rq.StreamRequest, runner) -> int:
 
     try:
         state = stream(repo, request.connect, request.spool, segment_seconds=request.segment_seconds,
-                       segment_bytes=request.segment_bytes, status_file=request.status, stop=stop, say=say)
+                       segment_bytes=request.segment_bytes, status_file=request.status, silence_limit=request.timeout,
+                       stop=stop, say=say)
     except StreamBroken as e:
         print(f"walvault: stream stopped: {e}", file=sys.stderr)
         return EXIT_FINDINGS

@@ -371,11 +371,13 @@ class StreamRequest(_RepoRequest):
     segment_seconds: float = 1.0
     segment_bytes: int = 16 << 20
     status: Path | None = None  # the status file, rewritten as the stream goes
+    timeout: float = 30.0  # seconds without a packet before the connection is taken for lost
 
     def problem(self):
         return _first("--segment-seconds must be a positive number" if not 0 < self.segment_seconds < math.inf
                       else None,
                       "--segment-bytes must be at least 4096" if self.segment_bytes < 4096 else None,
+                      "--timeout must be a positive number" if not 0 < self.timeout < math.inf else None,
                       f"--status {self.status}: its directory does not exist" if self.status is not None
                       and not Path(self.status).parent.is_dir() else None,
                       _password_problem(self.password_file, self.connect), super().problem())

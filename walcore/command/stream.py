@@ -4,6 +4,8 @@ seconds and stored in the repository: a source that dies loses seconds of commit
 - It subscribes from the newest position the repository holds of the instance (its stream, its archive, its
   backups) and receives rows as they commit; it changes nothing on the instance (anonymous: no entry in _cluster;
   its ACKs carry an empty vclock, so they never vote in a synchronous quorum).
+- A synchronous transaction, and every one after it, is held (tarantool/receiver.py) until the CONFIRM or
+  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail.
 - Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
   Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
   created under the stream lease, proven right before: the record is the commit point.
@@ -41,7 +43,7 @@ SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
 FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
-# Seconds without a packet before the connection is taken for dead: the master sends a heartbeat every
+# Seconds without a packet before the connection is taken for dead (--timeout): the master sends a heartbeat every
 # replication_timeout (1 s by default), but a connection dropped on the way (a NAT, a firewall) is never closed.
 SILENCE_LIMIT = 30.0
 
@@ -85,8 +87,8 @@ def held_position(repo: Repository, instance: str) -> Vclock:
 
 
 def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: float = 1.0,
-           segment_bytes: int = 16 << 20, status_file: Path | None = None, stop: threading.Event | None = None,
-           say=print) -> StreamState:
+           segment_bytes: int = 16 << 20, status_file: Path | None = None, silence_limit: float = SILENCE_LIMIT,
+           stop: threading.Event | None = None, say=print) -> StreamState:
     """Stream until `stop` is set; returns the final state (its `gaps`: what never came). LiveError when the first
     connection or subscription fails (nothing was streamed: the caller says it and exits 2)."""
     stop = stop or threading.Event()
@@ -112,6 +114,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                         raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
                                            f"{instance}: its history is another one")
                 subscribed = sub.subscribe(receiver.vclock)
+                receiver.know_spaces(subscribed.spaces)
                 if behind := {r: lsn for r, lsn in receiver.vclock.items()
                               if r and lsn > subscribed.master_vclock.get(r, 0)}:
                     raise StreamBroken(f"{state.connect} is at vclock {_show(subscribed.master_vclock)}, behind what "
@@ -122,7 +125,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                 say(f"streaming {instance} from {state.connect} (master id {subscribed.master_id}) from vclock "
                     f"{_show(receiver.vclock)}")
                 _status(status_file, state)
-                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file)
+                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file, silence_limit)
             except XlogGap as e:  # the stream goes on from what the instance has, the gap said
                 receiver.drop_open()
                 writer.seal_and_store()
@@ -152,7 +155,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
 
 
 def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop: threading.Event,
-             segment_seconds: float, segment_bytes: int, status_file: Path | None) -> None:
+             segment_seconds: float, segment_bytes: int, status_file: Path | None, silence_limit: float) -> None:
     """One connection's rows until it drops (LiveError) or `stop`."""
     acked = 0.0
     heard = time.monotonic()
@@ -164,8 +167,8 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
         packets = sub.packets(wait)
         if packets:
             heard = time.monotonic()
-        elif time.monotonic() - heard > SILENCE_LIMIT:
-            raise LiveError(f"{sub.display}: nothing came in {SILENCE_LIMIT:g} s, not even a heartbeat: the "
+        elif time.monotonic() - heard > silence_limit:
+            raise LiveError(f"{sub.display}: nothing came in {silence_limit:g} s, not even a heartbeat: the "
                             "connection is taken for lost")
         batch: list[Transaction] = []
         for packet in packets:

@@ -22,6 +22,12 @@ GREETING_SIZE = 128
 # Request and row types (src/box/iproto_constants.h).
 OK, SELECT, AUTH, SUBSCRIBE = 0, 1, 7, 66
 RAFT = 30  # an election's state (2.6.1+): sent to replicas outside the log, with no LSN
+INSERT, REPLACE, UPDATE, DELETE, UPSERT = 2, 3, 4, 5, 9
+DML_TYPES = frozenset((INSERT, REPLACE, UPDATE, DELETE, UPSERT))
+# Synchronous replication's rows, each with an LSN, body {REPLICA_ID: the queue's owner, LSN: ...}: CONFIRM commits
+# the owner's transactions up to the LSN, ROLLBACK undoes those from it on; PROMOTE and DEMOTE (2.10+) move the
+# queue to another owner (the old one's confirmed up to the LSN, the rest undone).
+PROMOTE, DEMOTE, CONFIRM, ROLLBACK = 31, 32, 40, 41
 ERROR_TYPE = 0x8000
 # Header keys.
 TYPE, SYNC, REPLICA_ID, LSN, TIMESTAMP, SERVER_VERSION, TSN, FLAGS = 0, 1, 2, 3, 4, 6, 8, 9
@@ -34,6 +40,7 @@ ERROR_24, ERROR_STACK = 0x31, 0x52
 ERROR_MESSAGE = 0x03  # in an error stack's entry
 
 MAX_PACKET = 1 << 31  # no row is larger (a block holds at most 2 GiB)
+_UINT_WIDTHS = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack uint 8 to 64: bytes after the first
 
 
 class ProtocolError(ValueError):
@@ -88,10 +95,10 @@ def subscribe_request(replicaset_uuid: str, own_uuid: str, vclock: dict[int, int
                                                 REPLICA_ANON: True})
 
 
-def select_request(space_id: int, key: list, sync: int) -> bytes:
-    """SELECT of at most one tuple by the primary key."""
-    return _packet({TYPE: SELECT, SYNC: sync}, {SPACE_ID: space_id, INDEX_ID: 0, LIMIT: 1, OFFSET: 0, ITERATOR: 0,
-                                               KEY: key})
+def select_request(space_id: int, key: list, sync: int, limit: int = 1) -> bytes:
+    """SELECT of at most `limit` tuples equal to `key` by the primary key (every one: key [])."""
+    return _packet({TYPE: SELECT, SYNC: sync}, {SPACE_ID: space_id, INDEX_ID: 0, LIMIT: limit, OFFSET: 0,
+                                               ITERATOR: 0, KEY: key})
 
 
 def ack_request() -> bytes:
@@ -120,6 +127,20 @@ class Packet:
             return None
         return msgpack.unpackb(self.row[self.body_at:], strict_map_key=False, raw=False,
                                unicode_errors="surrogateescape")
+
+    def space_id(self):
+        """A DML row's space id, read without decoding the rest of its body where it comes first (as Tarantool
+        writes it): a stream decodes it for every row."""
+        row, at = self.row, self.body_at
+        if len(row) > at + 2 and 0x80 <= row[at] <= 0x8F and row[at + 1] == SPACE_ID:
+            first = row[at + 2]
+            if first <= 0x7F:
+                return first
+            width = _UINT_WIDTHS.get(first)
+            if width is not None and len(row) >= at + 3 + width:
+                return int.from_bytes(row[at + 3:at + 3 + width], "big")
+        body = self.body()
+        return body.get(SPACE_ID) if isinstance(body, dict) else None
 
     def error(self) -> tuple[int, str]:
         """An error packet's code and message (the error stack's first entry's, else the 1.x message)."""
@@ -172,8 +193,7 @@ def _length(buf: bytearray, at: int) -> tuple[int | None, int]:
     first = buf[at]
     if first <= 0x7F:
         return first, at + 1
-    widths = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
-    width = widths.get(first)
+    width = _UINT_WIDTHS.get(first)
     if width is None:
         raise ProtocolError(f"a packet length is not a msgpack uint (byte 0x{first:02x})")
     if at + 1 + width > len(buf):

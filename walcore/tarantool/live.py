@@ -19,7 +19,6 @@ from .layout import kind_of, name_number
 from .meta import Vclock
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-_USERINFO = re.compile(r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://)?[^:/]*:)(?P<password>.*)@(?P<tail>[^@]*)")
 
 # One round trip, so that the vclock and the directories describe the instance as the pin was taken. The pin
 # is undone here if reading the state fails, because the client would not know whether to stop it.
@@ -57,40 +56,49 @@ class Checkpoint:
     dirs: dict[str, Path]  # absolute memtx_dir, wal_dir, vinyl_dir, work_dir
 
 
+def _parts(uri: str) -> tuple[str, str | None, str | None, str]:
+    """(the scheme with its :// or "", the user (None: no @), the password (None: none), host:port). The scheme is
+    taken off first: in `tarantool://user@host:port` the colon after it does not start a password. The user ends
+    at the last @ (a user name may hold one), the password starts at the user's first colon."""
+    scheme = _SCHEME.match(uri)
+    head = uri[:scheme.end()] if scheme else ""
+    userinfo, at, hostport = uri[len(head):].rpartition("@")
+    if not at:
+        return head, None, None, hostport
+    user, colon, password = userinfo.partition(":")
+    return head, user, (password if colon else None), hostport
+
+
 def redact_uri(uri: str) -> str:
     """The URI with its password replaced by ***, fit for messages and logs."""
-    m = _USERINFO.fullmatch(uri)
-    return f"{m['head']}***@{m['tail']}" if m else uri
+    head, user, password, hostport = _parts(uri)
+    return uri if password is None else f"{head}{user}:***@{hostport}"
 
 
 def split_password(uri: str) -> tuple[str, str | None]:
     """(the URI without its password, the password or None)."""
-    m = _USERINFO.fullmatch(uri)
-    return (f"{m['head'][:-1]}@{m['tail']}", m["password"]) if m else (uri, None)
+    head, user, password, hostport = _parts(uri)
+    return (uri, None) if password is None else (f"{head}{user}@{hostport}", password)
 
 
 def with_password(uri: str, password: str) -> str:
     """The URI of [tarantool://]user@host:port with the password added, to be kept in memory only (never in a
     command line: /proc/PID/cmdline is readable by every local user)."""
-    scheme = _SCHEME.match(uri)
-    head = uri[:scheme.end()] if scheme else ""
-    userinfo, at, hostport = uri[len(head):].rpartition("@")
-    if not at or ":" in userinfo:
+    head, user, present, hostport = _parts(uri)
+    if user is None or present is not None:
         raise LiveError(f"{redact_uri(uri)}: a password is added only to a URI naming a user and no password")
-    return f"{head}{userinfo}:{password}@{hostport}"
+    return f"{head}{user}:{password}@{hostport}"
 
 
 def parse_uri(uri: str) -> tuple[str, int, str | None, str | None]:
     """(host, port, user, password) from [tarantool://][user[:password]@]host:port."""
     scheme = _SCHEME.match(uri)
-    rest = uri[scheme.end():] if scheme else uri
-    userinfo, at, hostport = rest.rpartition("@")
-    user, colon, password = userinfo.partition(":")
+    _head, user, password, hostport = _parts(uri)
     host, _, port = hostport.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")  # [::1]:3301
-    if (scheme and scheme[1].lower() != "tarantool") or not host or not port.isdigit() or (at and not user):
+    if (scheme and scheme[1].lower() != "tarantool") or not host or not port.isdigit() or user == "":
         raise LiveError(f"{redact_uri(uri)}: not a Tarantool URI ([tarantool://][user[:password]@]host:port)")
-    return host, int(port), (user or None), (password if colon else None)
+    return host, int(port), user, password
 
 
 def _reason(exc: BaseException) -> str:

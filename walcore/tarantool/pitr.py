@@ -3,6 +3,12 @@
 Tarantool replays every xlog it finds and has no setting to stop early, so the log itself must end at the
 point: the xlogs before it are copied as they are, the one holding it is rewritten up to the last whole
 transaction at or before it, and the later ones are left out.
+
+Synchronous replication writes a transaction before a quorum has it: a ROLLBACK row after it may undo it (and
+every transaction written after it), and a replay that ends before that row keeps it. So the log past the point is
+read on up to the row that decides what the point keeps (a CONFIRM at or past it, a ROLLBACK, a PROMOTE or DEMOTE);
+when that row undoes kept transactions, the point moves back to before them: a transaction the master undid is
+never a restore point.
 """
 
 from __future__ import annotations
@@ -15,15 +21,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..fsutil import fsync_dir, write_atomic
-from .cursor import EOF_MARKER, SHORT, BlockCursor, CrcMismatch
+from .cursor import BLOCK, EOF_MARKER, SHORT, BlockCursor, CrcMismatch
 from .meta import MAX_META_SIZE, Meta, Vclock, format_vclock, parse_meta, parse_vclock, vclock_leq
-from .row import TIMESTAMP, iter_rows
+from .iproto import CONFIRM, DEMOTE, PROMOTE, ROLLBACK
+from .row import LSN, REPLICA_ID, TIMESTAMP, iter_rows
 from .writer import TarantoolWriter
 
 COPY_CHUNK = 1 << 20
 
 _VCLOCK_ITEMS = re.compile(r"\d+ *: *\d+( *, *\d+ *: *\d+)*")
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
+# A row header is a map whose first key is its type: a block holds a row deciding synchronous transactions
+# (PROMOTE 31, DEMOTE 32, CONFIRM 40, ROLLBACK 41) only where these bytes are
+# (a match elsewhere only costs decoding the block).
+_DECIDING = re.compile(rb"[\x80-\x8f]\x00[\x1f\x20\x28\x29]")
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,46 @@ def _scan(xlogs: list[Path], point: Point, start: Vclock) -> tuple[list[_Xlog], 
     return scanned, vclock, rows, last_time
 
 
+def _undone(paths: list[Path], scanned: list[_Xlog], kept: Vclock) -> Vclock | None:
+    """Where the kept log must end instead when a row past the point undoes some of it (None: nothing kept is
+    undone). The rows after the cut are read up to the first that decides the kept transactions of its owner."""
+    cut = scanned[-1] if scanned else None
+    if cut is None or cut.cut is None:
+        return None  # the log ends at the point: nothing after it decides anything
+    for path in paths[len(scanned) - 1:]:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            meta = parse_meta(f.read(MAX_META_SIZE))
+            cursor = BlockCursor(f, cut.cut if path == cut.path else meta.size)
+            try:
+                while cursor.next() == BLOCK and cursor.end <= size:
+                    payload = cursor.read_block()
+                    if _DECIDING.search(payload):
+                        for row in iter_rows(payload, require_lsn=True):
+                            if row.type in (PROMOTE, DEMOTE, CONFIRM, ROLLBACK) \
+                                    and row.lsn > kept.get(row.replica_id, 0) \
+                                    and (decided := _decided(row, kept)) is not False:
+                                return decided
+            except ValueError:
+                return None  # unreadable past the kept part (a torn end): nothing read undoes it
+    return None
+
+
+def _decided(row, kept: Vclock) -> Vclock | None | bool:
+    """What a deciding row past the kept log says of it: where the kept log must end instead, None (all of its
+    owner's is committed: nothing kept is undone), or False (it decides none of it: read on)."""
+    body = row.body if isinstance(row.body, dict) else {}
+    owner, lsn = body.get(REPLICA_ID), body.get(LSN)
+    if not isinstance(lsn, int):
+        return False
+    mine = kept.get(owner, 0)
+    if row.type == CONFIRM:  # commits its owner's transactions ending at lsn or before
+        return None if lsn >= mine else False
+    if row.type == ROLLBACK:  # undoes its owner's transactions ending at lsn or later
+        return {**kept, owner: lsn - 1} if lsn <= mine else None
+    return {**kept, owner: lsn} if lsn < mine else None  # a new owner: the old one's after lsn undone
+
+
 def _chunks(path: Path, start: int, stop: int):
     """The bytes of path[start:stop], in chunks of bounded size."""
     with open(path, "rb") as f:
@@ -260,7 +311,10 @@ def cut_chain(xlogs: list[Path], out_dir: Path, point: Point, *, start_vclock: d
             hint = f" (the point has no component {', '.join(absent)}: 0 there; component 0 counts local-space rows)"
         raise PointError(f"the snapshot at {format_vclock(start_vclock)} is after the point {point.describe()}: "
                          f"no base before the point{hint}")
-    scanned, vclock, rows, last_time = _scan([Path(p) for p in xlogs], point, start_vclock)
+    paths = [Path(p) for p in xlogs]
+    scanned, vclock, rows, last_time = _scan(paths, point, start_vclock)
+    if (before_undone := _undone(paths, scanned, vclock)) is not None:
+        scanned, vclock, rows, last_time = _scan(paths, Point(vclock=before_undone), start_vclock)
     files: list[str] = []
     cut_file = None
     for xlog in scanned:

@@ -5,13 +5,25 @@ TSN key, or the rows from the one whose TSN offset is 0 up to the one carrying t
 rows without any error (no PrevVClock in the next xlog after a checkpoint removed every older one), so every
 replica id's LSN must be the last one plus one: anything else is a gap, said as such, and the stream goes on from
 what the instance has.
+
+Synchronous replication: a transaction touching an `is_sync` space is written to the master's WAL, and streamed,
+before a quorum has it; a CONFIRM row later commits it, or a ROLLBACK row undoes it together with every transaction
+written after it (the asynchronous ones too: they wait behind it). 2.6 marks neither in the rows: a transaction is
+synchronous by its spaces, known from `_space` when subscribing and from the `_space` rows streamed. From a
+synchronous transaction on, transactions are held back until a CONFIRM, ROLLBACK, PROMOTE or DEMOTE resolves it,
+then given together with that row: a segment never ends inside the undecided tail (a restore that ended there
+would hold rows the master may undo), and a disconnect drops the tail, sent again from before it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .iproto import COMMIT_FLAG, FLAGS, LSN, RAFT, REPLICA_ID, TIMESTAMP, TSN, TYPE, Packet
+from .iproto import (COMMIT_FLAG, CONFIRM, DELETE, DEMOTE, DML_TYPES, FLAGS, KEY, LSN, PROMOTE, RAFT, REPLICA_ID,
+                     ROLLBACK, TIMESTAMP, TSN, TUPLE, TYPE, UPDATE, Packet)
+
+SPACE_SPACE = 280  # _space: {id, owner, name, engine, field_count, options, format}; options.is_sync
+DECISIONS = (CONFIRM, ROLLBACK, PROMOTE, DEMOTE)  # rows that decide the fate of undecided synchronous transactions
 
 
 class StreamBroken(ValueError):
@@ -25,6 +37,7 @@ class Transaction:
     last_lsn: int
     timestamp: float  # the commit row's: when the master's WAL thread wrote it
     rows: list[bytes] = field(default_factory=list)  # each row's bytes as received
+    sync: bool = False  # it touches an is_sync space: committed only by a later CONFIRM
 
     @property
     def size(self) -> int:
@@ -48,11 +61,15 @@ class Heartbeat:
 
 
 class Receiver:
-    """Fed a subscription's packets after its OK, in order; gives Transactions, Gaps and Heartbeats."""
+    """Fed a subscription's packets after its OK, in order; gives Transactions, Gaps and Heartbeats. `sync_spaces`:
+    the ids of the master's is_sync spaces when it subscribed (Subscription.subscribe reads them)."""
 
-    def __init__(self, vclock: dict[int, int]):
-        self.vclock = dict(vclock)  # the last LSN of each replica id in a whole transaction received
+    def __init__(self, vclock: dict[int, int], sync_spaces: set[int] = frozenset()):
+        self.vclock = dict(vclock)  # the last LSN of each replica id in a whole transaction given
+        self.sync_spaces = set(sync_spaces)
         self._open: Transaction | None = None
+        self._held: list[Transaction] = []  # whole, not given: from the first undecided synchronous transaction on
+        self._undecided: list[Transaction] = []  # the synchronous ones among them no CONFIRM or ROLLBACK decided
 
     @property
     def in_transaction(self) -> bool:
@@ -76,25 +93,101 @@ class Receiver:
                 raise StreamBroken(f"transaction {tx.replica_id}:{tx.first_lsn} was cut by row "
                                    f"{replica_id}:{lsn} before its commit")
         else:
-            last = self.vclock.get(replica_id, 0)
+            last = self._last_lsn(replica_id)
             if lsn <= last:
                 raise StreamBroken(f"row {replica_id}:{lsn} came again (the stream was at {last})")
             if lsn != last + 1:
+                if self._held:  # what it held back is never decided now: part of the gap
+                    self.drop_open()
+                    last = self.vclock.get(replica_id, 0)
                 events.append(Gap(replica_id, last, lsn))
             tx = self._open = Transaction(replica_id, lsn, lsn, 0.0)
         tx.rows.append(packet.row)
         tx.last_lsn = lsn
+        if header.get(TYPE) in DML_TYPES:
+            space = packet.space_id()
+            if space == SPACE_SPACE:
+                self._space_changed(header[TYPE], packet.body())
+            tx.sync |= space in self.sync_spaces
         offset = header.get(TSN)
         if offset is None or header.get(FLAGS, 0) & COMMIT_FLAG:
             if offset is not None and tx.first_lsn + offset != lsn:
                 raise StreamBroken(f"row {replica_id}:{lsn} commits a transaction that began at "
                                    f"{lsn - offset}, not {tx.first_lsn}")
             tx.timestamp = float(header.get(TIMESTAMP, 0.0))
-            self.vclock[replica_id] = lsn
             self._open = None
-            events.append(tx)
+            events += self._whole(tx, packet)
         return events
 
+    def _last_lsn(self, replica_id: int) -> int:
+        for tx in reversed(self._held):
+            if tx.replica_id == replica_id:
+                return tx.last_lsn
+        return self.vclock.get(replica_id, 0)
+
+    def know_spaces(self, spaces: list) -> None:
+        """The master's `_space` tuples as it had them when subscribing: which spaces are is_sync."""
+        self.sync_spaces = set()
+        for space in spaces:
+            self._space_written(space)
+
+    def _space_changed(self, row_type: int, body: dict) -> None:
+        """A space created or replaced, its options updated, or dropped."""
+        if row_type == DELETE:
+            self.sync_spaces.discard((body.get(KEY) or [None])[0])
+        elif row_type == UPDATE:  # _space:update(id, {{'=', 6, options}}): 2.6 has no space:alter
+            space = (body.get(KEY) or [None])[0]
+            for op in body.get(TUPLE) or []:
+                if isinstance(op, list) and op and isinstance(op[-1], dict):
+                    self._mark(space, op[-1])
+        else:
+            self._space_written(body.get(TUPLE))
+
+    def _space_written(self, space) -> None:
+        if isinstance(space, list) and len(space) > 5 and isinstance(space[5], dict):
+            self._mark(space[0], space[5])
+
+    def _mark(self, space, options: dict) -> None:
+        if options.get("is_sync"):
+            self.sync_spaces.add(space)
+        else:
+            self.sync_spaces.discard(space)
+
+    def _whole(self, tx: Transaction, packet: Packet) -> list[Transaction]:
+        """The transactions given now that `tx` is whole: itself, or, behind an undecided synchronous one, none
+        until the row that decides it, then every one it held back up to the next undecided one."""
+        if not self._held and not tx.sync:
+            self.vclock[tx.replica_id] = tx.last_lsn
+            return [tx]
+        self._held.append(tx)
+        if tx.sync:
+            self._undecided.append(tx)
+        row_type = packet.header.get(TYPE)
+        if row_type not in DECISIONS:
+            return []
+        body = packet.body()
+        body = body if isinstance(body, dict) else {}
+        self._undecided = [t for t in self._undecided if not _decided(row_type, body, t)]
+        # the first held one is the first undecided one until a decision: only then is anything given
+        until = len(self._held) if not self._undecided else next(
+            i for i, t in enumerate(self._held) if t is self._undecided[0])
+        given, self._held = self._held[:until], self._held[until:]
+        for done in given:
+            self.vclock[done.replica_id] = done.last_lsn
+        return given
+
     def drop_open(self) -> None:
-        """A disconnect mid-transaction: its rows are sent again from the vclock of the whole ones."""
+        """A disconnect mid-transaction or with transactions held: their rows are sent again from the vclock of
+        the ones given."""
         self._open = None
+        self._held, self._undecided = [], []
+
+
+def _decided(row_type: int, body: dict, tx: Transaction) -> bool:
+    """Whether a CONFIRM, ROLLBACK, PROMOTE or DEMOTE row decides synchronous transaction `tx`."""
+    owner, lsn = body.get(REPLICA_ID), body.get(LSN)
+    if row_type == CONFIRM:  # commits its owner's transactions up to its LSN
+        return tx.replica_id == owner and isinstance(lsn, int) and tx.last_lsn <= lsn
+    if row_type == ROLLBACK:  # undoes its owner's transactions from its LSN on
+        return tx.replica_id == owner and isinstance(lsn, int) and tx.last_lsn >= lsn
+    return True  # a new owner of the queue: the old one's confirmed up to its LSN, the rest undone

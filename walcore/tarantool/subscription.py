@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from . import iproto
 from .live import LiveError, parse_uri, redact_uri
 from .meta import Vclock, parse_vclock
+from .receiver import SPACE_SPACE
 
 SCHEMA_SPACE = 272  # _schema: {key, value...}; 'cluster' (later 'replicaset_uuid') holds the replicaset UUID
 
@@ -39,6 +40,7 @@ class Subscribed:
     replicaset_uuid: str
     master_id: int  # its replica id
     master_vclock: Vclock  # what it had written when it answered
+    spaces: list  # its _space tuples just before: which spaces are is_sync (Receiver.know_spaces)
 
 
 class Subscription:
@@ -128,15 +130,18 @@ class Subscription:
         return self.greeting
 
     def subscribe(self, vclock: Vclock) -> Subscribed:
-        """After `hello`: the replicaset UUID, then SUBSCRIBE from `vclock` as an anonymous replica under a fresh
-        UUID (a dropped connection's old relay may still hold the previous one)."""
+        """After `hello`: the replicaset UUID and the spaces, then SUBSCRIBE from `vclock` as an anonymous replica
+        under a fresh UUID (a dropped connection's old relay may still hold the previous one)."""
         replicaset = self._replicaset_uuid()
+        self._sync += 1
+        every_space = iproto.select_request(SPACE_SPACE, [], self._sync, limit=1 << 31)
+        spaces = (self._request(every_space).body() or {}).get(iproto.DATA) or []
         self._send(iproto.subscribe_request(replicaset, str(uuid.uuid4()), vclock, self.greeting.version_id))
         ok = self._reply()
         body = ok.body() or {}
         master_vclock = {int(k): int(v) for k, v in (body.get(iproto.VCLOCK) or {}).items()}
         return Subscribed(self.greeting.instance_uuid, replicaset, ok.header.get(iproto.REPLICA_ID, 0),
-                          master_vclock)
+                          master_vclock, spaces)
 
     def _replicaset_uuid(self) -> str:
         for key in ("cluster", "replicaset_uuid"):
