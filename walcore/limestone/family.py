@@ -15,6 +15,7 @@ from ..repository import Repository, stamp_seconds, utc_now
 from ..repository.archive import archive_complete, complete_name, source_key
 from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
 from .layout import REWRITTEN_KINDS, dir_instance, restored_name
+from .manifest import MANIFEST_NAME
 
 
 class Limestone:
@@ -29,6 +30,16 @@ class Limestone:
             raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
                           "online-backup copy or a stopped datastore", "cannot_check")
         return LimestonePlan(source)
+
+    def follow(self, source: Path, repo: Repository, *, seconds: float, status_file: Path | None, stop, say):
+        from .stream import follow
+
+        instance = self.source_instance(source)
+        if instance is None:
+            raise Refused(f"{source}: no readable {MANIFEST_NAME}: not a limestone directory walvault can follow",
+                          "cannot_check")
+        return follow(repo, self.name, source, instance, seconds=seconds, status_file=status_file, stop=stop,
+                      say=say)
 
     def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
                  wait: float):
