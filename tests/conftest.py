@@ -411,6 +411,7 @@ FILE_TIERS = {
     "test_scan_fuzz_regressions.py": "unit",
     "test_spark_jobs.py": "integration",
     "test_status.py": "unit",
+    "test_stream_limestone.py": "unit",  # a writer process and the streamer in this one, on a fixture's copy
     "test_stream.py": "unit",  # the protocol without I/O; its real-instance tests are integration (a Tarantool)
     "test_verdicts_retention.py": "integration",  # whole histories backed up, verified, expired and restored
     "test_spark_submit.py": "integration",
