@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, copy_limestone_fixture, new_repository, require_limestone, run_main, tree_snapshot
+from conftest import (REPO, copy_limestone_fixture, new_repository, require_limestone, run_cli_at, run_main,
+                      tree_snapshot)
 from walcore.command.state import directory_state
 from walcore.limestone.follow import durable_prefix, read_durable_epoch
 from walcore.limestone.pwal import iter_entries
@@ -200,6 +201,26 @@ def test_streaming_writes_nothing_into_the_source(tmp_path):
     _once(repo, src)
     _once(repo, src)
     assert tree_snapshot(src) == before
+
+
+@require_limestone
+def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tmp_path):
+    src, repo = _source(tmp_path)
+    _once(repo, src)
+    _write(src, 3)
+    _once(repo, src)
+    verified = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
+    (archive,) = [a for a in verified["archive"] if a["family"] == FAMILY]
+    assert archive["status"] == "ok" and archive["files"] == len(_pieces(repo)) + 1  # the pieces, the epoch
+    assert run_main("rotate", src).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    assert run_main("snapshot", src, "--repo", repo).returncode == 0  # folds every epoch the pieces hold
+    as_of = time.time() + 2 * 86400
+    expired = run_cli_at(as_of, "expire", "--repo", repo, "--days", "1", "--as-of", f"@{as_of:.0f}", "--apply",
+                         "--json")
+    assert expired.returncode == 0, expired.stderr
+    assert _pieces(repo) == [] and _stored_epochs(repo) == []
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored")
 
 
 def test_stream_takes_a_source_or_connect_exactly(tmp_path):
