@@ -449,8 +449,8 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int | None,
     missing = {n for n in expired if n.startswith("pwal_")} | folded_away
     bases = [m for m in backups if (epoch is None or m.position.get("epoch", 0) <= epoch) and not missing - holds(m)]
     if not bases:
-        raise Refused(f"no backup or snapshot of {newest.instance} at or before epoch {epoch} has the whole log "
-                      if epoch is not None else f"no backup or snapshot of {newest.instance} has the whole log "
+        at = f" at or before epoch {epoch}" if epoch is not None else ""
+        raise Refused(f"no backup or snapshot of {newest.instance}{at} has the whole log "
                       "after it in the repository (retention deleted files it would need, or limestone's own "
                       "compaction folded files that were never archived: restore from the newest snapshot)",
                       "refused")
