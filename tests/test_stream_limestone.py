@@ -22,7 +22,7 @@ import pytest
 from conftest import (REPO, copy_limestone_fixture, new_repository, require_limestone, run_cli_at, run_main,
                       tree_snapshot)
 from walcore.command.state import directory_state
-from walcore.limestone.follow import durable_prefix, read_durable_epoch
+from walcore.limestone.follow import durable_prefix, piece_findings, read_durable_epoch
 from walcore.limestone.pwal import iter_entries
 from walcore.limestone.stream import EPOCH_KIND, PIECE_KIND, follow
 from walcore.limestone.writer import LogDir, put, snippet_end, snippet_header
@@ -67,6 +67,13 @@ def test_a_cut_entry_inside_a_durable_snippet_is_a_problem_and_not_stored(tmp_pa
     data = one + put(1, b"k2", b"v2", (5, 1))[:7]
     prefix = durable_prefix(_entries(tmp_path, data), 0, None, 5)
     assert prefix.end == len(one) and "cut off" in prefix.problem
+
+
+def test_a_piece_must_start_at_a_header_and_hold_whole_entries(tmp_path):
+    whole = snippet_header(5) + put(1, b"k", b"v", (5, 0)) + snippet_end(5)
+    assert piece_findings(_entries(tmp_path, whole)) == []
+    assert piece_findings(_entries(tmp_path, whole[:-3]))[0]["code"] == "short_entry"
+    assert piece_findings(_entries(tmp_path, whole[9:]))[0]["code"] == "no_snippet_header"
 
 
 def test_the_durable_epoch_is_the_highest_record_of_the_epoch_files(tmp_path):
@@ -212,6 +219,7 @@ def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tm
     verified = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
     (archive,) = [a for a in verified["archive"] if a["family"] == FAMILY]
     assert archive["status"] == "ok" and archive["files"] == len(_pieces(repo)) + 1  # the pieces, the epoch
+    assert verified["checked_by"]["scan"] == len(_pieces(repo))  # each piece read as whole entries
     assert run_main("rotate", src).returncode == 0
     assert run_main("archive", src, "--repo", repo).returncode == 0
     assert run_main("snapshot", src, "--repo", repo).returncode == 0  # folds every epoch the pieces hold

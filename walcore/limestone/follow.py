@@ -74,3 +74,15 @@ def read_durable_epoch(root: Path) -> int | None:
 def channel_of(name: str) -> str:
     """The channel of a pwal file's name: `pwal_NNNN` of `pwal_NNNN` and of `pwal_NNNN.<ms14>.<n>`."""
     return name.split(".")[0]
+
+
+def piece_findings(entries: Iterable[Entry | Broken]) -> list[dict]:
+    """What is wrong with a stream's piece (pwal.iter_entries of its bytes): it must start at a snippet header and
+    hold whole entries only."""
+    for e in entries:
+        if isinstance(e, Broken):
+            return [{"code": e.code, "offset": e.offset, "message": e.message}]
+        if e.offset == 0 and e.type not in HEADERS:
+            return [{"code": "no_snippet_header", "offset": 0, "message": f"a piece starts with a "
+                     f"{ENTRY_NAMES[e.type]} entry, not a snippet header"}]
+    return []

@@ -9,7 +9,8 @@ reaches the last epoch stored.
   byte range in the file, its epochs, the SHA-256 of the whole prefix up to its end and when D was read. A piece
   starts at a snippet header (a prefix ends before a header, or after a finished snippet).
 - After the pieces, the durable epoch D they were cut at: `stream/epoch.<D:020d>.partial.zst` (one `04 <D>`
-  record), the commit point of the tick. The one before it is then deleted.
+  record), the commit point of the tick. The one before it is then deleted (what is deleted waits while a restore
+  of the source is in progress).
 - A generation whose file limestone rotated is superseded once the archive holds its rotated file, verified, and
   that file begins with every byte the generation stored: its pieces are deleted, newest first (a restore takes
   the pieces left as a file of their own only where no restored file holds them).
@@ -111,6 +112,7 @@ class _Follower:
         self.base = repo.source_dir(family, state.instance)
         self.generations: list[_Generation] = []
         self.epoch_record: str | None = None  # the newest epoch partial's record
+        self.superseded: list[str] = []  # records whose partials go once no restore of the source is in progress
 
     def close(self) -> None:
         for g in self.generations:
@@ -186,6 +188,10 @@ class _Follower:
         for g in list(self.generations):
             if g.file != g.channel or g.inode not in by_inode:
                 self._supersede(g)
+        if self.superseded and not self.repo.restores_in_progress(self.family, self.state.instance):
+            for record in self.superseded:  # a restore reading them meanwhile would find them gone
+                self._remove(record)
+            self.superseded = []
 
     def _names(self) -> dict[str, tuple[int, int]]:
         found = {}
@@ -235,7 +241,7 @@ class _Follower:
         self.state.durable_epoch = durable
         self.state.stored = {"name": name, "epoch": durable, "time": seen, "stored": utc_now()}
         if before is not None and before != self.epoch_record:
-            self._remove(before)
+            self.superseded.append(before)
 
     def _store(self, path: Path, name: str, kind: str, span: dict) -> FileEntry:
         object_name = f"{self.base}/{name}.zst"
@@ -263,9 +269,8 @@ class _Follower:
         if (whole.hexdigest(), size) != (record.sha256, record.size) or prefix.hexdigest() != g.digest.hexdigest():
             g.checked = record.sha256
             return
-        for piece in reversed(g.pieces):  # newest first: what is left is still a run from the start
-            self._remove(piece)
-            self.state.superseded += 1
+        self.superseded += reversed(g.pieces)  # newest first: what is left is still a run from the start
+        self.state.superseded += len(g.pieces)
         os.close(g.fd)
         self.generations.remove(g)
         self.say(f"{g.name}: superseded by the archived {g.file}")
