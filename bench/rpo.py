@@ -145,15 +145,9 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         instance.wait()
         acknowledged = newest_commit(root / "instance")
         shutil.rmtree(root / "instance")
+        stop_streamer(streamer, segment_seconds, host_dies)
         if host_dies:
-            streamer.wait()
             shutil.rmtree(root / "spool", ignore_errors=True)
-        else:
-            time.sleep(segment_seconds + 0.5)
-            streamer.send_signal(signal.SIGTERM)
-            _out, err = streamer.communicate(timeout=120)
-            if streamer.returncode != 0:
-                raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
         restored = json.loads(run(["restore", "latest", str(root / "restored"), "--repo", str(repo), "--to", "end",
                                    "--json"]).stdout)
         last = restored["point"]["last_time"]
@@ -162,6 +156,18 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         if instance.poll() is None:
             instance.kill()
             instance.wait()
+
+
+def stop_streamer(streamer: subprocess.Popen, segment_seconds: float, killed: bool) -> None:
+    """Reap a streamer killed with its source, or give it another interval to store what is left, then SIGTERM."""
+    if killed:
+        streamer.wait()
+        return
+    time.sleep(segment_seconds + 0.5)
+    streamer.send_signal(signal.SIGTERM)
+    _out, err = streamer.communicate(timeout=120)
+    if streamer.returncode != 0:
+        raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
 
 
 def limestone_trial(root: Path, epochs_per_second: float, segment_seconds: float, rng: random.Random,
@@ -187,14 +193,7 @@ def limestone_trial(root: Path, epochs_per_second: float, segment_seconds: float
             streamer.send_signal(signal.SIGKILL)
         writer.send_signal(signal.SIGKILL)
         writer.wait()
-        if host_dies:
-            streamer.wait()
-        else:
-            time.sleep(segment_seconds + 0.5)
-            streamer.send_signal(signal.SIGTERM)
-            _out, err = streamer.communicate(timeout=120)
-            if streamer.returncode != 0:
-                raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
+        stop_streamer(streamer, segment_seconds, host_dies)
     finally:
         for proc in (writer, streamer):
             if proc.poll() is None:

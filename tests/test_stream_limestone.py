@@ -9,6 +9,7 @@ entries, and the source is never written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -146,12 +147,8 @@ def test_nondurable_sessions_never_reach_the_repository_and_unchanged_files_are_
 @require_limestone
 def test_a_rotated_file_archived_supersedes_its_pieces_and_the_end_is_still_restored(tmp_path):
     src, repo = _source(tmp_path)
-    stop = threading.Event()
     status = tmp_path / "status.json"
-    streamer = threading.Thread(target=follow, args=(Repository(repo), FAMILY, src, INSTANCE),
-                                kwargs={"seconds": 0.1, "status_file": status, "stop": stop, "say": lambda _l: None})
-    streamer.start()
-    try:
+    with _streaming(repo, src, 0.1, status):
         _write(src, 4)
         _wait(lambda: status.exists() and json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src))
         rotated = {e.range["generation"] for e in _pieces(repo)}
@@ -161,9 +158,6 @@ def test_a_rotated_file_archived_supersedes_its_pieces_and_the_end_is_still_rest
         assert run_main("archive", src, "--repo", repo).returncode == 0
         _wait(lambda: json.loads(status.read_text())["superseded"] >= 3)
         _wait(lambda: json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src))
-    finally:
-        stop.set()
-        streamer.join()
     state = json.loads(status.read_text())
     assert state["problems"] == []
     # only the files opened after the rotation are left in the stream: the rotated ones are archived
@@ -177,12 +171,8 @@ def test_the_writer_killed_mid_entry_restores_to_exactly_its_durable_entries_and
     src, repo = _source(tmp_path)
     writer = subprocess.Popen([sys.executable, WRITER, src, "--epochs-per-second", "40"], stdout=subprocess.PIPE,
                               text=True)
-    stop = threading.Event()
     status = tmp_path / "status.json"
-    streamer = threading.Thread(target=follow, args=(Repository(repo), FAMILY, src, INSTANCE),
-                                kwargs={"seconds": 0.2, "status_file": status, "stop": stop, "say": lambda _l: None})
-    streamer.start()
-    try:
+    with _streaming(repo, src, 0.2, status):
         time.sleep(1.5)
         writer.send_signal(signal.SIGKILL)
         said = [line for line in writer.communicate()[0].splitlines(keepends=True) if line.endswith("\n")]
@@ -192,9 +182,6 @@ def test_the_writer_killed_mid_entry_restores_to_exactly_its_durable_entries_and
         _wait(lambda: json.loads(status.read_text())["durable_epoch"] == durable)
         untouched = tree_snapshot(src)
         time.sleep(0.5)  # ticks with nothing new
-    finally:
-        stop.set()
-        streamer.join()
     assert tree_snapshot(src) == untouched
     assert max(_piece_headers(tmp_path / "repo", tmp_path)) <= durable
     _restore_to_end_equals_source(repo, src, tmp_path / "restored")
@@ -245,6 +232,21 @@ def test_stream_takes_a_source_or_connect_exactly(tmp_path):
 def _write(src: Path, epochs: int) -> None:
     subprocess.run([sys.executable, WRITER, src, "--epochs", str(epochs), "--epochs-per-second", "100",
                     "--channels", "3"], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def _streaming(repo: str, src: Path, seconds: float, status: Path):
+    """The streamer following `src` in a thread until the block ends."""
+    stop = threading.Event()
+    streamer = threading.Thread(target=follow, args=(Repository(repo), FAMILY, src, INSTANCE),
+                                kwargs={"seconds": seconds, "status_file": status, "stop": stop,
+                                        "say": lambda _line: None})
+    streamer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        streamer.join()
 
 
 def _wait(condition, timeout: float = 30.0) -> None:

@@ -544,10 +544,7 @@ def _stream(request: rq.StreamRequest, runner) -> int:
         if request.json:
             print_json(state.to_json())
         else:
-            print(f"stream of {state.source} stopped: {state.pieces} partials stored, durable epoch "
-                  f"{state.durable_epoch}; {len(state.problems)} problems")
-            for problem in state.problems:
-                print(f"  problem: {problem}")
+            print("\n".join(state.lines()))
         return EXIT_FINDINGS if state.problems else EXIT_OK
     try:
         state = stream(repo, request.connect, request.spool, segment_seconds=request.segment_seconds,

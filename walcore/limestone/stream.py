@@ -60,6 +60,11 @@ class FollowState:
     def to_json(self) -> dict:
         return {**self.__dict__, "updated": utc_now()}
 
+    def lines(self) -> list[str]:
+        """What the command says when it stops."""
+        return [f"stream of {self.source} stopped: {self.pieces} partials stored, durable epoch {self.durable_epoch}"
+                f"; {len(self.problems)} problems"] + [f"  problem: {p}" for p in self.problems]
+
 
 @dataclass
 class _Generation:
