@@ -5,13 +5,15 @@ durable in `epoch` once its sessions are flushed. Each durable epoch is printed 
 sessions are written a while before it is made durable: a SIGKILL at a random moment often leaves half an entry, a
 nondurable session, or both.
 
-    .venv/bin/python bench/limestone_writer.py DIR [--epochs-per-second N] [--channels C] [--entries E] [--epochs K]
+    .venv/bin/python bench/limestone_writer.py DIR [--epochs-per-second N] [--channels C] [--entries E] [--epochs K] [--die-mid-entry K]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,6 +45,8 @@ def main() -> int:
     ap.add_argument("--channels", type=int, default=2)
     ap.add_argument("--entries", type=int, default=3, help="put entries per session")
     ap.add_argument("--epochs", type=int, default=0, help="stop after this many (default: never)")
+    ap.add_argument("--die-mid-entry", type=int, default=0, metavar="K",
+                    help="after K epochs, write half an entry of the next one and SIGKILL itself")
     args = ap.parse_args()
     version = parse_manifest((args.dir / MANIFEST_NAME).read_bytes()).persistent_format_version
     log = LogDir(args.dir, version=version, channels=args.channels, manifest=False)
@@ -57,6 +61,8 @@ def main() -> int:
                 half = len(entry) // 2
                 f.write(entry[:half])
                 f.flush()
+                if args.die_mid_entry and written == args.die_mid_entry:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 f.write(entry[half:])
                 f.flush()
             if log.end_markers:

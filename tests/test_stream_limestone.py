@@ -24,7 +24,7 @@ from conftest import (REPO, copy_limestone_fixture, new_repository, require_lime
                       tree_snapshot)
 from walcore.command.state import directory_state
 from walcore.limestone.follow import durable_prefix, piece_findings, read_durable_epoch
-from walcore.limestone.pwal import iter_entries
+from walcore.limestone.pwal import Broken, iter_entries
 from walcore.limestone.stream import EPOCH_KIND, PIECE_KIND, follow
 from walcore.limestone.writer import LogDir, put, snippet_end, snippet_header
 from walcore.repository import Repository
@@ -169,16 +169,15 @@ def test_a_rotated_file_archived_supersedes_its_pieces_and_the_end_is_still_rest
 @require_limestone
 def test_the_writer_killed_mid_entry_restores_to_exactly_its_durable_entries_and_the_source_is_untouched(tmp_path):
     src, repo = _source(tmp_path)
-    writer = subprocess.Popen([sys.executable, WRITER, src, "--epochs-per-second", "40"], stdout=subprocess.PIPE,
-                              text=True)
     status = tmp_path / "status.json"
     with _streaming(repo, src, 0.2, status):
-        time.sleep(1.5)
-        writer.send_signal(signal.SIGKILL)
-        said = [line for line in writer.communicate()[0].splitlines(keepends=True) if line.endswith("\n")]
+        writer = subprocess.run([sys.executable, WRITER, src, "--epochs-per-second", "40", "--die-mid-entry", "50"],
+                                capture_output=True, text=True)
+        assert writer.returncode == -signal.SIGKILL
         durable = read_durable_epoch(src)
-        # what the writer saw durable is what its epoch file says (or one more: killed before it said it)
-        assert durable - int(said[-1].split()[0]) in (0, 1)
+        assert durable == int(writer.stdout.split()[-2])  # the last epoch the writer saw durable
+        *_, last = iter_entries(src / "pwal_0000")
+        assert isinstance(last, Broken) and last.code == "short_entry"  # its last entry is half written
         _wait(lambda: json.loads(status.read_text())["durable_epoch"] == durable)
         untouched = tree_snapshot(src)
         time.sleep(0.5)  # ticks with nothing new
