@@ -206,7 +206,7 @@ COMMANDS = (
              Arg("target", type=Path, metavar="TARGET", help="an empty or missing directory"), *REPO,
              Arg("--to", metavar="TIME|POSITION", help="Tarantool: a vclock ({1: 120}), a time (ISO 8601, or @unix "
                  "seconds) or end (the newest point the repository holds: its archive, then the stream's "
-                 "segments); limestone: an epoch"), JSON, PROGRESS)),
+                 "segments); limestone: an epoch, or end (its archive, then the stream's partials)"), JSON, PROGRESS)),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 
