@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from walcore.limestone.follow import read_durable_epoch  # noqa: E402
 from walcore.limestone.layout import kind_of  # noqa: E402
 from walcore.limestone.manifest import MANIFEST_NAME, parse_manifest  # noqa: E402
 from walcore.limestone.pwal import HEADERS, Entry, iter_entries  # noqa: E402
@@ -28,9 +29,10 @@ STORAGE = 7
 
 
 def highest_epoch(root: Path) -> int:
-    """The highest snippet epoch in the directory's pwal files (a new session must be past it)."""
-    return max((e.epoch for p in root.iterdir() if kind_of(p.name) in ("pwal", "pwal_rotated")
-                for e in iter_entries(p) if isinstance(e, Entry) and e.type in HEADERS), default=0)
+    """The highest epoch of the directory's snippets and epoch files (a new session must be past it)."""
+    return max([e.epoch for p in root.iterdir() if kind_of(p.name) in ("pwal", "pwal_rotated")
+                for e in iter_entries(p) if isinstance(e, Entry) and e.type in HEADERS]
+               + [read_durable_epoch(root) or 0])
 
 
 def session_entries(epoch: int, channel: int, entries: int, rng: random.Random) -> list[bytes]:

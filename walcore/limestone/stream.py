@@ -361,20 +361,20 @@ def place_run(root: Path, run: list[FileEntry], data: Path) -> str:
     they continue, else a file of their own under a rotated name (limestone reads every pwal file). Says which."""
     generation, start = run[0].range["generation"], run[0].range["bytes"][0]
     channel, end = channel_of(generation), run[-1].range["bytes"][1]
-    for path in sorted(root.iterdir()):
-        if kind_of(path.name) not in ("pwal", "pwal_rotated") or channel_of(path.name) != channel:
-            continue
-        have = path.stat().st_size
-        if have < start or not _same(path, start, data, min(end, have) - start):
-            continue
+    agreeing = sorted(((path.stat().st_size, path.name) for path in root.iterdir()
+                       if kind_of(path.name) in ("pwal", "pwal_rotated") and channel_of(path.name) == channel
+                       and start <= path.stat().st_size
+                       and _same(path, start, data, min(end, path.stat().st_size) - start)), reverse=True)
+    if agreeing:  # the longest: one holding the whole run, else the one it continues furthest
+        have, name = agreeing[0]
         if end > have:
-            with open(path, "ab") as out, open(data, "rb") as f:
+            with open(root / name, "ab") as out, open(data, "rb") as f:
                 f.seek(have - start)
                 shutil.copyfileobj(f, out, READ_CHUNK)
                 out.flush()
                 os.fsync(out.fileno())
         data.unlink()
-        return f"held by {path.name}" if end <= have else f"appended to {path.name}"
+        return f"held by {name}" if end <= have else f"appended to {name}"
     name = rotated_name(root, channel, int(generation.split(".")[1]))
     os.replace(data, root / name)
     return f"restored as {name}"
