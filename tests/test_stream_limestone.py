@@ -24,6 +24,7 @@ from conftest import (REPO, copy_limestone_fixture, new_repository, require_lime
                       tree_snapshot)
 from walcore.command.state import directory_state
 from walcore.limestone.follow import durable_prefix, piece_findings, read_durable_epoch
+from walcore.limestone.layout import blob_path
 from walcore.limestone.pwal import Broken, iter_entries
 from walcore.limestone.stream import EPOCH_KIND, PIECE_KIND, follow
 from walcore.limestone.writer import LogDir, put, snippet_end, snippet_header
@@ -145,6 +146,21 @@ def test_nondurable_sessions_never_reach_the_repository_and_unchanged_files_are_
 
 
 @require_limestone
+def test_a_blob_a_durable_entry_names_is_stored_before_it_and_restored(tmp_path):
+    src, repo = _source(tmp_path)
+    blob = blob_path(src, 742)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(b"the blob's bytes")  # limestone writes a blob file before the entry naming it
+    log = LogDir(src, channels=1, manifest=False)
+    log.session(0, 10, [put(7, b"with-blob", b"v", (10, 0), (742,))])
+    log.make_durable(10)
+    log.close()
+    _once(repo, src)
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored")
+    assert (tmp_path / "restored" / blob.relative_to(src)).read_bytes() == b"the blob's bytes"
+
+
+@require_limestone
 def test_a_rotated_file_archived_supersedes_its_pieces_and_the_end_is_still_restored(tmp_path):
     src, repo = _source(tmp_path)
     status = tmp_path / "status.json"
@@ -231,7 +247,9 @@ def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tm
     _once(repo, src)
     verified = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
     (archive,) = [a for a in verified["archive"] if a["family"] == FAMILY]
-    assert archive["status"] == "ok" and archive["files"] == len(_pieces(repo)) + 1  # the pieces, the epoch
+    blobs = [e for e in stored_segments(Repository(repo), FAMILY, INSTANCE) if e.kind == "blob"]
+    assert [e.name for e in blobs] == ["stream/blob/dir_01/0000000000000001.blob.partial"]  # 01-clean's, not archived
+    assert archive["status"] == "ok" and archive["files"] == len(_pieces(repo)) + 1 + 1  # the pieces, epoch, blob
     assert verified["checked_by"]["scan"] == len(_pieces(repo))  # each piece read as whole entries
     assert run_main("rotate", src).returncode == 0
     assert run_main("archive", src, "--repo", repo).returncode == 0

@@ -362,7 +362,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
     from .limestone.check import prepare
     from .limestone.epoch import EPOCH_NAME
     from .limestone.layout import restored_name
-    from .limestone.stream import piece_runs, place_run, streamed_log
+    from .limestone.stream import blob_place, piece_runs, place_run, streamed_log
     from .limestone.writer import durable_epoch
 
     text = to.removeprefix("epoch:")
@@ -371,7 +371,7 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
         raise Refused(f"--to {to!r}: a limestone point is an epoch number (limestone records no time per epoch) or "
                       "end", "refused")
     log: list[FileEntry] = []
-    streamed, pieces = streamed_log(repo, manifest.family, manifest.instance) if to_end else (None, [])
+    streamed, pieces, blobs = streamed_log(repo, manifest.family, manifest.instance) if to_end else (None, [], [])
     if to_end:
         manifest, log, epoch = _limestone_log(repo, manifest, None, streamed)
     else:
@@ -379,6 +379,8 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
         if epoch > manifest.position.get("epoch", 0):
             manifest, log, _ = _limestone_log(repo, manifest, epoch)
     entries = [(restored_name(e.name, e.kind), e) for e in manifest.files] + [(e.name, e) for e in log]
+    held = {name for name, _ in entries}
+    entries += [(blob_place(e), e) for e in blobs if blob_place(e) not in held]  # the stream's, past the archive's
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []

@@ -14,6 +14,8 @@ reaches the last epoch stored.
 - A generation whose file limestone rotated is superseded once the archive holds its rotated file, verified, and
   that file begins with every byte the generation stored: its pieces are deleted, newest first (a restore takes
   the pieces left as a file of their own only where no restored file holds them).
+- A blob file a stored entry names (v3+) is stored before the piece, as `stream/blob/dir_NN/<id>.blob.partial.zst`,
+  unless the archive holds it.
 - The source is never written: every file is opened read-only.
 """
 
@@ -35,11 +37,11 @@ from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, stored_segments
 from ..repository.manifest import FileEntry
 from .follow import channel_of, durable_prefix, read_durable_epoch
-from .layout import kind_of, rotated_name
-from .pwal import iter_entries
+from .layout import blob_path, kind_of, rotated_name
+from .pwal import PUT_BLOB, Entry, iter_entries, read_blob_ids
 from .writer import durable_epoch
 
-PIECE_KIND, EPOCH_KIND = "pwal_partial", "epoch_partial"
+PIECE_KIND, EPOCH_KIND, BLOB_KIND = "pwal_partial", "epoch_partial", "blob"
 PARTIAL_SUFFIX = ".partial"
 READ_CHUNK = 1 << 20
 
@@ -118,6 +120,7 @@ class _Follower:
         self.generations: list[_Generation] = []
         self.epoch_record: str | None = None  # the newest epoch partial's record
         self.superseded: list[str] = []  # records whose partials go once no restore of the source is in progress
+        self.blobs: set[str] = set()  # blob files known to be in the repository
 
     def close(self) -> None:
         for g in self.generations:
@@ -228,6 +231,8 @@ class _Follower:
             for chunk in _chunks(g.fd, g.end, prefix.end):
                 digest.update(chunk)
                 out.write(chunk)
+        for blob_id in _blob_ids(piece):  # the blobs its entries name, stored before it
+            self._store_blob(blob_id, seen)
         name = f"{STREAM_DIR}/{g.name}.{g.end:016d}{PARTIAL_SUFFIX}"
         entry = self._store(piece, name, PIECE_KIND, {
             "generation": g.name, "bytes": [g.end, prefix.end], "epochs": list(prefix.epochs),
@@ -235,6 +240,24 @@ class _Follower:
         g.pieces.append(entry.stored + RECORD_SUFFIX)
         g.end, g.epoch, g.digest = prefix.end, prefix.epoch, digest
         self.state.pieces += 1
+
+    def _store_blob(self, blob_id: int, seen: float) -> None:
+        """A blob file a durable entry names, unless the archive or the stream holds it (written before the entry,
+        never changed)."""
+        path = blob_path(self.root, blob_id)
+        name = path.relative_to(self.root).as_posix()
+        if name in self.blobs:
+            return
+        streamed = f"{STREAM_DIR}/{name}{PARTIAL_SUFFIX}"
+        if not any(self.repo.storage.exists(f"{self.base}/{held}.zst{RECORD_SUFFIX}") for held in
+                   (f"archive/{name}", streamed)):
+            if not path.is_file():
+                self.state.problems.append(f"{name}: a durable entry names this blob, which the directory does not "
+                                           "hold")
+                self.say(f"PROBLEM: {self.state.problems[-1]}")
+                return
+            self._store(path, streamed, BLOB_KIND, {"time": seen})
+        self.blobs.add(name)
 
     def _store_epoch(self, durable: int, seen: float) -> None:
         """The tick's commit point: every piece up to `durable` is stored before it."""
@@ -296,6 +319,15 @@ class _Follower:
         self.say(f"PROBLEM: {said}")
 
 
+def _blob_ids(piece: Path) -> list[int]:
+    fd = os.open(piece, os.O_RDONLY)
+    try:
+        return [blob_id for e in iter_entries(piece) if isinstance(e, Entry) and e.type == PUT_BLOB
+                for blob_id in read_blob_ids(fd, e.blob_ids_at, e.blob_count)]
+    finally:
+        os.close(fd)
+
+
 def _contiguous(pieces: list[FileEntry]) -> list[FileEntry]:
     """The pieces of one generation that make a run from its start, in order."""
     run: list[FileEntry] = []
@@ -328,11 +360,17 @@ def _status(path: Path | None, state: FollowState) -> None:
 # -- restoring to the end
 
 
-def streamed_log(repo: Repository, family: str, instance: str) -> tuple[int | None, list[FileEntry]]:
-    """The newest durable epoch the stream of an instance stored (None: none), and its pieces."""
+def streamed_log(repo: Repository, family: str, instance: str) -> tuple[int | None, list[FileEntry], list[FileEntry]]:
+    """The newest durable epoch the stream of an instance stored (None: none), its pieces and its blobs."""
     entries = stored_segments(repo, family, instance)
     epochs = [e.range["epochs"][1] for e in entries if e.kind == EPOCH_KIND]
-    return max(epochs, default=None), [e for e in entries if e.kind == PIECE_KIND]
+    return (max(epochs, default=None), [e for e in entries if e.kind == PIECE_KIND],
+            [e for e in entries if e.kind == BLOB_KIND])
+
+
+def blob_place(entry: FileEntry) -> str:
+    """Where a blob the stream stored goes in a restore: blob/dir_NN/<id>.blob, as in the source."""
+    return entry.name.removeprefix(f"{STREAM_DIR}/").removesuffix(PARTIAL_SUFFIX)
 
 
 def piece_runs(pieces: list[FileEntry], after: int) -> list[list[FileEntry]]:
