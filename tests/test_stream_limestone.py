@@ -183,6 +183,22 @@ def test_a_rotated_file_archived_supersedes_its_pieces_and_the_end_is_still_rest
 
 
 @require_limestone
+def test_a_file_written_and_rotated_between_two_ticks_is_followed_all_the_same(tmp_path):
+    src, repo = _source(tmp_path)
+    status = tmp_path / "status.json"
+    with _streaming(repo, src, 3.0, status):
+        _wait(lambda: status.exists())  # the first tick is done: the next comes in 3 s
+        ticked = json.loads(status.read_text())["updated"]
+        assert run_main("rotate", src).returncode == 0
+        _write(src, 2)  # new files, rotated before the streamer saw them, then newer ones
+        assert run_main("rotate", src).returncode == 0
+        _write(src, 2)
+        assert json.loads(status.read_text())["updated"] == ticked, "the machine is too slow for this test"
+        _wait(lambda: json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src))
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored")
+
+
+@require_limestone
 def test_pieces_left_unsuperseded_are_restored_once(tmp_path):
     """The rotated files archived and then taken from the source while no streamer ran: their generations' pieces
     stay in the stream, and a restore to the end finds their bytes in the archived files."""

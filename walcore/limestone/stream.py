@@ -121,6 +121,7 @@ class _Follower:
         self.epoch_record: str | None = None  # the newest epoch partial's record
         self.superseded: list[str] = []  # records whose partials go once no restore of the source is in progress
         self.blobs: set[str] = set()  # blob files known to be in the repository
+        self.done: set[tuple[int, int]] = set()  # pwal files (device, inode) the archive holds: not followed
 
     def close(self) -> None:
         for g in self.generations:
@@ -143,12 +144,22 @@ class _Follower:
             st = os.fstat(fd)
             g = self._continued(fd, st.st_size, name, runs)
             if g is None:
-                if kind_of(name) == "pwal_rotated" and self._archived(name, st.st_size) is not None:
-                    os.close(fd)
-                    continue
-                g = self._new(fd, name)
-            g.inode = (st.st_dev, st.st_ino)
-            self.generations.append(g)
+                self._follow(fd, name, st)
+            else:
+                g.inode = (st.st_dev, st.st_ino)
+                self.generations.append(g)
+
+    def _follow(self, fd: int, name: str, st: os.stat_result) -> None:
+        """A pwal file the stream holds nothing of, followed from its start, unless it is a rotated one the archive
+        holds."""
+        inode = (st.st_dev, st.st_ino)
+        if kind_of(name) == "pwal_rotated" and self._archived(name, st.st_size) is not None:
+            os.close(fd)
+            self.done.add(inode)
+            return
+        g = self._new(fd, name)
+        g.inode = inode
+        self.generations.append(g)
 
     def _continued(self, fd: int, size: int, name: str, runs: dict[str, list[FileEntry]]) -> _Generation | None:
         candidates = sorted(((n, ps) for n, ps in runs.items() if channel_of(n) == channel_of(name)
@@ -176,16 +187,14 @@ class _Follower:
         durable = read_durable_epoch(self.root)
         seen = time.time()
         names = self._names()
-        for name, inode in names.items():  # a pwal file limestone opened since: followed from its start
-            if kind_of(name) == "pwal" and not any(g.inode == inode for g in self.generations):
+        for name, inode in names.items():  # a file limestone opened (and perhaps rotated) since the last tick
+            if inode not in self.done and not any(g.inode == inode for g in self.generations):
                 fd = os.open(self.root / name, os.O_RDONLY)
                 st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) != inode or any(g.inode == inode for g in self.generations):
+                if (st.st_dev, st.st_ino) != inode:
                     os.close(fd)  # replaced between the two looks: the next tick takes it
                     continue
-                g = self._new(fd, name)
-                g.inode = inode
-                self.generations.append(g)
+                self._follow(fd, name, st)
         by_inode = {inode: name for name, inode in names.items()}
         for g in self.generations:
             g.file = by_inode.get(g.inode, g.file)
@@ -301,6 +310,7 @@ class _Follower:
         self.state.superseded += len(g.pieces)
         os.close(g.fd)
         self.generations.remove(g)
+        self.done.add(g.inode)
         self.say(f"{g.name}: superseded by the archived {g.file}")
 
     def _archived(self, name: str, size: int) -> FileEntry | None:
