@@ -181,8 +181,8 @@ COMMANDS = (
             "or failed its last drill."),
     Command("stream", rq.StreamRequest, "receive a running Tarantool's rows as an anonymous replica, or follow a "
             "limestone directory's active files, and store them every few seconds, until stopped",
-            (Arg("source", nargs="?", type=Path, default=None, metavar="SOURCE", help="a limestone directory on this host (or "
-                 "--connect)"),
+            (Arg("source", nargs="?", type=Path, default=None, metavar="SOURCE",
+                 help="a limestone directory on this host (or --connect)"),
              Arg("--connect", metavar="URI", help="the running Tarantool to stream ([user@]host:port; "
                  "a user with the replication role)"), PASSWORD_FILE, *REPO,
              Arg("--spool", type=Path, metavar="DIR", help="where the open segment is written (default "
@@ -191,7 +191,8 @@ COMMANDS = (
                  "what grew) every S seconds (default 1)"),
              Arg("--segment-bytes", type=int, metavar="B", help="or once it holds B bytes (default 16 MiB)"),
              Arg("--status", type=Path, metavar="FILE", help="keep the stream's state in FILE (JSON, rewritten "
-                 "atomically): connected, vclock, newest segment stored, gaps; limestone: durable epoch stored, problems"),
+                 "atomically): connected, vclock, newest segment stored, gaps; limestone: durable epoch stored, "
+                 "problems"),
              JSON),
             description="Subscribe to a running Tarantool as an anonymous replica from the newest position the "
             "repository holds of it, and store what it commits as verified segments every --segment-seconds: an "

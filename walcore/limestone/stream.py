@@ -285,7 +285,8 @@ class _Follower:
         stored = self.repo.put_object(object_name, path)
         entry = FileEntry(name=name, kind=kind, size=stored.size, sha256=stored.sha256, stored=object_name,
                           stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
-                          mutable=False, range=span, verification={"status": "ok", "findings": [], "checked_by": "scan"})
+                          mutable=False, range=span,
+                          verification={"status": "ok", "findings": [], "checked_by": "scan"})
         self.lease.confirm()
         if problem := commit_record(self.repo, object_name + RECORD_SUFFIX, entry,
                                     {"host": socket.gethostname(), "source_dir": self.state.source}):
