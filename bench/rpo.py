@@ -1,6 +1,7 @@
 """Measure the RPO of `walvault stream`: a writing Tarantool killed, its data dir deleted, `restore --to end`.
 
     .venv/bin/python bench/rpo.py [--rates 1000,10000] [--statements 1,5] [--trials 20] [--segment-seconds 1] [--host-dies] [--dir DIR] [--json FILE] [--keep]
+    .venv/bin/python bench/rpo.py --family limestone [--epochs-per-second 100] [--trials 20] [--segment-seconds 1] [--host-dies] [--dir DIR] [--json FILE] [--keep]
 
 For each rate (transactions per second) and transaction size (statements per transaction), `--trials` times:
 a fresh instance (bench/lua/rpo_writer.lua) commits at that rate; its base backup is taken through
@@ -16,6 +17,13 @@ and the instance's write throughput with the streamer attached against without (
 3 s each way, alternated). Targets (issue 25): RPO p99 <= 2 s at 1,000 tx/s and <= 5 s at 10,000 tx/s; the
 throughput ratio >= 0.95; the streamer's CPU <= 10% of a core at 1,000 tx/s. This is a benchmark: it never
 fails on figures. It exits 1 when a command fails.
+
+`--family limestone`: a copy of the limestone fixture 01-clean, backed up; bench/limestone_writer.py commits
+`--epochs-per-second` epochs (sessions on two channels, each epoch made durable in `epoch`, its time printed);
+`walvault stream DIR` follows it; at a random moment 2 to 6 s later the writer gets SIGKILL (with --host-dies the
+streamer too, in the same instant: the host lost; else the streamer gets another interval, then SIGTERM);
+`restore latest --to end`. RPO = the time the writer saw its newest epoch durable minus that of the newest epoch
+restored. Target: RPO <= S + 1 s.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from walcore.tarantool.xlog import scan_file  # noqa: E402
 WALVAULT = [str(REPO / ".venv" / "bin" / "walvault")]
 TARANTOOL = shutil.which("tarantool") or "tarantool"
 WRITER = REPO / "bench" / "lua" / "rpo_writer.lua"
+LIMESTONE_WRITER = REPO / "bench" / "limestone_writer.py"
+LIMESTONE_FIXTURE = REPO.parent / "shared" / "fixtures" / "limestone" / "01-clean"
 PASSWORD = "rpo-bench"
 
 
@@ -135,15 +145,9 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         instance.wait()
         acknowledged = newest_commit(root / "instance")
         shutil.rmtree(root / "instance")
+        stop_streamer(streamer, segment_seconds, host_dies)
         if host_dies:
-            streamer.wait()
             shutil.rmtree(root / "spool", ignore_errors=True)
-        else:
-            time.sleep(segment_seconds + 0.5)
-            streamer.send_signal(signal.SIGTERM)
-            _out, err = streamer.communicate(timeout=120)
-            if streamer.returncode != 0:
-                raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
         restored = json.loads(run(["restore", "latest", str(root / "restored"), "--repo", str(repo), "--to", "end",
                                    "--json"]).stdout)
         last = restored["point"]["last_time"]
@@ -152,6 +156,61 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         if instance.poll() is None:
             instance.kill()
             instance.wait()
+
+
+def stop_streamer(streamer: subprocess.Popen, segment_seconds: float, killed: bool) -> None:
+    """Reap a streamer killed with its source, or give it another interval to store what is left, then SIGTERM."""
+    if killed:
+        streamer.wait()
+        return
+    time.sleep(segment_seconds + 0.5)
+    streamer.send_signal(signal.SIGTERM)
+    _out, err = streamer.communicate(timeout=120)
+    if streamer.returncode != 0:
+        raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {err[-2000:]}")
+
+
+def limestone_trial(root: Path, epochs_per_second: float, segment_seconds: float, rng: random.Random,
+                    host_dies: bool) -> dict:
+    source, repo, said = root / "source", root / "repo", root / "writer.out"
+    shutil.copytree(LIMESTONE_FIXTURE, source)
+    for path in [source, *source.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)  # the shared fixtures are read-only
+    run(["init", "--repo", str(repo)])
+    run(["backup", str(source), "--repo", str(repo)])
+    with open(said, "w") as out:
+        writer = subprocess.Popen([sys.executable, str(LIMESTONE_WRITER), str(source), "--epochs-per-second",
+                                   str(epochs_per_second)], stdout=out)
+    streamer = subprocess.Popen([*WALVAULT, "stream", str(source), "--repo", str(repo), "--segment-seconds",
+                                 str(segment_seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)
+        cpu0, t0 = cpu_seconds(streamer.pid), time.monotonic()
+        time.sleep(rng.uniform(2.0, 6.0))
+        cpu = (cpu_seconds(streamer.pid) - cpu0) / (time.monotonic() - t0)
+        rss = peak_rss_mb(streamer.pid)
+        if host_dies:
+            streamer.send_signal(signal.SIGKILL)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        stop_streamer(streamer, segment_seconds, host_dies)
+    finally:
+        for proc in (writer, streamer):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    durable = {}  # epoch -> when the writer saw it durable (whole lines only: it may die in one)
+    for line in said.read_text().splitlines(keepends=True):
+        if line.endswith("\n"):
+            epoch, when = line.split()
+            durable[int(epoch)] = float(when)
+    restored = json.loads(run(["restore", "latest", str(root / "restored"), "--repo", str(repo), "--to", "end",
+                               "--json"]).stdout)
+    epoch = restored["point"]["durable_epoch"]
+    newest = max(durable)
+    # an epoch of the fixture (before the writer) restored: everything the writer made durable is lost
+    lost = durable[newest] - durable[epoch] if epoch in durable else durable[newest] - min(durable.values())
+    return {"rpo_s": max(0.0, lost), "cpu_share": cpu, "rss_mb": rss, "epochs_lost": newest - epoch}
 
 
 def throughput(root: Path, statements: int, attached: bool, seconds: float = 3.0) -> float:
@@ -177,6 +236,27 @@ def throughput(root: Path, statements: int, attached: bool, seconds: float = 3.0
         instance.wait()
 
 
+def limestone_rpo(args, base: Path, rng: random.Random) -> dict:
+    trials = []
+    for n in range(args.trials):
+        root = base / f"limestone-{n}"
+        root.mkdir(parents=True, exist_ok=True)
+        trials.append(limestone_trial(root, args.epochs_per_second, args.segment_seconds, rng, args.host_dies))
+        if not args.keep:
+            shutil.rmtree(root)
+    rpos = [t["rpo_s"] for t in trials]
+    row = {"family": "limestone", "epochs_per_second": args.epochs_per_second, "trials": len(trials),
+           "rpo_p50_s": statistics.median(rpos), "rpo_p99_s": p99(rpos), "rpo_max_s": max(rpos),
+           "epochs_lost_max": max(t["epochs_lost"] for t in trials),
+           "streamer_cpu_share": statistics.median(t["cpu_share"] for t in trials),
+           "streamer_peak_rss_mb": max(t["rss_mb"] for t in trials)}
+    print(f"limestone {args.epochs_per_second:g} epochs/s: RPO p50 {row['rpo_p50_s']:.3f} s, p99 "
+          f"{row['rpo_p99_s']:.3f} s, max {row['rpo_max_s']:.3f} s (target <= {args.segment_seconds + 1:g} s); "
+          f"streamer CPU {row['streamer_cpu_share']:.1%} of a core, peak RSS {row['streamer_peak_rss_mb']:.0f} MB",
+          flush=True)
+    return row
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -193,11 +273,15 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "rpo.json")
     ap.add_argument("--keep", action="store_true", help="keep the last trial's files")
+    ap.add_argument("--family", choices=("tarantool", "limestone"), default="tarantool")
+    ap.add_argument("--epochs-per-second", type=float, default=100.0, help="limestone: the writer's rate")
     args = ap.parse_args()
     rng = random.Random(20261127)
     base = Path(args.dir or tempfile.mkdtemp(prefix="walvault-rpo-"))
     results = []
-    for statements in [int(s) for s in args.statements.split(",")]:
+    if args.family == "limestone":
+        results.append(limestone_rpo(args, base, rng))
+    for statements in [int(s) for s in args.statements.split(",")] if args.family == "tarantool" else []:
         for rate in [int(r) for r in args.rates.split(",")]:
             trials = []
             for n in range(args.trials):
@@ -231,8 +315,8 @@ def main() -> int:
     if not args.keep and args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"segment_seconds": args.segment_seconds, "host_dies": args.host_dies,
-                                     "results": results}, indent=1) + "\n")
+    args.json.write_text(json.dumps({"family": args.family, "segment_seconds": args.segment_seconds,
+                                     "host_dies": args.host_dies, "results": results}, indent=1) + "\n")
     print(f"wrote {args.json}")
     return 0
 

@@ -411,6 +411,7 @@ FILE_TIERS = {
     "test_scan_fuzz_regressions.py": "unit",
     "test_spark_jobs.py": "integration",
     "test_status.py": "unit",
+    "test_stream_limestone.py": "unit",  # a writer process and the streamer in this one, on a fixture's copy
     "test_stream.py": "unit",  # the protocol without I/O; its real-instance tests are integration (a Tarantool)
     "test_streams.py": "integration",  # the supervisor of the configured streamers, against a real Tarantool
     "test_stream_sync.py": "unit",  # the receiver without I/O; its real-instance tests are integration
@@ -438,6 +439,8 @@ TEST_TIERS = {
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
     "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus
     "test_airflow_config.py::test_airflow_lists_the_provider_and_tests_its_connections": "system",  # airflow CLI
+    "test_stream_limestone.py::test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them":
+        "integration",  # the expiry's clock moved by Debian's faketime
 }
 
 # Fixtures that start a real Tarantool, the S3 server or Spark: a test using one is at least `integration`.

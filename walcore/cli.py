@@ -179,30 +179,37 @@ COMMANDS = (
             "on this host, whether the retention policy's recovery window is covered (by which anchor), and the "
             "last drill's verdict; and the repository's bytes by kind. Exit 1 when a source is stale, uncovered "
             "or failed its last drill."),
-    Command("stream", rq.StreamRequest, "receive a running Tarantool's rows as an anonymous replica and store them "
-            "as sealed segments every few seconds, until stopped",
-            (Arg("--connect", required=True, metavar="URI", help="the running Tarantool to stream ([user@]host:port; "
+    Command("stream", rq.StreamRequest, "receive a running Tarantool's rows as an anonymous replica, or follow a "
+            "limestone directory's active files, and store them every few seconds, until stopped",
+            (Arg("source", nargs="?", type=Path, default=None, metavar="SOURCE",
+                 help="a limestone directory on this host (or --connect)"),
+             Arg("--connect", metavar="URI", help="the running Tarantool to stream ([user@]host:port; "
                  "a user with the replication role)"), PASSWORD_FILE, *REPO,
              Arg("--spool", type=Path, metavar="DIR", help="where the open segment is written (default "
                  "var/stream-spool): keep it on a local disk that survives a restart"),
-             Arg("--segment-seconds", type=float, metavar="S", help="seal and store a segment every S seconds "
-                 "(default 1)"),
+             Arg("--segment-seconds", type=float, metavar="S", help="seal and store a segment (limestone: store "
+                 "what grew) every S seconds (default 1)"),
              Arg("--segment-bytes", type=int, metavar="B", help="or once it holds B bytes (default 16 MiB)"),
              Arg("--timeout", type=float, metavar="S", help="take the connection for lost after S seconds without "
                  "a packet, not even the instance's heartbeat (default 30; it sends one every replication_timeout)"),
              Arg("--status", type=Path, metavar="FILE", help="keep the stream's state in FILE (JSON, rewritten "
-                 "atomically): connected, vclock, newest segment stored, gaps"), JSON),
+                 "atomically): connected, vclock, newest segment stored, gaps; limestone: durable epoch stored, "
+                 "problems"),
+             JSON),
             description="Subscribe to a running Tarantool as an anonymous replica from the newest position the "
             "repository holds of it, and store what it commits as verified segments every --segment-seconds: an "
-            "RPO of seconds. Stops on SIGTERM or SIGINT, sealing and storing the open segment. Exit 0 when "
-            "stopped, 1 when rows never came (a gap: the instance no longer had them) or another streamer of the "
-            "instance runs, 2 when the instance cannot be reached at start."),
+            "RPO of seconds. With SOURCE, a limestone directory on this host: the durable part of its pwal files "
+            "and its durable epoch stored as partial objects every --segment-seconds, the directory only read. "
+            "Stops on SIGTERM or SIGINT, sealing and storing the open segment. Exit 0 when stopped, 1 when rows "
+            "never came (a gap: the instance no longer had them), a limestone file could not be followed, or another "
+            "streamer of the instance runs, 2 when the instance cannot be reached at start or SOURCE is no "
+            "limestone directory."),
     Command("restore", rq.RestoreRequest, "restore a backup into an empty directory (optionally to a point in time)",
             (Arg("backup", metavar="BACKUP", help="a backup id, or latest"),
              Arg("target", type=Path, metavar="TARGET", help="an empty or missing directory"), *REPO,
              Arg("--to", metavar="TIME|POSITION", help="Tarantool: a vclock ({1: 120}), a time (ISO 8601, or @unix "
                  "seconds) or end (the newest point the repository holds: its archive, then the stream's "
-                 "segments); limestone: an epoch"), JSON, PROGRESS)),
+                 "segments); limestone: an epoch, or end (its archive, then the stream's partials)"), JSON, PROGRESS)),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 

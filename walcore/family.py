@@ -29,6 +29,10 @@ class Family(Protocol):
                  wait: float) -> BackupResult:
         """A verified snapshot of the source that covers its log up to a recorded position (the snapshot command)."""
 
+    def follow(self, source: Path, repo: Repository, *, seconds: float, status_file: Path | None, stop, say):
+        """Store the durable log of a source directory on this host every `seconds` until `stop` (a
+        threading.Event) is set (`walvault stream SOURCE`); returns the final state (its `to_json`, `problems`)."""
+
     def archive_items(self, report, result) -> list[ArchiveItem]:
         """The family's sealed files of a verified report (scan_paths.Report) to archive; the others go to the
         result's (command.archive.ArchiveResult) not_sealed or refused."""

@@ -532,7 +532,7 @@ def _stream(request: rq.StreamRequest, runner) -> int:
     import signal
     import threading
 
-    from .command.stream import stream
+    from .command.stream import stream, stream_directory
     from .tarantool.receiver import StreamBroken
 
     repo = _repository(request)
@@ -543,6 +543,14 @@ def _stream(request: rq.StreamRequest, runner) -> int:
     def say(line: str) -> None:
         print(f"walvault stream: {line}", file=sys.stderr, flush=True)
 
+    if request.source is not None:
+        state = stream_directory(repo, request.source, segment_seconds=request.segment_seconds,
+                                 status_file=request.status, stop=stop, say=say)
+        if request.json:
+            print_json(state.to_json())
+        else:
+            print("\n".join(state.lines()))
+        return EXIT_FINDINGS if state.problems else EXIT_OK
     try:
         state = stream(repo, request.connect, request.spool, segment_seconds=request.segment_seconds,
                        segment_bytes=request.segment_bytes, status_file=request.status, silence_limit=request.timeout,

@@ -363,9 +363,11 @@ class StatusRequest(_RepoRequest):
 
 @dataclass(kw_only=True)
 class StreamRequest(_RepoRequest):
-    """`walvault stream`: a running Tarantool's rows into the repository as sealed segments, until stopped."""
+    """`walvault stream`: a running Tarantool's rows (`connect`) into the repository as sealed segments, or the
+    durable part of a limestone directory's active files (`source`) as partial objects, until stopped."""
     command, not_done = "stream", "not streamed"
-    connect: str = field(repr=False)  # it may hold a password
+    source: Path | None = None
+    connect: str | None = field(default=None, repr=False)  # it may hold a password
     password_file: Path | None = None
     spool: Path = Path("var/stream-spool")
     segment_seconds: float = 1.0
@@ -374,7 +376,11 @@ class StreamRequest(_RepoRequest):
     timeout: float = 30.0  # seconds without a packet before the connection is taken for lost
 
     def problem(self):
-        return _first("--segment-seconds must be a positive number" if not 0 < self.segment_seconds < math.inf
+        return _first("stream takes a limestone directory SOURCE or --connect URI (a running Tarantool), not both"
+                      if self.source is not None and self.connect else None,
+                      "stream needs a limestone directory SOURCE or --connect URI (a running Tarantool)"
+                      if self.source is None and not self.connect else None,
+                      "--segment-seconds must be a positive number" if not 0 < self.segment_seconds < math.inf
                       else None,
                       "--segment-bytes must be at least 4096" if self.segment_bytes < 4096 else None,
                       "--timeout must be a positive number" if not 0 < self.timeout < math.inf else None,

@@ -362,21 +362,40 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
     from .limestone.check import prepare
     from .limestone.epoch import EPOCH_NAME
     from .limestone.layout import restored_name
+    from .limestone.stream import blob_place, piece_runs, place_run, streamed_log
     from .limestone.writer import durable_epoch
 
     text = to.removeprefix("epoch:")
-    if not re.fullmatch(r"[0-9]+", text):  # ASCII digits: str.isdigit() takes '²', which int() refuses
-        raise Refused(f"--to {to!r}: a limestone point is an epoch number (limestone records no time per epoch)",
-                      "refused")
-    epoch = int(text)
-    reached = manifest.position.get("epoch", 0)
+    to_end = to.strip() == "end"
+    if not to_end and not re.fullmatch(r"[0-9]+", text):  # ASCII digits: str.isdigit() takes '²', which int() refuses
+        raise Refused(f"--to {to!r}: a limestone point is an epoch number (limestone records no time per epoch) or "
+                      "end", "refused")
     log: list[FileEntry] = []
-    if epoch > reached:
-        manifest, log = _limestone_log(repo, manifest, epoch)
+    streamed, pieces, blobs = streamed_log(repo, manifest.family, manifest.instance) if to_end else (None, [], [])
+    if to_end:
+        manifest, log, epoch = _limestone_log(repo, manifest, None, streamed)
+    else:
+        epoch = int(text)
+        if epoch > manifest.position.get("epoch", 0):
+            manifest, log, _ = _limestone_log(repo, manifest, epoch)
     entries = [(restored_name(e.name, e.kind), e) for e in manifest.files] + [(e.name, e) for e in log]
+    held = {name for name, _ in entries}
+    entries += [(blob_place(e), e) for e in blobs if blob_place(e) not in held]  # the stream's, past the archive's
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
+    runs = piece_runs(pieces, manifest.position.get("epoch", 0)) if streamed is not None else []
+    for run in runs:  # the stream's pieces past the base, each run joined to the file whose bytes it continues
+        scratch = staging / ".walvault-stream"
+        materialize(repo, [(str(n), e) for n, e in enumerate(run)], scratch, Progress(len(run), 0, False, ""))
+        joined = scratch / "run"
+        with open(joined, "wb") as out:
+            for n in range(len(run)):
+                with open(scratch / str(n), "rb") as piece:
+                    shutil.copyfileobj(piece, out, 1 << 20)
+        notes.append(f"{run[0].range['generation']} from byte {run[0].range['bytes'][0]}: "
+                     + place_run(staging, run, joined))
+        shutil.rmtree(scratch)
     # The catalog limestone reads: compaction_catalog, or its .back when that one is missing or unreadable.
     catalog = prepare(staging).catalog
     if catalog is not None:
@@ -397,17 +416,20 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
                          f"of epochs past MAX_EPOCH_ID {catalog.max_epoch_id} that were in flight at its rotation")
     write_atomic(staging / EPOCH_NAME, [durable_epoch(epoch)])
     info = {"point": f"epoch {epoch}", "base": manifest.id, "durable_epoch": epoch,
-            "archived_files": len(log)}
+            "archived_files": len(log), "streamed_runs": len(runs)}
     if notes:
         info["notes"] = notes
     return reused, info, entries
 
 
-def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tuple[BackupManifest, list[FileEntry]]:
-    """A point past the backup: a base (this backup, or a snapshot of the instance) at or before it from which the
-    archive still holds the whole log, and the archived files that carry the log from there (rotated pwal files
-    neither in the base nor folded into its compacted file, and the blobs). Refused past what the archive holds
-    whole: every channel's entries up to the point archived (what `archive` records), and durable."""
+def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int | None,
+                   streamed: int | None = None) -> tuple[BackupManifest, list[FileEntry], int]:
+    """A point past the backup (None: the newest the repository holds): a base (this backup, or a snapshot of the
+    instance) at or before it from which the archive still holds the whole log, the archived files that carry the
+    log from there (rotated pwal files neither in the base nor folded into its compacted file, and the blobs), and
+    the point. Refused past what the archive holds whole: every channel's entries up to the point archived (what
+    `archive` records), and durable; or, `streamed`, the durable epoch `walvault stream` stored last (its pieces
+    hold every channel's entries up to it that the archive lacks)."""
     from .repository.archive import EXPIRED_SUFFIX, archive_complete, source_archive
 
     backups = [r.manifest for r in repo.source_backups(newest.family, newest.instance)
@@ -427,9 +449,10 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     names = {Path(e.name).name for e in archived}
     folded_away = {n for n in _archived_detached(repo, archived) if n not in names}
     missing = {n for n in expired if n.startswith("pwal_")} | folded_away
-    bases = [m for m in backups if m.position.get("epoch", 0) <= epoch and not missing - holds(m)]
+    bases = [m for m in backups if (epoch is None or m.position.get("epoch", 0) <= epoch) and not missing - holds(m)]
     if not bases:
-        raise Refused(f"no backup or snapshot of {newest.instance} at or before epoch {epoch} has the whole log "
+        at = f" at or before epoch {epoch}" if epoch is not None else ""
+        raise Refused(f"no backup or snapshot of {newest.instance}{at} has the whole log "
                       "after it in the repository (retention deleted files it would need, or limestone's own "
                       "compaction folded files that were never archived: restore from the newest snapshot)",
                       "refused")
@@ -439,6 +462,10 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
     complete = archive_complete(repo, newest.family, newest.instance, newest.source)
     if complete is not None:
         durable = min(durable, max(complete, base.position.get("epoch", 0)))
+    if streamed is not None:
+        durable = max(durable, streamed)
+    if epoch is None:
+        epoch = durable
     if (overlap := _channel_overlap(archived)) is not None and epoch >= overlap[0]:
         raise Refused(f"two histories of instance {newest.instance} rotated channel {overlap[1]} in "
                       f"{newest.source.get('path')}: {overlap[2]} and {overlap[3]} both hold epochs from {overlap[0]} "
@@ -449,7 +476,7 @@ def _limestone_log(repo: Repository, newest: BackupManifest, epoch: int) -> tupl
                       f"point {epoch}", "refused")
     have = holds(base)
     log = [e for e in archived if e.kind in ("pwal_rotated", "blob") and Path(e.name).name not in have]
-    return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name)
+    return base, sorted({e.name: e for e in log}.values(), key=lambda e: e.name), epoch
 
 
 def _channel_overlap(archived: list[FileEntry]) -> tuple[int, str, str, str] | None:

@@ -46,7 +46,9 @@ from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.storage import UnsafeName
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
-LOG_KINDS = ("xlog", "segment", "snap", "pwal_rotated", "epoch_rotated")  # segment: `walvault stream`'s
+# segment, pwal_partial, epoch_partial: `walvault stream`'s (a Tarantool's sealed segments, a limestone directory's
+# durable pieces and epochs)
+LOG_KINDS = ("xlog", "segment", "snap", "pwal_rotated", "epoch_rotated", "pwal_partial", "epoch_partial")
 CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
 
 

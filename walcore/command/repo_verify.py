@@ -13,6 +13,9 @@ from pathlib import PurePosixPath
 from ..backup_common import Progress
 from ..family import family_named
 from ..fsutil import owned_tempdir
+from ..limestone.follow import piece_findings
+from ..limestone.pwal import iter_entries
+from ..limestone.stream import PIECE_KIND
 from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, load_record
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
@@ -165,7 +168,8 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     # The ledger's family's files are judged by their bytes alone: those are scanned (a name no family has, which
     # only a forged manifest holds, is re-hashed only).
     scanned = kind in SCANNED_KINDS and family in FAMILIES and family_named(family).uses_ledger
-    scan = scanned and (full or recorded_verdict(repo, instance, sha256, size, base) is None)
+    piece = kind == PIECE_KIND  # a limestone stream's piece: small, scanned every time
+    scan = piece or scanned and (full or recorded_verdict(repo, instance, sha256, size, base) is None)
     checked_by = "scan" if scan else "ledger" if scanned else "hash"
     scratch = owned_tempdir("walvault-verify-") if scan else None
     try:
@@ -183,6 +187,8 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
             raise RepositoryError(f"{stored}: cannot copy it to {scratch} to scan it: {e.strerror or e}") from None
         if copy is None:
             return None, None, checked_by
+        if piece:
+            return None, piece_findings(iter_entries(copy)), checked_by
         from ..tarantool.check import file_verdict
         from ..tarantool.xlog import scan_file
 

@@ -154,6 +154,16 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
     return state
 
 
+def stream_directory(repo: Repository, source: Path, *, segment_seconds: float = 1.0, status_file: Path | None = None,
+                     stop: threading.Event | None = None, say=print):
+    """`walvault stream SOURCE`: a source directory on this host followed as its family follows one (limestone:
+    the durable part of its active files, walcore/limestone/stream.py); returns the final state."""
+    from ..family import family_of
+
+    return family_of(source).follow(Path(source), repo, seconds=segment_seconds, status_file=status_file,
+                                    stop=stop, say=say)
+
+
 def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop: threading.Event,
              segment_seconds: float, segment_bytes: int, status_file: Path | None, silence_limit: float) -> None:
     """One connection's rows until it drops (LiveError) or `stop`."""

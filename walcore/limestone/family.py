@@ -15,6 +15,7 @@ from ..repository import Repository, stamp_seconds, utc_now
 from ..repository.archive import archive_complete, complete_name, source_key
 from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
 from .layout import REWRITTEN_KINDS, dir_instance, restored_name
+from .manifest import MANIFEST_NAME
 
 
 class Limestone:
@@ -29,6 +30,16 @@ class Limestone:
             raise Refused("--connect is for a running Tarantool; a limestone directory is backed up from an "
                           "online-backup copy or a stopped datastore", "cannot_check")
         return LimestonePlan(source)
+
+    def follow(self, source: Path, repo: Repository, *, seconds: float, status_file: Path | None, stop, say):
+        from .stream import follow
+
+        instance = self.source_instance(source)
+        if instance is None:
+            raise Refused(f"{source}: no readable {MANIFEST_NAME}: not a limestone directory walvault can follow",
+                          "cannot_check")
+        return follow(repo, self.name, source, instance, seconds=seconds, status_file=status_file, stop=stop,
+                      say=say)
 
     def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
                  wait: float):
@@ -78,23 +89,30 @@ class Limestone:
         return covered
 
     def log_end(self, repo: Repository, entry: FileEntry) -> float | None:
+        """A rotated file's rotation time; a stream's partial: when the streamer read the durable epoch it holds."""
         from .layout import rotation_time
 
-        return rotation_time(entry.name)
+        return entry.range["time"] if "time" in entry.range else rotation_time(entry.name)
 
     def archive_reach(self, repo: Repository, instance: str, source: dict,
                       entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
         """The epoch up to which every channel of the directory is archived (archive-complete; else the furthest
-        archived epoch), and the newest rotation time of an archived file at or below it."""
-        from .layout import rotation_time
+        archived epoch), or the stream's newest durable epoch where that is further (its pieces hold every channel
+        up to it), and the newest time of an archived file at or below it (a rotation's, or when the stream read
+        its epoch)."""
+        from .stream import EPOCH_KIND
 
         logs = [e for e in entries if e.kind in ("pwal_rotated", "epoch_rotated") and e.range.get("epochs")]
+        streamed = [e for e in entries if e.kind == EPOCH_KIND]
         epoch = archive_complete(repo, self.name, instance, source)
         if epoch is None:  # not recorded (an older walvault's archive): as far as an archived file reaches
             epoch = max((e.range["epochs"][1] for e in logs), default=None)
+        if streamed:
+            epoch = max([e.range["epochs"][1] for e in streamed] + ([epoch] if epoch is not None else []))
         if epoch is None:
             return None
-        times = [t for e in logs if e.range["epochs"][1] <= epoch and (t := rotation_time(e.name)) is not None]
+        times = [t for e in logs + streamed if e.range["epochs"][1] <= epoch
+                 and (t := self.log_end(repo, e)) is not None]
         return epoch, self.describe_position(epoch), max(times, default=None)
 
     def stream_behind(self, source_position: dict, stream_position: dict) -> bool:

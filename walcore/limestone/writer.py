@@ -59,12 +59,14 @@ def manifest_bytes(version: int, instance_uuid: str | None = "00000000-0000-4000
 class LogDir:
     """A limestone log directory being written: one open file per channel, plus the epoch file."""
 
-    def __init__(self, path, *, version: int = 7, channels: int = 1):
+    def __init__(self, path, *, version: int = 7, channels: int = 1, manifest: bool = True):
+        """`manifest`: write one; False: the directory's own is kept and its files are appended to."""
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.version = version
         self.end_markers = version >= 6
-        (self.path / MANIFEST_NAME).write_bytes(manifest_bytes(version))
+        if manifest:
+            (self.path / MANIFEST_NAME).write_bytes(manifest_bytes(version))
         self.channels = [open(self.path / f"pwal_{n:04d}", "ab") for n in range(channels)]
         self.epoch_file = open(self.path / EPOCH_NAME, "ab")
 

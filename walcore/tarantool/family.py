@@ -38,6 +38,10 @@ class Tarantool:
 
         return TarantoolPlan(source, connect, snapshot=snapshot)
 
+    def follow(self, source: Path, repo: Repository, *, seconds: float, status_file: Path | None, stop, say):
+        raise Refused(f"{source} is a Tarantool data dir: a running Tarantool is streamed with --connect URI (as a "
+                      "replica), not by reading its files", "cannot_check")
+
     def snapshot(self, source: Path, repo: Repository, *, connect: str | None, level: int, runner, progress: bool,
                  wait: float):
         plan = self.plan(source, connect, snapshot=True)
