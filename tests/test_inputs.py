@@ -151,6 +151,17 @@ def test_the_stream_timeout_must_be_a_positive_number_of_seconds(tmp_path, secon
     assert tree_snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("option", [("--spool", "spool"), ("--segment-bytes", "8192"), ("--timeout", "5"),
+                                    ("--password-file", "pw")])
+def test_options_of_a_tarantool_stream_are_refused_for_a_limestone_directory(tmp_path, option):
+    new_repository(tmp_path / "repo")
+    (tmp_path / "src").mkdir()
+    before = tree_snapshot(tmp_path)
+    proc = run_main("stream", tmp_path / "src", "--repo", tmp_path / "repo", *option)
+    _one_line_exit_2(proc, "are for --connect (a running Tarantool), not a limestone SOURCE")
+    assert tree_snapshot(tmp_path) == before
+
+
 def test_restore_refuses_a_dangling_symlink_target(tarantool_backup, tmp_path):
     link = tmp_path / "restored"
     link.symlink_to(tmp_path / "nowhere")

@@ -552,9 +552,11 @@ def _stream(request: rq.StreamRequest, runner) -> int:
             print("\n".join(state.lines()))
         return EXIT_FINDINGS if state.problems else EXIT_OK
     try:
-        state = stream(repo, request.connect, request.spool, segment_seconds=request.segment_seconds,
-                       segment_bytes=request.segment_bytes, status_file=request.status, silence_limit=request.timeout,
-                       stop=stop, say=say)
+        given = {k: v for k, v in {"segment_bytes": request.segment_bytes, "silence_limit": request.timeout}.items()
+                 if v is not None}
+        state = stream(repo, request.connect, request.spool or Path("var/stream-spool"),
+                       segment_seconds=request.segment_seconds, status_file=request.status, stop=stop, say=say,
+                       **given)
     except StreamBroken as e:
         print(f"walvault: stream stopped: {e}", file=sys.stderr)
         return EXIT_FINDINGS

@@ -369,21 +369,26 @@ class StreamRequest(_RepoRequest):
     source: Path | None = None
     connect: str | None = field(default=None, repr=False)  # it may hold a password
     password_file: Path | None = None
-    spool: Path = Path("var/stream-spool")
+    spool: Path | None = None  # --connect only, as segment_bytes and timeout: None is stream()'s default
     segment_seconds: float = 1.0
-    segment_bytes: int = 16 << 20
+    segment_bytes: int | None = None
     status: Path | None = None  # the status file, rewritten as the stream goes
-    timeout: float = 30.0  # seconds without a packet before the connection is taken for lost
+    timeout: float | None = None  # seconds without a packet before the connection is taken for lost
 
     def problem(self):
         return _first("stream takes a limestone directory SOURCE or --connect URI (a running Tarantool), not both"
                       if self.source is not None and self.connect else None,
                       "stream needs a limestone directory SOURCE or --connect URI (a running Tarantool)"
                       if self.source is None and not self.connect else None,
+                      "--spool, --segment-bytes, --timeout and --password-file are for --connect (a running "
+                      "Tarantool), not a limestone SOURCE" if self.source is not None and (
+                          self.spool, self.segment_bytes, self.timeout, self.password_file) != (None,) * 4 else None,
                       "--segment-seconds must be a positive number" if not 0 < self.segment_seconds < math.inf
                       else None,
-                      "--segment-bytes must be at least 4096" if self.segment_bytes < 4096 else None,
-                      "--timeout must be a positive number" if not 0 < self.timeout < math.inf else None,
+                      "--segment-bytes must be at least 4096" if self.segment_bytes is not None
+                      and self.segment_bytes < 4096 else None,
+                      "--timeout must be a positive number" if self.timeout is not None
+                      and not 0 < self.timeout < math.inf else None,
                       f"--status {self.status}: its directory does not exist" if self.status is not None
                       and not Path(self.status).parent.is_dir() else None,
                       _password_problem(self.password_file, self.connect), super().problem())
