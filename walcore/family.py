@@ -19,6 +19,7 @@ class Family(Protocol):
     name: str
     uses_ledger: bool  # whether a verdict on a sealed file's bytes holds wherever they are (the ledger keeps it)
     rewritten_kinds: tuple[str, ...]  # files the database rewrites in place: each content archived by its hash
+    stream_note: str | None  # what `walvault stream` does not hold of the source's log, as status says it
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         """The plan of a backup of a source directory of the family: what to store and how to verify it, and how

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..family import family_named
 from ..repository import Repository, stamp_seconds
-from ..repository.archive import archive_origins, split_archive, stored_segments
+from ..repository.archive import archive_origins, newest_segment, segment_differences, segment_records, split_archive
 from ..repository.verdicts import last_drill, last_verification
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
@@ -46,7 +46,8 @@ class SourceStatus:
     path: str | None
     backup: dict | None = None  # the newest backup that restores: {"id", "type", "finished", "age_seconds", ...}
     archive: dict | None = None  # how far the archive reaches: {"position", "time", "age_seconds", "files"}
-    stream: dict | None = None  # its stored stream segments: {"segments", "position", "last_commit", "age_seconds"}
+    stream: dict | None = None  # its stored stream segments: {"segments", "position", "last_commit", "age_seconds",
+    # "note" (what the stream does not hold), "differs" (segments an archived xlog disagrees with)}
     source: dict | None = None  # the directory on this host: {"position", "time", "instance" it holds now}
     archive_lag_seconds: float | None = None
     window: dict | None = None  # {"days", "start", "covered", "anchor"}; None: no policy to judge by
@@ -121,7 +122,11 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
                   if r.manifest is None and r.complete]
     doubts = backup_doubts(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
-    segments = stored_segments(repo, family, instance)  # `walvault stream`'s: the archive reaches as far as they
+    # `walvault stream`'s segments: the archive reaches as far as the newest, whose record is the only one read
+    newest_streamed = newest_segment(repo, family, instance)
+    segments = [newest_streamed] if newest_streamed is not None else []
+    streamed_count = len(segment_records(repo, family, instance))
+    differing = segment_differences(repo, family, instance)
     verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
     places |= archive_origins(repo, family, instance)
@@ -140,8 +145,12 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
                          "age_seconds": None if reach[2] is None else max(0.0, now - reach[2])}
         if segments:
             streamed = fam.archive_reach(repo, instance, {"host": host, "path": path}, segments)
-            s.stream = {"segments": len(segments), "position": streamed[1], "last_commit": iso(streamed[2]),
-                        "age_seconds": None if streamed[2] is None else max(0.0, now - streamed[2])}
+            s.stream = {"segments": streamed_count, "position": streamed[1], "last_commit": iso(streamed[2]),
+                        "age_seconds": None if streamed[2] is None else max(0.0, now - streamed[2]),
+                        "note": fam.stream_note, "differs": differing}
+        for d in differing:
+            s.problems.append(f"the stream's segment {d['segment']} differs from the archived xlog {d['xlog']} at row "
+                              f"{d['row']}: {d['message']}; the segment is kept")
         _lag(s, fam, reach, result.max_archive_lag)
         if result.policy_days is not None:
             start = now - result.policy_days * DAY

@@ -21,6 +21,7 @@ class Limestone:
     name = "limestone"
     uses_ledger = False  # a pwal file's verdict depends on the directory's durable epoch, not its bytes alone
     rewritten_kinds = REWRITTEN_KINDS
+    stream_note = None
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         from .backup_plan import LimestonePlan
