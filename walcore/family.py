@@ -37,9 +37,10 @@ class Family(Protocol):
     def archive_sources(self, report) -> set[tuple[str, str]]:
         """(family, instance) of each source of a report whose archive lease an archive takes beyond its items'."""
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
         """What the family records once the items of a report are archived (`archived`: their paths), under the
-        archive leases by (family, instance)."""
+        archive leases by (family, instance); and what archiving them makes unneeded (the result's superseded,
+        and what disagrees: its differs)."""
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         """The verdict an archived file's record keeps."""

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from ..family import family_named
 from ..repository import Repository, stamp_seconds
-from ..repository.archive import archive_origins, newest_segment, segment_differences, segment_records, split_archive
+from ..repository.archive import (archive_origins, newest_segment, segment_differences, segment_records,
+                                  split_archive)
 from ..repository.verdicts import last_drill, last_verification
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 

@@ -154,7 +154,7 @@ class Limestone:
         """Every checked directory's source, also with nothing to archive: its archive-complete record moves on."""
         return {(self.name, dir_instance(d)) for d in report.dirs if d.manifest is not None}
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
         """Record how far each source's log is archived whole: below the lowest epoch of any of its pwal files
         that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
         Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry

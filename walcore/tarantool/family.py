@@ -212,8 +212,16 @@ class Tarantool:
     def archive_sources(self, report) -> set[tuple[str, str]]:
         return set()  # a data dir's source is its archived files'
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
-        """Nothing beyond the files' records: an xlog says where the log goes on (its PrevVClock)."""
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
+        """Nothing beyond the files' records (an xlog says where the log goes on: its PrevVClock); the stream's
+        segments whose rows the archived xlogs now hold are deleted (tarantool/supersede.py)."""
+        from .supersede import supersede
+
+        for (family, instance), lease in sorted(leases.items()):
+            if family == self.name:
+                done = supersede(repo, family, instance, lease)
+                result.superseded += done.deleted
+                result.differs += done.differs
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         from .backup_set import verdict_record
