@@ -412,6 +412,7 @@ FILE_TIERS = {
     "test_spark_jobs.py": "integration",
     "test_status.py": "unit",
     "test_stream.py": "unit",  # the protocol without I/O; its real-instance tests are integration (a Tarantool)
+    "test_stream_supersede.py": "unit",  # the reach without I/O; its real-instance tests are integration
     "test_verdicts_retention.py": "integration",  # whole histories backed up, verified, expired and restored
     "test_spark_submit.py": "integration",
     "test_tarantool_cursor.py": "unit",
