@@ -28,8 +28,9 @@ from pathlib import Path
 
 from ..backup_common import Progress
 from ..fsutil import owned_tempdir
-from ..repository import Repository, utc_now
-from ..repository.archive import DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, load_archived, load_record
+from ..repository import ObjectDamaged, Repository, utc_now
+from ..repository.archive import (DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, archive_origins, load_archived,
+                                  load_record)
 from ..repository.manifest import FileEntry, encode_checked
 from ..repository.materialize import materialize
 from .meta import vclock_from_json, vclock_leq
@@ -54,8 +55,9 @@ def supersede(repo: Repository, family: str, instance: str, lease) -> Supersedin
     if not records:
         return done
     archived = [e for e in load_archived(repo, family, instance) if e is not None]
-    if any(".conflict-" in e.stored for e in archived):
-        return done  # two histories of the instance: which xlog holds a segment's rows is not known
+    if any(".conflict-" in e.stored for e in archived) or len(archive_origins(repo, family, instance)) > 1:
+        # two histories of the instance, or two directories (a copy): a restore may follow another one's xlogs
+        return done
     xlogs = sorted((span for e in archived if e.kind == "xlog" and e.verification.get("status") == "ok"
                     and e.verification.get("vclock") is not None for span in [_xlog_span(e)]),
                    key=lambda span: sum(span[0].values()))
@@ -79,10 +81,16 @@ def supersede(repo: Repository, family: str, instance: str, lease) -> Supersedin
     start = _replicated(vclock_from_json(candidates[0].range["vclock"][0]))
     scratch = owned_tempdir("walvault-supersede-")
     try:
-        cursor = _XlogRows(repo, [e for _b, ends, e in xlogs if not vclock_leq(ends, start)], scratch)
+        overlapping = [span for span in xlogs if not vclock_leq(span[1], start)]
+        cursor = _XlogRows(repo, [e for _b, _e, e in overlapping], scratch)
         proven = []
         for entry in candidates:
-            verdict = _compare(repo, entry, xlogs, cursor, scratch)
+            try:
+                verdict = _compare(repo, entry, overlapping, cursor, scratch)
+            except _XlogUnreadable:
+                break  # no row past here is compared (verify --repo names the damage)
+            except (ObjectDamaged, ValueError):
+                continue  # a damaged segment is kept: verify --repo names it
             if verdict is None:
                 proven.append(entry)
             elif verdict != "straddles":
@@ -129,6 +137,10 @@ def _differs(entry: FileEntry, xlog: str | None, key: Key, message: str) -> dict
     return {"segment": entry.stored, "xlog": xlog, "row": f"{key[0]}:{key[1]}", "message": message}
 
 
+class _XlogUnreadable(Exception):
+    """An archived xlog could not be read whole: nothing is compared with it."""
+
+
 class _XlogRows:
     """The replicated rows of archived xlogs (chain order), read one xlog at a time from the repository."""
 
@@ -146,12 +158,17 @@ class _XlogRows:
                 if not self.pending:
                     return None
                 self._open(self.pending.pop(0))
+            except ValueError as e:
+                raise _XlogUnreadable(str(e)) from None
         return self._head
 
     def _open(self, entry: FileEntry) -> None:
         path = self.scratch / "xlog.xlog"
         path.unlink(missing_ok=True)
-        materialize(self.repo, [(path.name, entry)], self.scratch, Progress(1, entry.size, False, "read"))
+        try:
+            materialize(self.repo, [(path.name, entry)], self.scratch, Progress(1, entry.size, False, "read"))
+        except ObjectDamaged as e:
+            raise _XlogUnreadable(str(e)) from None
         self.current = entry
         self._rows = ((key, row) for header, row in file_rows(path)
                       if (key := (header.get(REPLICA_ID, 0), header[LSN]))[0])  # replica id 0: a local row
