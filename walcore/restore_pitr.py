@@ -266,7 +266,7 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
                          log_end: dict[int, int]) -> tuple[list[FileEntry], str | None]:
     """The stream's segments that continue a log ending at `log_end`, one after the other; and, where they stop
     short of the newest one, why."""
-    from .repository.archive import stored_segments
+    from .repository.archive import newest_segments
 
     def replicated(vclock: dict[int, int]) -> dict[int, int]:
         """Without component 0: a segment holds no local row, its component 0 is where its stream started."""
@@ -279,7 +279,7 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
     at = replicated(log_end)
     # Read from the newest back to the first that begins at or before the log's end: the records of the older ones
     # (superseded by the archived xlogs, or about to be) are not read.
-    segments = stored_segments(repo, newest.family, newest.instance, back_to=lambda e: vclock_leq(span(e)[0], at))
+    segments = newest_segments(repo, newest.family, newest.instance, back_to=lambda e: vclock_leq(span(e)[0], at))
     spans = [(e, *span(e)) for e in segments]
     by_start: dict[tuple, list[FileEntry]] = {}  # each link is a lookup: a month of 1-second segments is 2.6 M
     for e, first, _last in spans:

@@ -42,12 +42,12 @@ def segment_records(repo: Repository, family: str, instance: str) -> list[str]:
     return [n for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX)]
 
 
-def stored_segments(repo: Repository, family: str, instance: str, back_to=None) -> list[FileEntry]:
-    """The source's stored stream segments whose record reads, in log order. Their records are read from the newest
-    back: with `back_to` (a test of an entry), the reading stops at the first one it accepts (that one included),
-    so that a reader that needs the newest segments reads no record of the older ones — at 1-second segments the
-    records are thousands an hour (the names alone order them: segment_records). SegmentGone when a listed record
-    is gone before it is read."""
+def newest_segments(repo: Repository, family: str, instance: str, back_to) -> list[FileEntry]:
+    """The source's newest stored stream segments whose record reads, in log order: their records are read from
+    the newest back, and the reading stops at the first one `back_to` (a test of an entry) accepts, that one
+    included. A reader that needs the newest segments thus reads no record of the older ones — at 1-second
+    segments the records are thousands an hour, and the names alone order them (segment_records). SegmentGone
+    when a listed record is gone before it is read."""
     found = []
     for name in reversed(segment_records(repo, family, instance)):
         try:
@@ -59,7 +59,7 @@ def stored_segments(repo: Repository, family: str, instance: str, back_to=None) 
         except (ManifestError, UnsafeName):
             continue
         found.append(entry)
-        if back_to is not None and back_to(entry):
+        if back_to(entry):
             break
     return found[::-1]
 
@@ -69,7 +69,7 @@ def newest_segment(repo: Repository, family: str, instance: str) -> FileEntry | 
     within one history its end reaches every other segment's, component by component."""
     while True:
         try:
-            return next(iter(stored_segments(repo, family, instance, back_to=lambda _entry: True)), None)
+            return next(iter(newest_segments(repo, family, instance, back_to=lambda _entry: True)), None)
         except SegmentGone:
             continue
 
