@@ -4,7 +4,8 @@ Against a real Tarantool 2.6 that keeps writing (tests/lua/stream_server.lua, wh
 with a statement on an is_local space): once the sealed xlog is archived, the segments whose rows it holds are gone,
 a segment straddling its end stays; status and restore read no record of the older segments; a restore to the end
 takes the local rows from the xlog; a restore that planned with segments an archive then superseded plans again and
-restores all. A segment whose row differs from the xlog's is kept and said (archive exit 1, verify --repo, status).
+restores all. A segment whose row differs from the xlog's is kept and said (archive exit 1, verify --repo, status)
+and expire keeps it.
 Without I/O: status's archive reach is component-wise.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import zstandard
@@ -232,5 +234,9 @@ def test_a_segment_that_differs_from_the_archived_xlog_is_kept_and_said(instance
     said = json.loads(run_cli("status", "--repo", repo, "--json").stdout)
     (source,) = [s for s in said["sources"] if s["stream"]]
     assert any(f"segment {obj.relative_to(repo)} differs" in p and row in p for p in source["problems"]), source
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 * 86400))
+    planned = json.loads(run_cli("expire", "--repo", repo, "--days", "1", "--as-of", later, "--json").stdout)
+    (kept,) = [k for src in planned["sources"] for k in src["keep"] if k["path"] == str(obj.relative_to(repo))]
+    assert "holds other rows than this stream segment" in kept["reason"], kept
     again = run_cli("archive", instance.work_dir, "--repo", repo)  # said once: not compared again
     assert again.returncode == 0 and obj.exists(), again.stdout + again.stderr
