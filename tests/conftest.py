@@ -415,6 +415,7 @@ FILE_TIERS = {
     "test_stream.py": "unit",  # the protocol without I/O; its real-instance tests are integration (a Tarantool)
     "test_streams.py": "integration",  # the supervisor of the configured streamers, against a real Tarantool
     "test_stream_sync.py": "unit",  # the receiver without I/O; its real-instance tests are integration
+    "test_stream_supersede.py": "unit",  # the reach without I/O; its real-instance tests are integration
     "test_verdicts_retention.py": "integration",  # whole histories backed up, verified, expired and restored
     "test_spark_submit.py": "integration",
     "test_tarantool_cursor.py": "unit",

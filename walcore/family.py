@@ -19,6 +19,7 @@ class Family(Protocol):
     name: str
     uses_ledger: bool  # whether a verdict on a sealed file's bytes holds wherever they are (the ledger keeps it)
     rewritten_kinds: tuple[str, ...]  # files the database rewrites in place: each content archived by its hash
+    stream_note: str | None  # what `walvault stream` does not hold of the source's log, as status says it
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         """The plan of a backup of a source directory of the family: what to store and how to verify it, and how
@@ -40,9 +41,10 @@ class Family(Protocol):
     def archive_sources(self, report) -> set[tuple[str, str]]:
         """(family, instance) of each source of a report whose archive lease an archive takes beyond its items'."""
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
         """What the family records once the items of a report are archived (`archived`: their paths), under the
-        archive leases by (family, instance)."""
+        archive leases by (family, instance); and what archiving them makes unneeded (the result's superseded,
+        and what disagrees: its differs)."""
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         """The verdict an archived file's record keeps."""
@@ -81,6 +83,10 @@ class Family(Protocol):
     def source_reach(self, source: Path) -> tuple[int, dict, float | None] | None:
         """How far a source directory on this host reaches in the log, as archive_reach says it (None: it holds
         no log); read from its newest files only."""
+
+    def stream_reach_entries(self, repo: Repository, instance: str) -> list[FileEntry]:
+        """The records of `walvault stream`'s stored objects that say how far the stream reaches (archive_reach
+        takes them), as few as say it: a stream stores thousands an hour."""
 
     def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
         """Whether a source directory's log (source_reach's position) holds rows its stream (archive_reach's of the

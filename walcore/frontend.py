@@ -283,6 +283,10 @@ def _archive(request: rq.ArchiveRequest, runner) -> int:
         for c in result.conflicts:
             print(f"CONFLICT: {c['path']} was archived before with other bytes (sha256 {c['archived_sha256'][:12]}); "
                   f"the new bytes are kept as {c['kept_as']}")
+        if result.superseded:
+            print(f"superseded by archived xlogs, deleted: {len(result.superseded)} stream segments")
+        for d in result.differs:
+            print(f"DIFFERS: stream segment {d['segment']}, row {d['row']}: {d['message']}; the segment is kept")
     return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
@@ -511,6 +515,8 @@ def status_lines(result) -> list[str]:
                             "; no live streamer")
                          + (f"; lags the source by {duration(t['lag_seconds'])}" if t["lag_seconds"] is not None
                             else ""))
+            if t.get("note"):
+                lines.append(f"           {t['note']}")
         if s.source is None:
             lines.append("  source   not on this host: its archive lag is not judged")
         else:

@@ -14,9 +14,27 @@ from .repository.materialize import materialize, wal_dir_of
 from .tarantool.meta import vclock_from_json, vclock_leq
 
 
+SUPERSEDED_RETRIES = 5  # plans made again when an archive superseded a segment the plan used meanwhile
+
+
 def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
     """`to`: a point (tarantool/pitr.py's parse_point), or "end": the newest point this history reaches in the
-    repository. Past the archived xlogs the log goes on through the stream's segments that continue it."""
+    repository. Past the archived xlogs the log goes on through the stream's segments that continue it. An archive
+    may supersede segments while the restore reads them (it deletes them once an archived xlog holds their rows,
+    and waits for no restore that started after it looked): the restore then plans again from the archive as it is,
+    where the xlog now holds those rows, rather than restore less."""
+    from .repository.archive import SegmentGone
+
+    for _attempt in range(SUPERSEDED_RETRIES):
+        try:
+            return _tarantool_point(repo, newest, to, staging, progress)
+        except SegmentGone as e:
+            gone = e
+    raise Refused(f"the stream's segments were superseded {SUPERSEDED_RETRIES} times while they were read (last: "
+                  f"{gone}): run the restore again", "cannot_check")
+
+
+def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
     from .tarantool.pitr import Point, PointError, cut_chain, parse_point
     from .tarantool.segments import build_tail
     from .tarantool.writer import file_name
@@ -60,7 +78,8 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
                        sum(e.size for _, e in entries + log_entries + segment_entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     log_dir.mkdir(exist_ok=True)
-    reused += materialize(repo, log_entries + segment_entries, log_dir, tracker)
+    reused += materialize(repo, log_entries, log_dir, tracker)
+    reused += _materialize_segments(repo, segment_entries, log_dir, tracker)
     xlogs = [log_dir / name for name, _ in log_entries]
     reach = log_end
     if segments:
@@ -93,6 +112,20 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
             "unreached": segments_say if to_end else None,  # why the end is short of the newest stored segment
             "vclock": {str(k): v for k, v in sorted(result.vclock.items())}, "last_time": result.last_time}
     return reused, info, entries
+
+
+def _materialize_segments(repo: Repository, entries: list[tuple[str, FileEntry]], root: Path, tracker) -> int:
+    """materialize() for segments: one missing with its record gone was superseded meanwhile (SegmentGone)."""
+    from .repository import ObjectDamaged
+    from .repository.archive import RECORD_SUFFIX, SegmentGone
+
+    try:
+        return materialize(repo, entries, root, tracker)
+    except ObjectDamaged as e:
+        if gone := [entry.stored for _, entry in entries if not repo.storage.exists(entry.stored + RECORD_SUFFIX)]:
+            raise SegmentGone(f"{gone[0]} was removed while the restore read it (superseded by an archived xlog)") \
+                from None
+        raise
 
 
 class _Lineage:
@@ -233,7 +266,7 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
                          log_end: dict[int, int]) -> tuple[list[FileEntry], str | None]:
     """The stream's segments that continue a log ending at `log_end`, one after the other; and, where they stop
     short of the newest one, why."""
-    from .repository.archive import stored_segments
+    from .repository.archive import newest_segments
 
     def replicated(vclock: dict[int, int]) -> dict[int, int]:
         """Without component 0: a segment holds no local row, its component 0 is where its stream started."""
@@ -243,12 +276,15 @@ def _continuing_segments(repo: Repository, newest: BackupManifest,
         first, last = e.range["vclock"]
         return replicated(vclock_from_json(first)), replicated(vclock_from_json(last))
 
-    spans = [(e, *span(e)) for e in stored_segments(repo, newest.family, newest.instance)]
+    at = replicated(log_end)
+    # Read from the newest back to the first that begins at or before the log's end: the records of the older ones
+    # (superseded by the archived xlogs, or about to be) are not read.
+    segments = newest_segments(repo, newest.family, newest.instance, back_to=lambda e: vclock_leq(span(e)[0], at))
+    spans = [(e, *span(e)) for e in segments]
     by_start: dict[tuple, list[FileEntry]] = {}  # each link is a lookup: a month of 1-second segments is 2.6 M
     for e, first, _last in spans:
         by_start.setdefault(_key(first), []).append(e)
     ends = {id(e): last for e, _first, last in spans}
-    at = replicated(log_end)
     # the first segment holds the log's end inside it (it began at or before it); the next ones begin where the
     # previous ended
     steps = [e for e, first, last in spans if vclock_leq(first, at) and not vclock_leq(last, at)]

@@ -43,10 +43,13 @@ class ArchiveResult:
     not_sealed: list[str] = field(default_factory=list)
     refused: list[dict] = field(default_factory=list)  # {"path", "findings"}
     conflicts: list[dict] = field(default_factory=list)  # {"path", "archived_sha256", "sha256", "kept_as"}
+    superseded: list[str] = field(default_factory=list)  # stream segments deleted: archived xlogs hold their rows
+    differs: list[dict] = field(default_factory=list)  # segments an archived xlog disagrees with: {"segment", "xlog",
+    # "row", "message"}
 
     @property
     def ok(self) -> bool:
-        return not self.refused and not self.conflicts
+        return not self.refused and not self.conflicts and not self.differs
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -73,7 +76,7 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
                           items))
         archived = set(result.stored) | set(result.already) | set(result.expired)
         for family in families:
-            family.record_archived(repo, report, archived, leases)
+            family.record_archived(repo, report, archived, leases, result)
     for field_name in ("stored", "already", "expired", "not_sealed"):
         getattr(result, field_name).sort()
     return result

@@ -39,7 +39,7 @@ from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
 from ..repository import Repository, RepositoryError, stamp_seconds, walvault_version
-from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, STREAM_DIR
+from ..repository.archive import DIFFERS_SUFFIX, EXPIRED_SUFFIX, RECORD_SUFFIX, STREAM_DIR
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
@@ -383,6 +383,10 @@ def _plan_archive(repo: Repository, plan: SourcePlan, anchor: BackupManifest | N
             continue
         if shared:
             plan.keep.append({"path": path, "kind": entry.kind, "reason": shared})
+            continue
+        if path + DIFFERS_SUFFIX in present:
+            plan.keep.append({"path": path, "kind": entry.kind, "reason": "an archived xlog holds other rows than "
+                              f"this stream segment ({path + DIFFERS_SUFFIX}): kept"})
             continue
         if entry.kind not in LOG_KINDS:
             plan.keep.append({"path": path, "kind": entry.kind,

@@ -17,7 +17,7 @@ from ..limestone.follow import piece_findings
 from ..limestone.pwal import iter_entries
 from ..limestone.stream import PIECE_KIND
 from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
-from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, load_record
+from ..repository.archive import DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, load_record
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
@@ -234,6 +234,10 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
         if name.endswith(".zst") and name + RECORD_SUFFIX not in records:
             findings.append({"code": "unrecorded_object", "file": name,
                              "message": "an object without its record (an interrupted archive): not archived"})
+        if name.endswith(DIFFERS_SUFFIX):
+            findings.append({"code": "segment_differs", "file": name[:-len(DIFFERS_SUFFIX)],
+                             "message": f"an archived xlog holds other rows than this stream segment ({name} says "
+                                        "which): the segment is kept"})
     status = "ok" if all(f["code"] == "unrecorded_object" for f in findings) else "damaged"
     return {"family": family, "instance": instance, "files": len(records), "status": status, "findings": findings}
 

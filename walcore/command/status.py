@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..family import family_named
 from ..repository import Repository, stamp_seconds
-from ..repository.archive import archive_origins, split_archive, stored_segments
+from ..repository.archive import archive_origins, segment_differences, segment_records, split_archive
 from ..repository.verdicts import last_drill, last_verification
 from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
 
@@ -47,7 +47,8 @@ class SourceStatus:
     backup: dict | None = None  # the newest backup that restores: {"id", "type", "finished", "age_seconds", ...}
     archive: dict | None = None  # how far the archive reaches: {"position", "time", "age_seconds", "files"}
     stream: dict | None = None  # its stream: {"segments", "position", "last_commit", "age_seconds", "alive",
-    #                             "lease_renewed", "lag_seconds"} (_stream)
+    # "lease_renewed", "lag_seconds" (_stream), "note" (what the stream does not hold), "differs" (segments an
+    # archived xlog disagrees with)}
     source: dict | None = None  # the directory on this host: {"position", "time", "instance" it holds now}
     archive_lag_seconds: float | None = None
     window: dict | None = None  # {"days", "start", "covered", "anchor"}; None: no policy to judge by
@@ -122,7 +123,10 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
                   if r.manifest is None and r.complete]
     doubts = backup_doubts(repo, family, instance, manifests)
     drills = {m.id: last_drill(repo, family, instance, m.id) for m in manifests}
-    segments = stored_segments(repo, family, instance)  # `walvault stream`'s: the archive reaches as far as they
+    # `walvault stream`'s: the archive reaches as far as they; only the records that say how far are read
+    segments = fam.stream_reach_entries(repo, instance)
+    streamed_count = len(segment_records(repo, family, instance))
+    differing = segment_differences(repo, family, instance)
     streamer = repo.stream_holder(family, instance)
     verifications = {m.id: last_verification(repo, family, instance, m.id) for m in manifests}
     places = {(m.source.get("host"), m.source.get("path")) for m in manifests}
@@ -140,8 +144,13 @@ def _instance_status(repo: Repository, family: str, instance: str, now: float,
         if reach is not None:
             s.archive = {"position": reach[1], "time": iso(reach[2]), "files": len(entries),
                          "age_seconds": None if reach[2] is None else max(0.0, now - reach[2])}
+        for d in differing:
+            s.problems.append(f"the stream's segment {d['segment']} differs from the archived xlog {d['xlog']} at row "
+                              f"{d['row']}: {d['message']}; the segment is kept")
         _lag(s, fam, reach, result.max_archive_lag)
-        s.stream = _stream(repo, fam, s, segments, streamer, now)
+        s.stream = _stream(repo, fam, s, segments, streamed_count, streamer, now)
+        if s.stream is not None:
+            s.stream |= {"note": fam.stream_note, "differs": differing}
         if result.policy_days is not None:
             start = now - result.policy_days * DAY
             anchor, doubted = window_anchor(fam, own, doubts, start)
@@ -196,14 +205,15 @@ def _verification(s: SourceStatus, verdicts: dict[str, dict]) -> None:
                           f"{more}: {first['problem']}")
 
 
-def _stream(repo: Repository, fam, s: SourceStatus, segments: list, streamer: dict | None, now: float) -> dict | None:
+def _stream(repo: Repository, fam, s: SourceStatus, segments: list, count: int, streamer: dict | None,
+            now: float) -> dict | None:
     """The source's stream (None: no segment stored, no streamer running): its stored segments, whether a live
     streamer holds its lease (renewed however idle the source is, so it tells a live streamer from a dead one
     where the newest segment's age cannot), and where the directory is on this host, how many seconds of the
     source's log it lacks (0: it holds all)."""
     if not segments and streamer is None:
         return None
-    stream = {"segments": len(segments), "position": None, "last_commit": None, "age_seconds": None,
+    stream = {"segments": count, "position": None, "last_commit": None, "age_seconds": None,
               "alive": streamer is not None, "lease_renewed": iso(streamer.get("taken")) if streamer else None,
               "lag_seconds": None}
     streamed = fam.archive_reach(repo, s.instance, {"host": s.host, "path": s.path}, segments) if segments else None

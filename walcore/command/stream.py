@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..fsutil import file_sha256, write_atomic
 from ..repository import Repository, utc_now
-from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, stored_segments
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment
 from ..repository.manifest import FileEntry
 from ..tarantool.family import Tarantool
 from ..tarantool.live import LiveError, redact_uri
@@ -68,13 +68,14 @@ class StreamState:
 
 
 def held_position(repo: Repository, instance: str) -> Vclock:
-    """The newest position the repository holds of the instance: the ends of its stored segments, archived files
-    and backups, component by component. Not the end with the largest sum: a segment's component 0 is where its
+    """The newest position the repository holds of the instance: the ends of its newest stored segment, archived
+    files and backups, component by component. Not the end with the largest sum: a segment's component 0 is where its
     stream started (local rows are never streamed), so a backup after many local rows outweighs a segment that
     reaches further, and the stream would take the rows between them again."""
     from ..repository.archive import load_archived
 
-    ends = [vclock_from_json(e.range["vclock"][1]) for e in stored_segments(repo, FAMILY, instance) + [
+    newest = newest_segment(repo, FAMILY, instance)  # its end reaches the other segments': one record read
+    ends = [vclock_from_json(e.range["vclock"][1]) for e in ([newest] if newest else []) + [
         e for e in load_archived(repo, FAMILY, instance) if e is not None and e.kind == "xlog"]
         if isinstance(e.range.get("vclock"), list)]
     ends += [vclock_from_json(r.manifest.position.get("vclock")) for r in repo.source_backups(FAMILY, instance)

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..backup_common import ArchiveItem
 from ..findings import Refused
 from ..repository import Repository, stamp_seconds, utc_now
-from ..repository.archive import archive_complete, complete_name, source_key
+from ..repository.archive import archive_complete, complete_name, load_record, segment_records, source_key
 from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
 from .layout import REWRITTEN_KINDS, dir_instance, restored_name
 from .manifest import MANIFEST_NAME
@@ -22,6 +22,7 @@ class Limestone:
     name = "limestone"
     uses_ledger = False  # a pwal file's verdict depends on the directory's durable epoch, not its bytes alone
     rewritten_kinds = REWRITTEN_KINDS
+    stream_note = None
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         from .backup_plan import LimestonePlan
@@ -115,6 +116,15 @@ class Limestone:
                  and (t := self.log_end(repo, e)) is not None]
         return epoch, self.describe_position(epoch), max(times, default=None)
 
+    def stream_reach_entries(self, repo: Repository, instance: str) -> list[FileEntry]:
+        """The stored durable epoch's record (the stream's commit point; the one before it is deleted once it is
+        stored), read by name: the pieces' records are not."""
+        from .stream import EPOCH_PREFIX
+
+        names = [n for n in segment_records(repo, self.name, instance)
+                 if n.rpartition("/")[2].startswith(EPOCH_PREFIX)]
+        return [e for e in (load_record(repo, n) for n in names) if e is not None]
+
     def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
         return source_position["epoch"] > stream_position["epoch"]
 
@@ -174,7 +184,7 @@ class Limestone:
         """Every checked directory's source, also with nothing to archive: its archive-complete record moves on."""
         return {(self.name, dir_instance(d)) for d in report.dirs if d.manifest is not None}
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
         """Record how far each source's log is archived whole: below the lowest epoch of any of its pwal files
         that is not archived (an active channel, a channel a rotation skipped, a refused file), and durable.
         Archived epoch files alone do not say it: a rotation may leave a channel active. It only grows: a new entry

@@ -43,6 +43,7 @@ from .writer import durable_epoch
 
 PIECE_KIND, EPOCH_KIND, BLOB_KIND = "pwal_partial", "epoch_partial", "blob"
 PARTIAL_SUFFIX = ".partial"
+EPOCH_PREFIX = "epoch."  # the stored durable epoch's name: epoch.<D:020d>.partial
 READ_CHUNK = 1 << 20
 
 
@@ -272,7 +273,7 @@ class _Follower:
         """The tick's commit point: every piece up to `durable` is stored before it."""
         path = self.scratch / "epoch"
         write_atomic(path, [durable_epoch(durable)])
-        name = f"{STREAM_DIR}/epoch.{durable:020d}{PARTIAL_SUFFIX}"
+        name = f"{STREAM_DIR}/{EPOCH_PREFIX}{durable:020d}{PARTIAL_SUFFIX}"
         entry = self._store(path, name, EPOCH_KIND, {"epochs": [durable, durable], "time": seen})
         before, self.epoch_record = self.epoch_record, entry.stored + RECORD_SUFFIX
         self.state.durable_epoch = durable

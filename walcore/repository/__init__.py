@@ -19,6 +19,8 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)
     <family>/<instance>/stream/<name>.xlog.zst        a segment `walvault stream` received and sealed, named as an
                                                       xlog; its record (.json, its vclock range): the commit point
+    <family>/<instance>/stream/<name>.xlog.zst.differs.json   an archived xlog holds other bytes for a row of that
+                                                      segment (which row, which xlog): the segment is kept
     <family>/<instance>/archive-complete.json         limestone: the epoch up to which every channel is archived
     <family>/<instance>/ledger/<sha256>.json          what verifying those bytes found (so they are not re-read)
 """

@@ -14,6 +14,7 @@ from .storage import UnsafeName
 
 RECORD_SUFFIX = ".json"
 STREAM_DIR = "stream"  # a source's segments from `walvault stream`, beside its archive
+DIFFERS_SUFFIX = ".differs.json"  # beside a segment: the archived xlog holds other bytes for one of its rows
 EXPIRED_SUFFIX = ".expired"  # a tombstone: retention deleted these bytes; archiving them again would undo it
 
 
@@ -27,11 +28,72 @@ def load_archived(repo: Repository, family: str, instance: str) -> list[FileEntr
     return out
 
 
-def stored_segments(repo: Repository, family: str, instance: str) -> list[FileEntry]:
-    """The source's stored stream segments (those whose record reads), by name."""
+class SegmentGone(Exception):
+    """A segment listed a moment ago is gone: an archive superseded it meanwhile (its rows are in an archived xlog
+    now). A reader that planned with it plans again, from the archive as it is now."""
+
+
+def segment_records(repo: Repository, family: str, instance: str) -> list[str]:
+    """The record names of the source's stored stream segments, in log order, from one listing (no record read).
+    The order is the names': a segment is named by its start vclock's sum, and within one history of the instance
+    each one starts past the one before (component 0 included: a stream starts at the largest component 0 the
+    repository holds)."""
     prefix = f"{repo.source_dir(family, instance)}/{STREAM_DIR}"
-    found = [load_record(repo, n) for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX)]
-    return sorted((e for e in found if e is not None), key=lambda e: e.name)
+    return [n for n in repo.storage.list(prefix) if n.endswith(".zst" + RECORD_SUFFIX)]
+
+
+def stored_segments(repo: Repository, family: str, instance: str) -> list[FileEntry]:
+    """Every stored stream object of the source whose record reads, by name: each record read (what a limestone
+    stream holds is read whole; a Tarantool stream's readers take the newest segments only, newest_segments)."""
+    return [e for e in (load_record(repo, n) for n in segment_records(repo, family, instance)) if e is not None]
+
+
+def newest_segments(repo: Repository, family: str, instance: str, back_to) -> list[FileEntry]:
+    """The source's newest stored stream segments whose record reads, in log order: their records are read from
+    the newest back, and the reading stops at the first one `back_to` (a test of an entry) accepts, that one
+    included. A reader that needs the newest segments thus reads no record of the older ones — at 1-second
+    segments the records are thousands an hour, and the names alone order them (segment_records). SegmentGone
+    when a listed record is gone before it is read."""
+    found = []
+    for name in reversed(segment_records(repo, family, instance)):
+        try:
+            data = repo.storage.read_bytes(name)
+        except FileNotFoundError:
+            raise SegmentGone(f"{name} was removed after it was listed (superseded by an archived xlog)") from None
+        try:
+            entry = FileEntry.from_json(decode_checked(data, name))
+        except (ManifestError, UnsafeName):
+            continue
+        found.append(entry)
+        if back_to(entry):
+            break
+    return found[::-1]
+
+
+def newest_segment(repo: Repository, family: str, instance: str) -> FileEntry | None:
+    """The source's newest stored segment (one record read), listed again when an archive superseded it meanwhile:
+    within one history its end reaches every other segment's, component by component."""
+    while True:
+        try:
+            return next(iter(newest_segments(repo, family, instance, back_to=lambda _entry: True)), None)
+        except SegmentGone:
+            continue
+
+
+def segment_differences(repo: Repository, family: str, instance: str) -> list[dict]:
+    """What each segment an archived xlog disagrees with says (written by the archive that found it, beside the
+    segment, which is kept): {"segment", "xlog", "row", "message"}."""
+    prefix = f"{repo.source_dir(family, instance)}/{STREAM_DIR}"
+    found = []
+    for name in repo.storage.list(prefix):
+        if name.endswith(DIFFERS_SUFFIX):
+            try:
+                found.append(decode_checked(repo.storage.read_bytes(name), name))
+            except (FileNotFoundError, ManifestError):
+                found.append({"segment": name[:-len(DIFFERS_SUFFIX)], "xlog": None, "row": None,
+                              "message": f"{name}: an archive found the segment differs from an archived xlog; "
+                                         "what it found cannot be read"})
+    return found
 
 
 def load_record(repo: Repository, name: str) -> FileEntry | None:

@@ -32,6 +32,7 @@ class Tarantool:
     name = "tarantool"
     uses_ledger = True  # a sealed file's verdict depends on its bytes alone
     rewritten_kinds = ()  # Tarantool never writes a sealed file again
+    stream_note = "rows of is_local spaces are not streamed: a restore takes them from the archived xlogs"
 
     def plan(self, source: Path, connect: str | None, *, snapshot: bool):
         from .backup_plan import TarantoolPlan
@@ -108,14 +109,29 @@ class Tarantool:
 
     def archive_reach(self, repo: Repository, instance: str, source: dict,
                       entries: list[FileEntry]) -> tuple[int, dict, float | None] | None:
-        """The furthest end vclock of the archived xlog and snap files (and the stream's segments), and the time of
-        that file's last row."""
-        logs = [(sum(vclock_from_json(e.range["vclock"][1]).values()), e) for e in entries
+        """How far the archived xlog and snap files (and the stream's segments) reach: their end vclocks component
+        by component, and the time of the last row of the file that reaches furthest. Not the end with the largest
+        sum: a segment's component 0 is where its stream started (local rows are never streamed), so an xlog with
+        many local rows would outrank newer segments. The furthest file is the one furthest in the replicated
+        components; of two as far, the one with more local rows after them."""
+        logs = [(vclock_from_json(e.range["vclock"][1]), e) for e in entries
                 if e.kind in ("xlog", "segment", "snap") and e.range.get("vclock")]
         if not logs:
             return None
-        rank, newest = max(logs, key=lambda log: (log[0], log[1].kind != "snap"))
-        return rank, self.describe_position(vclock_from_json(newest.range["vclock"][1])), self.log_end(repo, newest)
+        reach: dict[int, int] = {}
+        for end, _entry in logs:
+            for component, lsn in end.items():
+                reach[component] = max(reach.get(component, 0), lsn)
+        _end, newest = max(logs, key=lambda log: (sum(v for k, v in log[0].items() if k), log[0].get(0, 0),
+                                                  log[1].kind != "snap"))
+        return sum(reach.values()), self.describe_position(reach), self.log_end(repo, newest)
+
+    def stream_reach_entries(self, repo: Repository, instance: str) -> list[FileEntry]:
+        """The newest segment's record only: within one history its end reaches every other one's."""
+        from ..repository.archive import newest_segment
+
+        newest = newest_segment(repo, self.name, instance)
+        return [newest] if newest is not None else []
 
     def stream_behind(self, source_position: dict, stream_position: dict) -> bool:
         """Component 0 (local spaces' rows) is never replicated: only the other replica ids' LSNs count."""
@@ -213,8 +229,16 @@ class Tarantool:
     def archive_sources(self, report) -> set[tuple[str, str]]:
         return set()  # a data dir's source is its archived files'
 
-    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict) -> None:
-        """Nothing beyond the files' records: an xlog says where the log goes on (its PrevVClock)."""
+    def record_archived(self, repo: Repository, report, archived: set[str], leases: dict, result) -> None:
+        """Nothing beyond the files' records (an xlog says where the log goes on: its PrevVClock); the stream's
+        segments whose rows the archived xlogs now hold are deleted (tarantool/supersede.py)."""
+        from .supersede import supersede
+
+        for (family, instance), lease in sorted(leases.items()):
+            if family == self.name:
+                done = supersede(repo, family, instance, lease)
+                result.superseded += done.deleted
+                result.differs += done.differs
 
     def archived_verification(self, item: ArchiveItem) -> dict:
         from .backup_set import verdict_record

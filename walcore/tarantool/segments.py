@@ -188,3 +188,10 @@ def _payloads(path: Path) -> Iterator[bytes]:
                 raise ValueError(f"{path}: block at {cursor.pos}: {e}") from None
         if found != EOF_MARKER:
             raise ValueError(f"{path}: no EOF marker after its last block at {cursor.pos}")
+
+
+def file_rows(path: Path) -> Iterator[tuple[dict, bytes]]:
+    """Each row of a sealed xlog (a segment, or the source's own), in order: its header decoded, and its bytes;
+    ValueError at a damaged block or without the EOF marker."""
+    for payload in _payloads(path):
+        yield from split_rows(payload)

@@ -290,6 +290,7 @@ class WalvaultArchiveOperator(_WalvaultOperator):
         problems += [f"REFUSED {r['path']}: {r['findings'][0]['message'] if r['findings'] else ''}"
                      for r in result.refused]
         problems += [f"CONFLICT {c['path']}: kept as {c['kept_as']}" for c in result.conflicts]
+        problems += [f"DIFFERS {d['segment']}, row {d['row']}: {d['message']}" for d in result.differs]
         self.summary(f"walvault archive into {repo.display}", lines + problems)
         if problems and self.fail_on_problems:
             raise AirflowFailException(f"{len(problems)} problems (listed above); the other sources were archived")
