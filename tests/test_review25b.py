@@ -7,11 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 import tarantool_real as tr  # noqa: F401 (the Tarantool of the real-instance tests)
-from conftest import new_repository, require_tarantool
-from test_stream import Streamer
-from test_stream_sync import SyncInstance, _streaming, sync_instance  # noqa: F401 (a fixture)
+from conftest import new_repository, require_tarantool, walvault_command
+from test_stream import PASSWORD, Streamer, _segments
+from test_stream_sync import SyncInstance, sync_instance  # noqa: F401 (a fixture)
 from walcore.repository import Repository
 
 _HOLD_LEASE = """
@@ -42,3 +45,91 @@ def test_a_stopped_streamer_that_no_longer_renews_its_lease_is_not_called_alive(
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def _backed_up(instance: SyncInstance, tmp_path) -> Path:
+    """A repository holding a backup of the instance: where a first streamer subscribes from."""
+    repo = new_repository(tmp_path / "repo")
+    done = subprocess.run([*walvault_command(), "backup", str(instance.work_dir), "--connect",
+                           f"bk@127.0.0.1:{instance.port}", "--repo", str(repo)],
+                          env={**os.environ, "WALVAULT_PASSWORD": PASSWORD}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return repo
+
+
+# which spaces were is_sync at the subscribed position is not known (only _space as it is now): no small fix
+UNFIXED_SYNC_SPACES = pytest.mark.xfail(strict=True, reason="review25b: is_sync read from _space as it is now")
+
+
+@UNFIXED_SYNC_SPACES
+@require_tarantool
+def test_a_space_made_synchronous_after_the_subscribed_position_does_not_hold_the_stream(sync_instance, tmp_path):
+    """The receiver learns which spaces are is_sync from _space as it is now, but replays the log from the
+    repository's position: an asynchronous write to `mem` made before `mem` became is_sync is taken for an
+    undecided synchronous one, and it and everything after it are held until some CONFIRM, which no write of a
+    synchronous space brings here: nothing is stored, the streamer's memory grows with the log."""
+    repo = _backed_up(sync_instance, tmp_path)
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', 6, {is_sync = true}}})
+        box.schema.space.create('other'):create_index('pk')
+    end)""")
+    for key in range(1, 51):
+        assert sync_instance.eval(f"return write('other', {{{key}}})") == [True]
+    end = sync_instance.lsn()
+    streamer = Streamer(sync_instance, repo, tmp_path)
+    streamer.args += ["--segment-seconds", "0.1"]
+    streamer.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not (streamer.status_path.exists() and int(streamer.status()["vclock"].get("1", 0)) >= end):
+            assert streamer.proc.poll() is None, streamer.proc.communicate()
+            assert time.monotonic() < deadline, \
+                f"the stream is held at {streamer.status()['vclock'] if streamer.status_path.exists() else None}, " \
+                f"the instance committed up to {end} (no synchronous transaction undecided)"
+            time.sleep(0.1)
+    finally:
+        streamer.stop()
+
+
+@UNFIXED_SYNC_SPACES
+@require_tarantool
+def test_a_space_no_longer_synchronous_keeps_a_rolled_back_write_out_of_sealed_segments(sync_instance, tmp_path):
+    """The converse: `syn` was is_sync when a write to it was rolled back (with the writes behind it), and is no
+    longer when the streamer starts from before it: the undone writes are given as committed one by one, and
+    small segments end inside the undone tail, before the ROLLBACK that undoes it (a stream dying there leaves
+    restore --to end holding writes the master undid)."""
+    repo = _backed_up(sync_instance, tmp_path)
+    before = sync_instance.lsn()
+    undone = sync_instance.eval("""
+        local fiber = require('fiber')
+        box.cfg{replication_synchro_timeout = 1}
+        local behind = {}
+        for i = 1, 300 do
+            fiber.create(function() fiber.sleep(0.1) behind[i] = write('mem', {i, string.rep('x', 8000)}) end)
+        end
+        local ok = write('syn', {1})
+        while #behind < 300 do fiber.sleep(0.01) end
+        for _, committed in ipairs(behind) do assert(not committed) end
+        return ok""")
+    assert undone == [False]
+    rollback = sync_instance.lsn()
+    assert rollback == before + 302  # syn 1, mem 1..300 (2.4 MB: more than a read), ROLLBACK
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.syn.id, {{'=', 6, {is_sync = false}}})
+    end)""")
+    streamer = Streamer(sync_instance, repo, tmp_path)
+    streamer.args += ["--segment-bytes", "4096", "--segment-seconds", "0.1"]
+    streamer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (_segments(repo) and _segments(repo)[-1][1].get(1, 0) >= rollback):
+            assert streamer.proc.poll() is None, streamer.proc.communicate()
+            assert time.monotonic() < deadline, _segments(repo)
+            time.sleep(0.1)
+    finally:
+        streamer.stop()
+    inside = [s for s in _segments(repo) if before + 1 <= s[1].get(1, 0) < rollback]
+    assert not inside, f"segments end inside the undone tail {before + 1}..{rollback - 1}: {inside}"
