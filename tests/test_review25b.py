@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import tarantool_real as tr  # noqa: F401 (the Tarantool of the real-instance tests)
-from conftest import new_repository, require_tarantool, walvault_command
+from conftest import new_repository, require_tarantool, run_cli, walvault_command
 from test_stream import PASSWORD, Streamer, _segments
-from test_stream_sync import SyncInstance, sync_instance  # noqa: F401 (a fixture)
+from test_stream_sync import SyncInstance, _streaming, sync_instance  # noqa: F401 (a fixture)
 from walcore.repository import Repository
 
 _HOLD_LEASE = """
@@ -133,3 +133,33 @@ def test_a_space_no_longer_synchronous_keeps_a_rolled_back_write_out_of_sealed_s
         streamer.stop()
     inside = [s for s in _segments(repo) if before + 1 <= s[1].get(1, 0) < rollback]
     assert not inside, f"segments end inside the undone tail {before + 1}..{rollback - 1}: {inside}"
+
+
+@require_tarantool
+def test_a_space_made_synchronous_by_a_json_path_update_is_held_while_undecided(sync_instance, tmp_path):
+    """`_space:update(id, {{'=', '[6].is_sync', true}})` makes a space synchronous in 2.6 as well as setting the
+    whole field 6 does; the receiver reads only the latter. A write to it, live, is then stored at once as committed:
+    the streamer killed before the ROLLBACK that undoes it, restore --to end holds a write the master undid and
+    told its client failed."""
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1")
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', '[6].is_sync', true}})
+    end)""")
+    assert sync_instance.eval("return box.space.mem.is_sync") == [True]
+    before = sync_instance.lsn()
+    sync_instance.eval("""
+        local fiber = require('fiber')
+        box.cfg{replication_synchro_timeout = 3}
+        fiber.create(function() result = {write('mem', {1})} end)""")
+    time.sleep(1.5)  # received; the ROLLBACK comes at 3 s
+    streamer.proc.kill()
+    streamer.proc.communicate()
+    deadline = time.monotonic() + 10
+    while sync_instance.eval("return result") in ([None], []):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert sync_instance.eval("return result[1]") == [False]  # the client was told it failed
+    assert sync_instance.lsn() == before + 2  # mem {1}, its ROLLBACK
+    restored = run_cli("restore", "latest", tmp_path / "end", "--repo", repo, "--to", "end", "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert tr.dump_data_dir(tmp_path / "end")["spaces"]["mem"] == [], "a write the master rolled back is restored"
