@@ -207,7 +207,11 @@ class Repository:
         (never taken, released at a stop, or stale: its process gone, or not renewed in a TTL). A streamer renews
         it however idle its source is: this tells a live one from a dead one where no new segment can."""
         found = read_lease(self.locks, self._stream_lease_name(family, instance), DEFAULT_TTL)
-        return found[1] if found is not None and not stale(found[1]) else None
+        # expired is dead even while its process lives on this host (stopped, wedged), though only a holder whose
+        # process is gone has its lease taken over
+        if found is None or stale(found[1]) or found[1]["expires"] < time.time():
+            return None
+        return found[1]
 
     @staticmethod
     def _stream_lease_name(family: str, instance: str) -> str:

@@ -135,11 +135,17 @@ class Receiver:
         """A space created or replaced, its options updated, or dropped."""
         if row_type == DELETE:
             self.sync_spaces.discard((body.get(KEY) or [None])[0])
-        elif row_type == UPDATE:  # _space:update(id, {{'=', 6, options}}): 2.6 has no space:alter
+        elif row_type == UPDATE:  # 2.6 has no space:alter: _space:update(id, {{'=', 6, options}}) or a JSON path
             space = (body.get(KEY) or [None])[0]
             for op in body.get(TUPLE) or []:
-                if isinstance(op, list) and op and isinstance(op[-1], dict):
+                if not isinstance(op, list) or len(op) < 3:
+                    continue
+                # the options as a whole: field 6 counted from 1, or from 0 (field 6 from 0 is the format, never a
+                # map), or from the end; another field's map (a JSON path into the format) is no options
+                if op[1] in (5, 6, -2, "flags", "[6]") and isinstance(op[-1], dict):
                     self._mark(space, op[-1])
+                elif isinstance(op[1], str) and "is_sync" in op[1]:  # '[6].is_sync': only the options hold is_sync
+                    self._mark(space, {"is_sync": op[0] != "#" and bool(op[-1])})
         else:
             self._space_written(body.get(TUPLE))
 
