@@ -21,7 +21,7 @@ from conftest import new_repository, require_tarantool, run_cli
 from test_stream import PASSWORD, instance  # noqa: F401  (instance: a writing Tarantool, a fixture)
 from walvault_provider.config import ConfigError, load
 from walvault_provider.operators.walvault import judge
-from walvault_provider.streams import children
+from walvault_provider.streams import inherited_environment, children
 
 
 def _repo_connection(url: str, **extra) -> str:
@@ -172,3 +172,13 @@ def test_the_archive_log_says_whether_a_streamed_sources_streamer_is_live(tmp_pa
     assert line.startswith(f"tt: streamed by {socket.gethostname()} (pid {os.getpid()}, its lease renewed ")
     assert line.endswith("): nothing forced; the sealed files archived still hold its local spaces' rows and "
                          "supersede its segments")
+
+
+def test_a_streamer_inherits_no_airflow_connection_or_variable(monkeypatch):
+    """Each child gets its own source's secrets (Child.env); the supervisor's other connections stay with it."""
+    monkeypatch.setenv("AIRFLOW_CONN_OTHER_SOURCE", "tarantool://bk:other-secret@elsewhere:3301")
+    monkeypatch.setenv("AIRFLOW_VAR_TOKEN", "var-secret")
+    monkeypatch.setenv("WALVAULT_CONFIG", "/etc/walvault.yaml")
+    inherited = inherited_environment()
+    assert "AIRFLOW_CONN_OTHER_SOURCE" not in inherited and "AIRFLOW_VAR_TOKEN" not in inherited
+    assert inherited["WALVAULT_CONFIG"] == "/etc/walvault.yaml" and inherited["PATH"] == os.environ["PATH"]

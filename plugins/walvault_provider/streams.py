@@ -86,6 +86,12 @@ def _names_a_secret(key: str, value) -> bool:
         _names_a_secret(k, v) for k, v in nested)
 
 
+def inherited_environment() -> dict[str, str]:
+    """The supervisor's environment less Airflow's connections and variables: a streamer gets its own source's
+    secrets (Child.env), not every other source's."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_"))}
+
+
 class Supervisor:
     """Runs `children`, starting a dead one again after its back-off, until `stop()`; `run()` returns the exit
     status."""
@@ -117,7 +123,7 @@ class Supervisor:
                     del procs[child.source]
                 if child.source not in procs and now >= due[child.source]:
                     child.spool.mkdir(parents=True, exist_ok=True)
-                    procs[child.source] = subprocess.Popen(child.argv, env={**os.environ, **child.env},
+                    procs[child.source] = subprocess.Popen(child.argv, env={**inherited_environment(), **child.env},
                                                            stdin=subprocess.DEVNULL)
                     started[child.source] = now
                     self.say(f"{child.source}: started walvault stream (pid {procs[child.source].pid}): "
