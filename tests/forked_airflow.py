@@ -27,7 +27,7 @@ from spark_jobs.submit import stop_tree
 # the child's pid, then its exit code, a line each on the protocol descriptor (stdout before the process's own
 # output goes to its log).
 _LOADER = r"""
-import json, os, sys
+import asyncio, gc, json, os, sys
 
 protocol = os.fdopen(os.dup(1), "w", buffering=1)
 log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -58,16 +58,13 @@ async def first_request(app):
                "server": ("in-process.invalid.", 80), "client": ("127.0.0.1", 0)}, receive, send)
 
 
-import asyncio
-
 asyncio.run(first_request(in_process_api_server().app))
 import airflow.providers.apache.spark.operators.spark_submit  # noqa: F401  what the DAGs import
 import walvault_provider.operators.walvault  # noqa: F401
 import walvault_provider.operators.spark  # noqa: F401
 
-# Everything loaded so far stays put: no collection in a child touches it, which would copy every page it is on.
-import gc
-
+# Everything loaded so far stays put: no collection in a child touches it, which would copy every page it is on
+# (a child took some 15 s to exit without this).
 gc.freeze()
 
 for line in sys.stdin:
@@ -88,7 +85,7 @@ for line in sys.stdin:
             settings.engine.dispose(close=False)
         sys.argv = ["airflow", *request["args"]]
         exec(request["prelude"], {"__name__": "__forked__"})
-        sys.exit(airflow.__main__.main())  # what the `airflow` entry point runs; an exception ends the child as it
+        sys.exit(airflow.__main__.main())  # the `airflow` entry point's call: an exception ends the child as it would
     print(pid, file=protocol)
     _, status = os.waitpid(pid, 0)
     print(os.waitstatus_to_exitcode(status), file=protocol)
