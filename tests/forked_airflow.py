@@ -4,9 +4,10 @@ building the in-process execution API that `airflow dags test` runs tasks throug
 loaded cores). What runs is Airflow's own CLI, `airflow.__main__.main`, in a fresh process of its own session, on
 the caller's environment. Import it as `from forked_airflow import airflow` (tests/ is on sys.path).
 
-One loaded process per AIRFLOW_HOME, started by the first command there: Airflow reads its configuration when it
-is imported, so a command whose environment differs in AIRFLOW_HOME or in any AIRFLOW__ setting from the one its
-loaded process started with runs as devenv.airflow runs it, in a process of its own.
+One loaded process at a time (some 600 MB), for the AIRFLOW_HOME of the latest command (a test file's tests share
+one): a command in another home closes it and loads one there. Airflow reads its configuration when it is imported,
+so a command whose AIRFLOW__ settings differ from those its loaded process started with runs as devenv.airflow runs
+it, in a process of its own.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ for line in sys.stdin:
     print(os.waitstatus_to_exitcode(status), file=protocol)
 """
 
-_loaded: dict[str, _Loaded] = {}
+_loaded: _Loaded | None = None
 
 
 class _Loaded:
@@ -124,42 +125,45 @@ class _Loaded:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             deadline = time.monotonic() + timeout
-            pid = int(self._line(deadline))
+            pid = None
             try:
+                pid = int(self._line(deadline))
                 code = int(self._line(deadline))
             except BaseException:  # a timeout, the caller stopped: the command with everything under it
-                stop_tree(pid)
+                if pid is not None:
+                    stop_tree(pid)
                 self.close()
                 raise
             return subprocess.CompletedProcess(["airflow", *args], code, out.read_text(errors="replace"),
                                                err.read_text(errors="replace"))
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                stop_tree(self.process.pid)
-                self.process.wait()
+        if not self.process.stdin.closed:
+            self.process.stdin.close()  # the end of its requests: it exits
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            stop_tree(self.process.pid)
+            self.process.wait()
+        self.process.stdout.close()
         self.log.unlink(missing_ok=True)
 
 
 def airflow(env: dict[str, str], *args: str, prelude: str = "", timeout: float = 1800) -> subprocess.CompletedProcess:
     """devenv.airflow's `airflow ARGS` on `env`, forked from the loaded process of env's AIRFLOW_HOME. `prelude`:
     Python run in the command's process before Airflow's CLI (what it patches in Airflow)."""
-    home = env["AIRFLOW_HOME"]
-    loaded = _loaded.get(home)
-    if loaded is None or loaded.process.poll() is not None:
-        loaded = _loaded[home] = _Loaded(env)
-    if not loaded.serves(env):
+    global _loaded
+    if _loaded is None or _loaded.process.poll() is not None or _loaded.env["AIRFLOW_HOME"] != env["AIRFLOW_HOME"]:
+        _close()
+        _loaded = _Loaded(env)
+    if not _loaded.serves(env):
         if prelude:
             raise ValueError("a prelude needs the loaded process of the same Airflow settings")
         return devenv.airflow(env, *args, timeout=timeout)
-    return loaded.run(env, args, prelude, timeout)
+    return _loaded.run(env, args, prelude, timeout)
 
 
 @atexit.register
-def _close_all() -> None:
-    for loaded in _loaded.values():
-        loaded.close()
+def _close() -> None:
+    if _loaded is not None:
+        _loaded.close()
