@@ -477,12 +477,12 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/conftest.py assigns it)")
 
 
-# The files that take longest, longest first (seconds: test_dags 500 alone on the shared VM, test_ui 438 and
-# test_bench 434 in a whole run, test_dags_faults 151, test_notify 132, test_freshness 96 alone), run before every
-# other file: --dist loadfile hands each worker the next file in collection order, and one of these started last
+# The files that take longest, longest first (seconds: test_ui 438 and test_bench 434 in a whole run, test_dags 295,
+# test_dags_faults 152, test_notify 132, test_freshness 57 to 96 alone on the shared VM), run before every other
+# file: --dist loadfile hands each worker the next file in collection order, and one of these started last
 # would run alone at the end while the other workers idle (scripts/test turns off xdist's own order, by test count,
 # which put these files of few tests last).
-SLOWEST_FILES = ("test_dags.py", "test_ui.py", "test_bench.py", "test_dags_faults.py", "test_notify.py",
+SLOWEST_FILES = ("test_ui.py", "test_bench.py", "test_dags.py", "test_dags_faults.py", "test_notify.py",
                  "test_freshness.py")
 
 
