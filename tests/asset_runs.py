@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from datetime import datetime
 
-_SCRIPT = r"""
-import json, sys
+from forked_airflow import airflow
+
+# run in the command's process before Airflow's CLI; PARAMETERS: [uris, made_by, at] as JSON
+_PRELUDE = r"""
+import json
 from datetime import datetime
 
 import airflow.models.dagrun as dagrun_module
 
-dag_id, uris, made_by, at = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] or None, sys.argv[4] or None
+uris, made_by, at = json.loads(PARAMETERS)
 
 
 def asset_triggered(*, dag, run_after, conf, session, **_):
@@ -57,10 +59,6 @@ def asset_triggered(*, dag, run_after, conf, session, **_):
 
 
 dagrun_module.get_or_create_dagrun = asset_triggered
-from airflow.__main__ import main
-
-sys.argv = ["airflow", "dags", "test", dag_id]
-main()
 """
 
 
@@ -69,6 +67,6 @@ def asset_triggered_test(env: dict[str, str], dag_id: str, uris: list[str], made
     """`airflow dags test DAG_ID` as an asset-triggered run consuming one event of each asset in `uris`: its newest
     (`made_by="newest"`), or a new one as the DAG `made_by` makes it (`"hand"`: by hand, no source DAG). `at`: the
     run's start (now without it), for a run of another day."""
-    return subprocess.run([sys.executable, "-c", _SCRIPT, dag_id, json.dumps(uris), made_by,
-                           at.isoformat() if at else ""], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    parameters = json.dumps([uris, made_by, at.isoformat() if at else None])
+    return airflow(env, "dags", "test", dag_id, prelude=_PRELUDE.replace("PARAMETERS", repr(parameters)),
+                   timeout=timeout)

@@ -207,6 +207,18 @@ def copy_limestone_fixture(name: str, tmp_path: Path, as_name: str | None = None
     return copy_tree(LIMESTONE_FIXTURES / name, tmp_path / (as_name or name))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db_template(tmp_path_factory) -> Path:
+    """Where devenv.migrate keeps the SQLite metadata database it migrates once for the whole run and copies for
+    each new AIRFLOW_HOME after (WALVAULT_AIRFLOW_DB_TEMPLATE, inherited by the benches' processes too): the run's
+    base temporary directory, which xdist's workers share."""
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:  # a worker's base is popen-gwN under the run's
+        root = root.parent
+    os.environ["WALVAULT_AIRFLOW_DB_TEMPLATE"] = str(root / "airflow-db-template")
+    return root / "airflow-db-template"
+
+
 def airflow_sources(root: Path, schedules: str = "") -> tuple[Path, Path, Path]:
     """The sources and configuration of the DAG and UI tests: a data dir written by real Tarantool (`tt`), a
     writable copy of a real limestone fixture (`ls`, rotated at any size), a 30-day window, the Spark connections
@@ -472,9 +484,24 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/conftest.py assigns it)")
 
 
+# The files that take longest, longest first (seconds: test_ui 438 and test_bench 434 in a whole run, test_dags 295,
+# test_dags_faults 152, test_notify 132, test_freshness 57 to 96 alone on the shared VM), run before every other
+# file: --dist loadfile hands each worker the next file in collection order, and one of these started last
+# would run alone at the end while the other workers idle (scripts/test turns off xdist's own order, by test count,
+# which put these files of few tests last).
+SLOWEST_FILES = ("test_ui.py", "test_bench.py", "test_dags.py", "test_dags_faults.py", "test_notify.py",
+                 "test_freshness.py")
+
+
+def slowest_first(item: pytest.Item) -> int:
+    name = Path(item.fspath).name
+    return SLOWEST_FILES.index(name) if name in SLOWEST_FILES else len(SLOWEST_FILES)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers are what it selects by
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if tier := tier_of(item):
             item.add_marker(tier)
+    items.sort(key=slowest_first)  # stable: each file's tests keep their order
     config.stash[ALL_ITEMS] = list(items)

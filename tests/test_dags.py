@@ -16,7 +16,8 @@ import pytest
 import tarantool_real as tr
 from asset_runs import asset_triggered_test
 from conftest import REPO, airflow_sources, last_run, new_repository, require_limestone, require_tarantool, run_cli
-from devenv import airflow, environment, migrate
+from devenv import environment, migrate
+from forked_airflow import airflow
 
 pytestmark = [require_tarantool, require_limestone]
 BIN = Path(sys.executable).parent

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import (REPO, copy_limestone_fixture, faketime_env, last_run, require_limestone, run_cli, tree_snapshot,
                       walvault_command)
-from devenv import airflow, environment, migrate
+from devenv import environment, migrate
+from forked_airflow import airflow
 from walcore.limestone.layout import exclusive_lock
 
 pytestmark = [require_limestone]

@@ -167,7 +167,8 @@ def _families(text: str) -> dict:
 
 
 def test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails(mailbox, tmp_path):  # noqa: F811
-    from devenv import airflow, environment, migrate
+    from devenv import environment, migrate
+    from forked_airflow import airflow
 
     tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
     ls = copy_limestone_fixture("20-random-small", tmp_path, "ls")

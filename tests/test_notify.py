@@ -178,7 +178,8 @@ notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [onca
 def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_path):
     """`airflow dags test` of walvault_backup: an incremental with no full under it fails the source's Spark
     task (one mail, naming it); the full backup after it succeeds, and the DAG's previous run failed (one mail)."""
-    from devenv import airflow, environment, migrate
+    from devenv import environment, migrate
+    from forked_airflow import airflow
 
     _tt, _ls, config = airflow_sources(tmp_path)
     with config.open("a") as f:
