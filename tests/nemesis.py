@@ -354,8 +354,8 @@ class Env:
         with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="nemesis-", delete=False) as f:
             f.write(_WRITER_LUA)
         try:
-            proc = subprocess.run([*self.clock_prefix(offset), tarantool_real.TARANTOOL, f.name, json.dumps(cfg)],
-                                  capture_output=True, text=True, timeout=60, cwd=history.path)
+            proc = subprocess.run([tarantool_real.TARANTOOL, f.name, json.dumps(cfg)], capture_output=True, text=True,
+                                  timeout=60, cwd=history.path, env={**os.environ, **self.clock_env(offset)})
         finally:
             os.unlink(f.name)
         if proc.returncode != 0:
@@ -366,10 +366,13 @@ class Env:
         history.add(out["first"], rows, tag, out["time"])
         history.points.append((out["last"], out["time"]))
 
-    def clock_prefix(self, offset: float | None) -> list[str]:
+    def clock_env(self, offset: float | None) -> dict[str, str]:
+        """The environment of a process whose clock is `offset` seconds off: libfaketime preloaded, not the faketime
+        wrapper (a signal to a process group would reach the wrapper too; a killed wrapper leaves its semaphore,
+        and a later one given the same pid fails on it: "sem_open: File exists")."""
         if not offset or not self.faketime:
-            return []
-        return [self.faketime, "-f", f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h"]
+            return {}
+        return {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h"}
 
 
 def _walcore_dir() -> Path:
@@ -807,9 +810,9 @@ class Schedule:
             args = [a.replace(f"127.0.0.1:{self.proxy.port}", self.env.s3_direct.split("//")[1]) for a in args]
         if op.clock:
             self.fault("clock")
-        cmd = [*self.env.clock_prefix(op.clock), *self.env.walvault, *args]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env.env, start_new_session=True, cwd=self.dir)
+        proc = subprocess.Popen([*self.env.walvault, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**self.env.env, **self.env.clock_env(op.clock)},
+                                start_new_session=True, cwd=self.dir)
         self.procs.append(proc)
         if info.get("mount"):
             self.fault("fullfs")
@@ -1027,16 +1030,15 @@ class Schedule:
         args = ["stream", "--connect", f"{USER}@127.0.0.1:{self.stream_proxy.port}", *self.repo_args(direct=True),
                 "--spool", str(profile["spool"]), "--status", str(profile["status"]),
                 "--segment-seconds", STREAM_SEGMENT_SECONDS]
-        env = dict(self.env.env)
-        if profile["clock"] and self.env.faketime:
-            # libfaketime preloaded, not the faketime wrapper: a signal to the group must reach walvault alone
-            env.update(LD_PRELOAD=_libfaketime(), FAKETIME=f"{profile['clock'] / HOUR:+.0f}h")
-        prefix = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', profile["host"]] if profile["host"] else []
+        host = []
+        if profile["host"]:  # another host: a UTS namespace of its own, so named
+            host = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', profile["host"]]
         profile["status"].unlink(missing_ok=True)  # this run's own
         log = self.scratch("stream").with_suffix(".log")
         with open(log, "w") as out:
-            proc = subprocess.Popen([*prefix, *self.env.walvault, *args], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.dir)
+            proc = subprocess.Popen([*host, *self.env.walvault, *args], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir,
+                                    env={**self.env.env, **self.env.clock_env(profile["clock"])})
         self.procs.append(proc)
         self.out.operations += 1
         return Streamer(proc, log, profile)

@@ -1,6 +1,7 @@
 """CI's share of the fault-injection suite (tests/nemesis.py, issue 22 section 7): four schedules whose plans
-together inject every fault kind (the streamer's too), over a local repository and S3. `WALVAULT_NEMESIS_SCHEDULES=N` runs N schedules
-(the covering ones first, then seeds from 1000); bench/nemesis.py runs hundreds.
+together inject every fault kind (the streamer's too), over a local repository and S3.
+`WALVAULT_NEMESIS_SCHEDULES=N` runs N schedules (the covering ones first, then seeds from 1000); bench/nemesis.py
+runs hundreds.
 
 A failing schedule prints its violations and its operation log; replay it with
 `bench/nemesis.py --seed SEED --schedules 1 --storage STORAGE`.
