@@ -26,8 +26,8 @@ def _streams_the_other_history_ahead(plan: nemesis.Plan) -> bool:
     return any(step.kind == "stream_fork" and step.ahead for step in plan.steps)
 
 
-# S3 first: the local schedules that hold the streamer's faults cover the rest
-COVERING = nemesis.covering_seeds(("s3", "local"), skip=_streams_the_other_history_ahead)
+# two local schedules first: the streamer's faults are theirs
+COVERING = nemesis.covering_seeds(("local", "local", "s3"), skip=_streams_the_other_history_ahead)
 # Schedules that found a defect of the fixed code, replayed as they were found. 5127: the second history's xlog,
 # the only archived continuation of a gap in this history's archive, was restored as this one's.
 REGRESSIONS = [(5127, "local")]
