@@ -1542,7 +1542,7 @@ def covering_seeds(storages: tuple[str, ...] = ("local", "s3"), count: int = 3, 
     for storage in (storages * count)[:count]:
         plans = [p for p in (plan(seed, storage) for seed in range(search) if (seed, storage) not in chosen)
                  if not skip(p)]
-        best = max(plans, key=lambda p: (len(p.fault_kinds() - covered), len(p.fault_kinds()) - len(p.steps) / 3))
+        best = max(plans, key=lambda p: (len(p.fault_kinds() - covered), -len(p.steps)))
         chosen.append((best.seed, storage))
         covered |= best.fault_kinds()
     return chosen
