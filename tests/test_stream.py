@@ -258,6 +258,18 @@ def _segments(repo: Path) -> list[tuple[dict, dict]]:
     return sorted(spans, key=lambda s: s[0].get(1, 0))
 
 
+def _caught_up(instance: Instance, streamer: Streamer) -> int:
+    """The writes paused and the stream caught up with them: what the instance wrote (component 1), every row of
+    it received."""
+    instance.eval("paused = true")
+    written = instance.eval("return box.info.vclock[1]")[0]
+    deadline = time.monotonic() + 30
+    while int(streamer.status()["vclock"].get("1", 0)) < written:
+        assert time.monotonic() < deadline, (written, streamer.status())
+        time.sleep(0.05)
+    return written
+
+
 @require_tarantool
 def test_a_killed_instance_restores_to_its_last_commit_from_the_stream(instance, tmp_path):
     repo = new_repository(tmp_path / "repo")
@@ -275,12 +287,7 @@ def test_a_killed_instance_restores_to_its_last_commit_from_the_stream(instance,
     streamer.wait_stored(2)
     # The writes stop, the stream catches up, then the instance is killed: a row committed in the instance's WAL
     # but not yet sent when it dies is lost to any replica (bench/rpo.py measures that); here every row must come.
-    instance.eval("paused = true")
-    written = instance.eval("return box.info.vclock[1]")[0]
-    deadline = time.monotonic() + 30
-    while int(streamer.status()["vclock"].get("1", 0)) < written:
-        assert time.monotonic() < deadline, (written, streamer.status())
-        time.sleep(0.05)
+    written = _caught_up(instance, streamer)
     instance.kill()
     # the instance is gone: what it committed is stored while the streamer tries to reconnect, not once stopped
     committed = tr.dump_data_dir(instance.work_dir)["vclock"][1]
@@ -455,12 +462,7 @@ def test_a_backup_of_a_cleanly_stopped_instance_restores_through_the_stream(inst
     streamer = Streamer(instance, repo, tmp_path)
     streamer.start()
     streamer.wait_stored(3)
-    instance.eval("paused = true")
-    written = instance.eval("return box.info.vclock[1]")[0]
-    deadline = time.monotonic() + 30
-    while int(streamer.status()["vclock"].get("1", 0)) < written:
-        assert time.monotonic() < deadline, (written, streamer.status())
-        time.sleep(0.05)
+    written = _caught_up(instance, streamer)
     code, _out, err = streamer.stop()
     assert code == 0, err
     instance.kill()
@@ -497,12 +499,7 @@ def test_a_snapshot_inside_the_streamed_range_restores_to_the_end(instance, tmp_
     assert snapshot.returncode == 0, snapshot.stderr
     snapshot_id = json.loads(snapshot.stdout)["id"]
     streamer.wait_stored(streamer.status()["segments"] + 2)
-    instance.eval("paused = true")
-    written = instance.eval("return box.info.vclock[1]")[0]
-    deadline = time.monotonic() + 30
-    while int(streamer.status()["vclock"].get("1", 0)) < written:
-        assert time.monotonic() < deadline, (written, streamer.status())
-        time.sleep(0.05)
+    written = _caught_up(instance, streamer)
     code, _out, err = streamer.stop()
     assert code == 0, err
     instance.kill()
