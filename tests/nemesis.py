@@ -1105,7 +1105,8 @@ class Schedule:
         if step.fault == "kill":
             self.end_streamer(run, signal.SIGKILL)
             self.fault("stream_kill")
-            left = sorted(str(p.relative_to(run.profile["spool"])) for p in run.profile["spool"].rglob("*.xlog"))
+            left = sorted(str(p.relative_to(run.profile["spool"])) for p in run.profile["spool"].rglob("*")
+                          if p.is_file())
             self.note(f"    killed; the spool holds {left}")
             # started again on its spool: what it left is sealed and stored first
             self.streamer = self.start_streamer(run.profile)
