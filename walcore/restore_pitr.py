@@ -68,6 +68,14 @@ def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging:
     chain, fork = lineage.log_from(start)
     log_end = _ends(chain[-1]) if chain else _nonzero(start)
     segments, segments_say = ([], None) if fork else _continuing_segments(repo, newest, log_end)
+    if segments and chain and not vclock_leq(_nonzero(start), _ends(chain[-1])):
+        # the base's snapshot is past the archived log, inside the segments: Tarantool replays no xlog that starts
+        # before its snapshot (it takes the log for ended at the snapshot), so the tail starts at the snapshot
+        chain = []
+    if segments and chain and _begins(chain[-1]) == _ends(chain[-1]):
+        # an xlog holding no row yet (a clean stop leaves one, and a backup then holds it) starts where the tail
+        # built of the segments does, under the tail's name: the tail takes its place, and its PrevVClock
+        chain = chain[:-1]
     base_files = [e for e in base.files if e.kind in ("snap", "vylog", "run", "index")]
     wal_dir = wal_dir_of(base)
     entries = [(e.name, e) for e in base_files]  # a Tarantool file is restored under its own name
