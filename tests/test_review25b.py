@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import tarantool_real as tr  # noqa: F401 (the Tarantool of the real-instance tests)
 from conftest import new_repository, require_tarantool, run_cli, walvault_command
 from test_stream import PASSWORD, Streamer, _segments
@@ -58,11 +56,6 @@ def _backed_up(instance: SyncInstance, tmp_path) -> Path:
     return repo
 
 
-# which spaces were is_sync at the subscribed position is not known (only _space as it is now): no small fix
-UNFIXED_SYNC_SPACES = pytest.mark.xfail(strict=True, reason="review25b: is_sync read from _space as it is now")
-
-
-@UNFIXED_SYNC_SPACES
 @require_tarantool
 def test_a_space_made_synchronous_after_the_subscribed_position_does_not_hold_the_stream(sync_instance, tmp_path):
     """The receiver learns which spaces are is_sync from _space as it is now, but replays the log from the
@@ -94,7 +87,6 @@ def test_a_space_made_synchronous_after_the_subscribed_position_does_not_hold_th
         streamer.stop()
 
 
-@UNFIXED_SYNC_SPACES
 @require_tarantool
 def test_a_space_no_longer_synchronous_keeps_a_rolled_back_write_out_of_sealed_segments(sync_instance, tmp_path):
     """The converse: `syn` was is_sync when a write to it was rolled back (with the writes behind it), and is no

@@ -41,6 +41,7 @@ class Transaction:
     rows: list[bytes] = field(default_factory=list)  # each row's bytes as received
     sync: bool = False  # it touches an is_sync space: committed only by a later CONFIRM
     spaces_before: frozenset = frozenset()  # the is_sync spaces when its first row came
+    spaces_after: frozenset = frozenset()  # and once it is given (what a segment ending with it keeps)
 
     @property
     def size(self) -> int:
@@ -111,7 +112,7 @@ class Receiver:
         if header.get(TYPE) in DML_TYPES:
             space = packet.space_id()
             if space == SPACE_SPACE:
-                self._space_changed(header[TYPE], packet.body())
+                self.follow_space_row(header[TYPE], packet.body())
             tx.sync |= space in self.sync_spaces
         offset = header.get(TSN)
         if offset is None or header.get(FLAGS, 0) & COMMIT_FLAG:
@@ -119,6 +120,7 @@ class Receiver:
                 raise StreamBroken(f"row {replica_id}:{lsn} commits a transaction that began at "
                                    f"{lsn - offset}, not {tx.first_lsn}")
             tx.timestamp = float(header.get(TIMESTAMP, 0.0))
+            tx.spaces_after = self.sync_spaces
             self._open = None
             events += self._whole(tx, packet)
         return events
@@ -142,8 +144,9 @@ class Receiver:
         for space in spaces:
             self._space_written(space)
 
-    def _space_changed(self, row_type: int, body: dict) -> None:
-        """A space created or replaced, its options updated, or dropped."""
+    def follow_space_row(self, row_type: int, body: dict) -> None:
+        """A `_space` row (of the stream, or of a log read back): a space created or replaced, its options updated,
+        or dropped."""
         if row_type == DELETE:
             self.sync_spaces -= {(body.get(KEY) or [None])[0]}
         elif row_type == UPDATE:  # 2.6 has no space:alter: _space:update(id, {{'=', 6, options}}) or a JSON path
@@ -187,7 +190,7 @@ class Receiver:
         self._undecided = [t for t in self._undecided if not _decided(row_type, body, t)]
         if row_type == ROLLBACK:  # the `_space` rows it undoes never were: the set before the first undone one
             undone = next((t for t in self._held if _decided(ROLLBACK, body, t)), tx)
-            self.sync_spaces = undone.spaces_before
+            self.sync_spaces = tx.spaces_after = undone.spaces_before
         # the first held one is the first undecided one until a decision: only then is anything given
         until = len(self._held) if not self._undecided else next(
             i for i, t in enumerate(self._held) if t is self._undecided[0])
