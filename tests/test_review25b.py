@@ -170,3 +170,37 @@ def test_a_synchronous_space_stays_so_when_its_format_is_updated_by_a_json_path(
     assert _restored_after_a_rollback(sync_instance, tmp_path, "syn", """
         box.space.syn:format({{name = 'id', type = 'unsigned'}})
         box.space._space:update(box.space.syn.id, {{'=', '[7][1]', {name = 'key', type = 'unsigned'}}})""") == []
+
+
+@require_tarantool
+def test_a_restarted_streamer_takes_the_synchronous_spaces_its_newest_segment_kept(sync_instance, tmp_path,
+                                                                                    monkeypatch):
+    """A streamer stopped, `mem` made is_sync after an asynchronous write to it, then one started again: it resumes
+    at the end of the newest segment, whose record keeps which spaces were is_sync there (`syn` only), so the write is
+    given at once; the record is what says it (no restore of the repository is needed)."""
+    from walcore.command import stream as stream_command
+
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1")
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    streamer.wait_stored(1)
+    assert streamer.stop()[0] == 0
+    syn, instance = sync_instance.eval("return box.space.syn.id, box.info.uuid")
+    position = _segments(repo)[-1][1]
+    monkeypatch.setattr(stream_command, "_sync_spaces_restored", lambda *args: None)
+    assert stream_command.sync_spaces_at(Repository(str(repo), {}), instance, position, tmp_path, print) == {syn}
+
+    assert sync_instance.eval("return write('mem', {2})") == [True]
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', 6, {is_sync = true}}})
+    end)""")
+    end = sync_instance.lsn()
+    streamer.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not (streamer.status_path.exists() and int(streamer.status()["vclock"].get("1", 0)) >= end):
+            assert streamer.proc.poll() is None, streamer.proc.communicate()
+            assert time.monotonic() < deadline, "the asynchronous write to mem is held as synchronous"
+            time.sleep(0.1)
+    finally:
+        streamer.stop()
