@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from conftest import new_repository, require_tarantool, run_cli, walvault_comman
 from test_stream import PASSWORD, Streamer, _segments
 from test_stream_sync import SyncInstance, _streaming, sync_instance  # noqa: F401 (a fixture)
 from walcore.repository import Repository
+from walcore.tarantool.meta import vclock_from_json
 
 _HOLD_LEASE = """
 import sys, time
@@ -204,3 +206,26 @@ def test_a_restarted_streamer_takes_the_synchronous_spaces_its_newest_segment_ke
             time.sleep(0.1)
     finally:
         streamer.stop()
+
+
+@require_tarantool
+def test_a_segment_a_killed_streamer_left_open_keeps_its_synchronous_spaces(sync_instance, tmp_path):
+    """The segment left open by a streamer killed after `mem` was made is_sync, sealed and stored by the next start:
+    its record keeps the spaces of the one before it with its own `_space` rows followed (`mem` and `syn`)."""
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "2")
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    streamer.wait_stored(1)
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', 6, {is_sync = true}}})
+    end)""")
+    time.sleep(0.5)  # in the open segment, fsynced; sealed only at 2 s
+    streamer.proc.kill()
+    streamer.proc.communicate()
+    streamer.start()
+    streamer.wait_stored(1)
+    assert streamer.stop()[0] == 0
+    ids = sorted(sync_instance.eval("return box.space.mem.id, box.space.syn.id"))
+    records = sorted((json.loads(p.read_text()) for p in repo.glob("tarantool/*/stream/*.zst.json")),
+                     key=lambda r: vclock_from_json(r["range"]["vclock"][0]).get(1, 0))
+    assert records[-1]["sync_spaces"] == ids, records[-1]

@@ -5,7 +5,9 @@ seconds and stored in the repository: a source that dies loses seconds of commit
   backups) and receives rows as they commit; it changes nothing on the instance (anonymous: no entry in _cluster;
   its ACKs carry an empty vclock, so they never vote in a synchronous quorum).
 - A synchronous transaction, and every one after it, is held (tarantool/receiver.py) until the CONFIRM or
-  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail.
+  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail. Which spaces
+  are is_sync is taken at the position the stream resumes from (each segment's record keeps them as of its end;
+  else a restore of the repository there says them), not from _space as it is now.
 - Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
   Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
   created under the stream lease, proven right before: the record is the commit point.
@@ -34,7 +36,7 @@ from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_
 from ..repository.manifest import FileEntry, ManifestError, decode_checked
 from ..tarantool.family import Tarantool
 from ..tarantool.live import LiveError, redact_uri
-from ..tarantool.meta import Vclock, vclock_from_json
+from ..tarantool.meta import MAX_META_SIZE, Vclock, parse_meta, vclock_from_json
 from ..tarantool.receiver import SPACE_SPACE, Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool
 from ..tarantool.subscription import Subscription, XlogGap
@@ -90,26 +92,29 @@ def held_position(repo: Repository, instance: str) -> Vclock:
 
 
 def sync_spaces_at(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
-    """The ids of the instance's is_sync spaces at `position` (None: not known). The newest segment's record keeps
-    them as of its end; else they are read from a restore of the repository to `position` (its snapshot's `_space`,
-    then the `_space` rows of its xlogs), which is done only where no record says them: a first stream of an
-    instance, or the one after a streamer was killed."""
+    """The ids of the instance's is_sync spaces at `position` (None: not known): as the newest segment's record
+    keeps them, else read from a restore of the repository to `position` (its snapshot's `_space`, then the
+    `_space` rows of its xlogs), done only where no record says them (a first stream of an instance)."""
+    recorded = recorded_sync_spaces(repo, instance, position)
+    return recorded if recorded is not None else _sync_spaces_restored(repo, instance, position, work, say)
+
+
+def recorded_sync_spaces(repo: Repository, instance: str, position: Vclock) -> frozenset | None:
+    """The is_sync spaces the newest segment's record keeps, when it ends at `position` (else None)."""
     newest = newest_segment(repo, FAMILY, instance)
-    if newest is not None and _nonzero(vclock_from_json(newest.range["vclock"][1])) == _nonzero(position):
-        try:
-            record = decode_checked(repo.storage.read_bytes(newest.stored + RECORD_SUFFIX), newest.stored)
-        except (FileNotFoundError, ManifestError):
-            record = {}
-        if isinstance(record.get(SYNC_SPACES), list):
-            return frozenset(record[SYNC_SPACES])
-    return _sync_spaces_restored(repo, instance, position, work, say)
+    if newest is None or _nonzero(vclock_from_json(newest.range["vclock"][1])) != _nonzero(position):
+        return None
+    try:
+        record = decode_checked(repo.storage.read_bytes(newest.stored + RECORD_SUFFIX), newest.stored)
+    except (FileNotFoundError, ManifestError):
+        return None
+    return frozenset(record[SYNC_SPACES]) if isinstance(record.get(SYNC_SPACES), list) else None
 
 
 def _sync_spaces_restored(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
     from ..findings import Refused
     from ..repository import ObjectDamaged, RepositoryError
     from ..restore_set import restore_into
-    from ..tarantool.xlog import read_rows
 
     backups = [r for r in repo.source_backups(FAMILY, instance) if r.manifest is not None]
     if not backups:
@@ -125,12 +130,19 @@ def _sync_spaces_restored(repo: Repository, instance: str, position: Vclock, wor
             say(f"which spaces were is_sync at vclock {_show(position)} is not known (the repository cannot be "
                 f"restored there: {e}); the instance's as they are now are taken")
             return None
-        tracker = Receiver({})
-        for path in sorted(restored.rglob("*.snap")) + sorted(restored.rglob("*.xlog")):
-            for _block, row in read_rows(path):
-                if row.space_id == SPACE_SPACE and isinstance(row.body, dict):
-                    tracker.follow_space_row(row.type, _decoded(row.body))
-        return tracker.sync_spaces
+        return _followed(frozenset(), sorted(restored.rglob("*.snap")) + sorted(restored.rglob("*.xlog")))
+
+
+def _followed(spaces: frozenset, paths: list[Path]) -> frozenset:
+    """The is_sync spaces after the `_space` rows of `paths` (snapshots, xlogs, segments; in log order)."""
+    from ..tarantool.xlog import read_rows
+
+    tracker = Receiver({}, spaces)
+    for path in paths:
+        for _block, row in read_rows(path):
+            if row.space_id == SPACE_SPACE and isinstance(row.body, dict):
+                tracker.follow_space_row(row.type, _decoded(row.body))
+    return tracker.sync_spaces
 
 
 def _decoded(value):
@@ -316,7 +328,16 @@ class _SegmentStore:
         """What a stopped or killed streamer left in the spool: sealed first, then stored."""
         self.spool.recover()
         for path in self.spool.sealed():
-            self._store(path)
+            self._store(path, self._spaces_through(path))
+
+    def _spaces_through(self, path: Path) -> frozenset | None:
+        """The is_sync spaces at the end of a segment left in the spool: those the record of the one before it
+        kept, then its own `_space` rows (None: no record says where it starts)."""
+        with open(path, "rb") as f:
+            meta = parse_meta(f.read(MAX_META_SIZE))
+        spaces = None if meta is None or meta.vclock is None else recorded_sync_spaces(self.repo, self.instance,
+                                                                                        meta.vclock)
+        return None if spaces is None else _followed(spaces, [path])
 
     def seal_and_store(self) -> None:
         self.flush()
@@ -325,7 +346,7 @@ class _SegmentStore:
         if path is not None:
             self._store(path, self.spaces)
 
-    def _store(self, path: Path, spaces: frozenset | None = None) -> None:
+    def _store(self, path: Path, spaces: frozenset | None) -> None:
         from ..tarantool.check import file_verdict
         from ..tarantool.times import file_range
         from ..tarantool.xlog import scan_file
