@@ -346,7 +346,7 @@ class _SegmentStore:
         if path is not None:
             self._store(path, self.spaces)
 
-    def _store(self, path: Path, spaces: frozenset | None) -> None:
+    def _store(self, path: Path, spaces: frozenset | None = None) -> None:
         from ..tarantool.check import file_verdict
         from ..tarantool.times import file_range
         from ..tarantool.xlog import scan_file
