@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,13 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import tarantool_real as tr  # noqa: F401 (the Tarantool of the real-instance tests)
 from conftest import new_repository, require_tarantool, run_cli, walvault_command
 from test_stream import PASSWORD, Streamer, _segments
 from test_stream_sync import SyncInstance, _streaming, sync_instance  # noqa: F401 (a fixture)
 from walcore.repository import Repository
+from walcore.tarantool.meta import vclock_from_json
 
 _HOLD_LEASE = """
 import sys, time
@@ -58,11 +58,6 @@ def _backed_up(instance: SyncInstance, tmp_path) -> Path:
     return repo
 
 
-# which spaces were is_sync at the subscribed position is not known (only _space as it is now): no small fix
-UNFIXED_SYNC_SPACES = pytest.mark.xfail(strict=True, reason="review25b: is_sync read from _space as it is now")
-
-
-@UNFIXED_SYNC_SPACES
 @require_tarantool
 def test_a_space_made_synchronous_after_the_subscribed_position_does_not_hold_the_stream(sync_instance, tmp_path):
     """The receiver learns which spaces are is_sync from _space as it is now, but replays the log from the
@@ -94,7 +89,6 @@ def test_a_space_made_synchronous_after_the_subscribed_position_does_not_hold_th
         streamer.stop()
 
 
-@UNFIXED_SYNC_SPACES
 @require_tarantool
 def test_a_space_no_longer_synchronous_keeps_a_rolled_back_write_out_of_sealed_segments(sync_instance, tmp_path):
     """The converse: `syn` was is_sync when a write to it was rolled back (with the writes behind it), and is no
@@ -178,3 +172,60 @@ def test_a_synchronous_space_stays_so_when_its_format_is_updated_by_a_json_path(
     assert _restored_after_a_rollback(sync_instance, tmp_path, "syn", """
         box.space.syn:format({{name = 'id', type = 'unsigned'}})
         box.space._space:update(box.space.syn.id, {{'=', '[7][1]', {name = 'key', type = 'unsigned'}}})""") == []
+
+
+@require_tarantool
+def test_a_restarted_streamer_takes_the_synchronous_spaces_its_newest_segment_kept(sync_instance, tmp_path,
+                                                                                    monkeypatch):
+    """A streamer stopped, `mem` made is_sync after an asynchronous write to it, then one started again: it resumes
+    at the end of the newest segment, whose record keeps which spaces were is_sync there (`syn` only), so the write is
+    given at once; the record is what says it (no restore of the repository is needed)."""
+    from walcore.command import stream as stream_command
+
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "0.1")
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    streamer.wait_stored(1)
+    assert streamer.stop()[0] == 0
+    syn, instance = sync_instance.eval("return box.space.syn.id, box.info.uuid")
+    position = _segments(repo)[-1][1]
+    monkeypatch.setattr(stream_command, "_sync_spaces_restored", lambda *args: None)
+    assert stream_command.sync_spaces_at(Repository(str(repo), {}), instance, position, tmp_path, print) == {syn}
+
+    assert sync_instance.eval("return write('mem', {2})") == [True]
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', 6, {is_sync = true}}})
+    end)""")
+    end = sync_instance.lsn()
+    streamer.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not (streamer.status_path.exists() and int(streamer.status()["vclock"].get("1", 0)) >= end):
+            assert streamer.proc.poll() is None, streamer.proc.communicate()
+            assert time.monotonic() < deadline, "the asynchronous write to mem is held as synchronous"
+            time.sleep(0.1)
+    finally:
+        streamer.stop()
+
+
+@require_tarantool
+def test_a_segment_a_killed_streamer_left_open_keeps_its_synchronous_spaces(sync_instance, tmp_path):
+    """The segment left open by a streamer killed after `mem` was made is_sync, sealed and stored by the next start:
+    its record keeps the spaces of the one before it with its own `_space` rows followed (`mem` and `syn`)."""
+    repo, streamer = _streaming(sync_instance, tmp_path, "--segment-seconds", "2")
+    sync_instance.eval("box.cfg{replication_synchro_quorum = 1}")
+    assert sync_instance.eval("return write('mem', {1})") == [True]
+    streamer.wait_stored(1)
+    sync_instance.eval("""box.session.su('admin', function()
+        box.space._space:update(box.space.mem.id, {{'=', 6, {is_sync = true}}})
+    end)""")
+    time.sleep(0.5)  # in the open segment, fsynced; sealed only at 2 s
+    streamer.proc.kill()
+    streamer.proc.communicate()
+    streamer.start()
+    streamer.wait_stored(1)
+    assert streamer.stop()[0] == 0
+    ids = sorted(sync_instance.eval("return box.space.mem.id, box.space.syn.id"))
+    records = sorted((json.loads(p.read_text()) for p in repo.glob("tarantool/*/stream/*.zst.json")),
+                     key=lambda r: vclock_from_json(r["range"]["vclock"][0]).get(1, 0))
+    assert records[-1]["sync_spaces"] == ids, records[-1]

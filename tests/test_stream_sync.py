@@ -121,6 +121,27 @@ def test_which_spaces_are_synchronous_follows_the_space_rows_streamed():
     assert r.sync_spaces == {512}
 
 
+def test_the_synchronous_spaces_given_are_those_at_the_last_transaction_given():
+    """A `_space` row held behind an undecided transaction is not yet where a later subscription resumes: a disconnect
+    drops it with the tail (sent again), a ROLLBACK undoes it, a CONFIRM gives it."""
+
+    def made_sync(lsn, space):
+        return _packet({iproto.TYPE: iproto.REPLACE, iproto.REPLICA_ID: 1, iproto.LSN: lsn},
+                       {iproto.SPACE_ID: 280, iproto.TUPLE: [space, 1, "s", "memtx", 0, {"is_sync": True}, []]})
+
+    r = Receiver({1: 10}, {SYNC_SPACE})
+    assert _given(r, _dml(11, SYNC_SPACE), made_sync(12, ASYNC_SPACE)) == []
+    assert r.sync_spaces == {SYNC_SPACE, ASYNC_SPACE} and r.given_spaces == {SYNC_SPACE}
+    r.drop_open()
+    assert r.sync_spaces == {SYNC_SPACE} and r.vclock == {1: 10}
+    assert _given(r, _dml(11, SYNC_SPACE), made_sync(12, ASYNC_SPACE), _decision(iproto.ROLLBACK, 13, 11)) \
+        == [(11, 11), (12, 12), (13, 13)]
+    assert r.sync_spaces == r.given_spaces == {SYNC_SPACE}  # undone with the write before it
+    assert _given(r, _dml(14, SYNC_SPACE), made_sync(15, ASYNC_SPACE), _decision(iproto.CONFIRM, 16, 14)) \
+        == [(14, 14), (15, 15), (16, 16)]
+    assert r.sync_spaces == r.given_spaces == {SYNC_SPACE, ASYNC_SPACE}
+
+
 def test_a_gap_inside_an_undecided_tail_takes_the_tail_with_it():
     """The rows after an undecided transaction never came: it is never decided now, and what it held back is part
     of the gap said (from the last transaction given)."""

@@ -5,7 +5,9 @@ seconds and stored in the repository: a source that dies loses seconds of commit
   backups) and receives rows as they commit; it changes nothing on the instance (anonymous: no entry in _cluster;
   its ACKs carry an empty vclock, so they never vote in a synchronous quorum).
 - A synchronous transaction, and every one after it, is held (tarantool/receiver.py) until the CONFIRM or
-  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail.
+  ROLLBACK that decides it, then written with that row: no segment ends inside an undecided tail. Which spaces
+  are is_sync is taken at the position the stream resumes from (each segment's record keeps them as of its end;
+  else a restore of the repository there says them), not from _space as it is now.
 - Whole transactions go to the open segment in the spool (tarantool/segments.py), made durable block by block.
   Every `segment_seconds` (or `segment_bytes`) the segment is sealed, verified as any xlog, stored, and its record
   created under the stream lease, proven right before: the record is the commit point.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,11 +33,11 @@ from pathlib import Path
 from ..fsutil import file_sha256, write_atomic
 from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment
-from ..repository.manifest import FileEntry
+from ..repository.manifest import FileEntry, ManifestError, decode_checked
 from ..tarantool.family import Tarantool
 from ..tarantool.live import LiveError, redact_uri
-from ..tarantool.meta import Vclock, vclock_from_json
-from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
+from ..tarantool.meta import MAX_META_SIZE, Vclock, parse_meta, vclock_from_json
+from ..tarantool.receiver import SPACE_SPACE, Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool
 from ..tarantool.subscription import Subscription, XlogGap
 
@@ -46,6 +49,7 @@ FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, o
 # Seconds without a packet before the connection is taken for dead (--timeout): the master sends a heartbeat every
 # replication_timeout (1 s by default), but a connection dropped on the way (a NAT, a firewall) is never closed.
 SILENCE_LIMIT = 30.0
+SYNC_SPACES = "sync_spaces"  # in a segment's record: the ids of the is_sync spaces at its end
 
 
 @dataclass
@@ -87,6 +91,75 @@ def held_position(repo: Repository, instance: str) -> Vclock:
     return held
 
 
+def sync_spaces_at(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
+    """The ids of the instance's is_sync spaces at `position` (None: not known): as the newest segment's record
+    keeps them, else read from a restore of the repository to `position` (its snapshot's `_space`, then the
+    `_space` rows of its xlogs), done only where no record says them (a first stream of an instance)."""
+    recorded = recorded_sync_spaces(repo, instance, position)
+    return recorded if recorded is not None else _sync_spaces_restored(repo, instance, position, work, say)
+
+
+def recorded_sync_spaces(repo: Repository, instance: str, position: Vclock) -> frozenset | None:
+    """The is_sync spaces the newest segment's record keeps, when it ends at `position` (else None)."""
+    newest = newest_segment(repo, FAMILY, instance)
+    if newest is None or _nonzero(vclock_from_json(newest.range["vclock"][1])) != _nonzero(position):
+        return None
+    try:
+        record = decode_checked(repo.storage.read_bytes(newest.stored + RECORD_SUFFIX), newest.stored)
+    except (FileNotFoundError, ManifestError):
+        return None
+    return frozenset(record[SYNC_SPACES]) if isinstance(record.get(SYNC_SPACES), list) else None
+
+
+def _sync_spaces_restored(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
+    from ..findings import Refused
+    from ..repository import ObjectDamaged, RepositoryError
+    from ..restore_set import restore_into
+
+    backups = [r for r in repo.source_backups(FAMILY, instance) if r.manifest is not None]
+    if not backups:
+        say(f"no backup of {instance}: which spaces were is_sync at vclock {_show(position)} is not known, the "
+            "instance's as they are now are taken")
+        return None
+    newest = max(backups, key=lambda r: Tarantool().position_key(r.manifest))
+    with tempfile.TemporaryDirectory(dir=work, prefix="sync-spaces-") as tmp:
+        restored = Path(tmp) / "restored"
+        try:
+            restore_into(repo, newest.id, restored, _show(position))
+        except (Refused, ObjectDamaged, RepositoryError, ValueError) as e:
+            say(f"which spaces were is_sync at vclock {_show(position)} is not known (the repository cannot be "
+                f"restored there: {e}); the instance's as they are now are taken")
+            return None
+        return _followed(frozenset(), sorted(restored.rglob("*.snap")) + sorted(restored.rglob("*.xlog")))
+
+
+def _followed(spaces: frozenset, paths: list[Path]) -> frozenset:
+    """The is_sync spaces after the `_space` rows of `paths` (snapshots, xlogs, segments; in log order)."""
+    from ..tarantool.xlog import read_rows
+
+    tracker = Receiver({}, spaces)
+    for path in paths:
+        for _block, row in read_rows(path):
+            if row.space_id == SPACE_SPACE and isinstance(row.body, dict):
+                tracker.follow_space_row(row.type, _decoded(row.body))
+    return tracker.sync_spaces
+
+
+def _decoded(value):
+    """A row body as the stream decodes it (str, lists) from the reader's (bytes, tuples)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="surrogateescape")
+    if isinstance(value, (list, tuple)):
+        return [_decoded(v) for v in value]
+    if isinstance(value, dict):
+        return {_decoded(k): _decoded(v) for k, v in value.items()}
+    return value
+
+
+def _nonzero(vclock: Vclock) -> Vclock:
+    return {k: v for k, v in vclock.items() if k and v}
+
+
 def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: float = 1.0,
            segment_bytes: int = 16 << 20, status_file: Path | None = None, silence_limit: float = SILENCE_LIMIT,
            stop: threading.Event | None = None, say=print) -> StreamState:
@@ -104,9 +177,12 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
     with Spool(spool_dir, instance) as spool, repo.stream_lease(FAMILY, instance) as lease:
         writer = _SegmentStore(repo, instance, spool, lease, state, say)
         writer.store_left_over()
-        receiver = Receiver(held_position(repo, instance))
+        position = held_position(repo, instance)
+        spaces = sync_spaces_at(repo, instance, position, spool.dir, say)
+        receiver = Receiver(position, spaces or ())
         state.vclock = dict(receiver.vclock)
-        backoff, sub, subscribed_once = RECONNECT_FIRST, first, False
+        # None: which spaces were is_sync at the position is not known, and the instance's as they are now stand in
+        spaces_known, backoff, sub, subscribed_once = spaces is not None, RECONNECT_FIRST, first, False
         while not stop.is_set():
             try:
                 if sub is None:
@@ -115,7 +191,9 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                         raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
                                            f"{instance}: its history is another one")
                 subscribed = sub.subscribe(receiver.vclock)
-                receiver.know_spaces(subscribed.spaces)
+                if not spaces_known:  # else the receiver's own: it followed every _space row up to its vclock
+                    receiver.know_spaces(subscribed.spaces)
+                    spaces_known = True
                 if behind := {r: lsn for r, lsn in receiver.vclock.items()
                               if r and lsn > subscribed.master_vclock.get(r, 0)}:
                     raise StreamBroken(f"{state.connect} is at vclock {_show(subscribed.master_vclock)}, behind what "
@@ -129,6 +207,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                 _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file, silence_limit)
             except XlogGap as e:  # the stream goes on from what the instance has, the gap said
                 receiver.drop_open()
+                spaces_known = False  # the _space rows of the gap never came
                 writer.seal_and_store()
                 for replica_id, lsn in sorted(e.resume.items()):
                     if replica_id and lsn > receiver.vclock.get(replica_id, 0):
@@ -212,6 +291,7 @@ class _SegmentStore:
         self.pending: list[Transaction] = []  # received, not yet in the spool
         self.pending_bytes = 0
         self.flushed = 0.0
+        self.spaces: frozenset | None = None  # the is_sync spaces at the end of the open segment (None: not known)
 
     def append(self, batch: list[Transaction]) -> None:
         if not batch:
@@ -234,6 +314,7 @@ class _SegmentStore:
         for tx in self.pending:
             after[tx.replica_id] = tx.last_lsn
         self.spool.append(self.pending, after)
+        self.spaces = self.pending[-1].spaces_after
         self.state.vclock = after
         self.pending, self.pending_bytes, self.flushed = [], 0, time.monotonic()
 
@@ -247,16 +328,25 @@ class _SegmentStore:
         """What a stopped or killed streamer left in the spool: sealed first, then stored."""
         self.spool.recover()
         for path in self.spool.sealed():
-            self._store(path)
+            self._store(path, self._spaces_through(path))
+
+    def _spaces_through(self, path: Path) -> frozenset | None:
+        """The is_sync spaces at the end of a segment left in the spool: those the record of the one before it
+        kept, then its own `_space` rows (None: no record says where it starts)."""
+        with open(path, "rb") as f:
+            meta = parse_meta(f.read(MAX_META_SIZE))
+        spaces = None if meta is None or meta.vclock is None else recorded_sync_spaces(self.repo, self.instance,
+                                                                                        meta.vclock)
+        return None if spaces is None else _followed(spaces, [path])
 
     def seal_and_store(self) -> None:
         self.flush()
         path = self.spool.seal()
         self.opened = None
         if path is not None:
-            self._store(path)
+            self._store(path, self.spaces)
 
-    def _store(self, path: Path) -> None:
+    def _store(self, path: Path, spaces: frozenset | None = None) -> None:
         from ..tarantool.check import file_verdict
         from ..tarantool.times import file_range
         from ..tarantool.xlog import scan_file
@@ -284,7 +374,7 @@ class _SegmentStore:
                           verification={"status": "ok", "findings": [], "checked_by": "scan"})
         self.lease.confirm()
         origin = {"host": socket.gethostname(), "connect": self.state.connect,
-                  "last_commit": self.spool.last_time}
+                  "last_commit": self.spool.last_time, **({} if spaces is None else {SYNC_SPACES: sorted(spaces)})}
         if problem := commit_record(self.repo, object_name + RECORD_SUFFIX, entry, origin):
             raise StreamBroken(problem)
         path.unlink()

@@ -9,10 +9,12 @@ what the instance has.
 Synchronous replication: a transaction touching an `is_sync` space is written to the master's WAL, and streamed,
 before a quorum has it; a CONFIRM row later commits it, or a ROLLBACK row undoes it together with every transaction
 written after it (the asynchronous ones too: they wait behind it). 2.6 marks neither in the rows: a transaction is
-synchronous by its spaces, known from `_space` when subscribing and from the `_space` rows streamed. From a
+synchronous by its spaces: the set of is_sync spaces at the position the stream starts from (the caller's: see
+command/stream.py), then followed through the `_space` rows streamed. From a
 synchronous transaction on, transactions are held back until a CONFIRM, ROLLBACK, PROMOTE or DEMOTE resolves it,
 then given together with that row: a segment never ends inside the undecided tail (a restore that ended there
-would hold rows the master may undo), and a disconnect drops the tail, sent again from before it.
+would hold rows the master may undo), and a disconnect drops the tail, sent again from before it. `given_spaces`
+is the set as of the last transaction given: where a later subscription resumes, and what a segment's record keeps.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Transaction:
     timestamp: float  # the commit row's: when the master's WAL thread wrote it
     rows: list[bytes] = field(default_factory=list)  # each row's bytes as received
     sync: bool = False  # it touches an is_sync space: committed only by a later CONFIRM
+    spaces_before: frozenset = frozenset()  # the is_sync spaces when its first row came
+    spaces_after: frozenset = frozenset()  # and once it is given (what a segment ending with it keeps)
 
     @property
     def size(self) -> int:
@@ -62,11 +66,12 @@ class Heartbeat:
 
 class Receiver:
     """Fed a subscription's packets after its OK, in order; gives Transactions, Gaps and Heartbeats. `sync_spaces`:
-    the ids of the master's is_sync spaces when it subscribed (Subscription.subscribe reads them)."""
+    the ids of the master's is_sync spaces at `vclock`, then as the rows received change them (a frozenset, replaced
+    on a change: a transaction keeps the one it began with by reference)."""
 
-    def __init__(self, vclock: dict[int, int], sync_spaces: set[int] = frozenset()):
+    def __init__(self, vclock: dict[int, int], sync_spaces=frozenset()):
         self.vclock = dict(vclock)  # the last LSN of each replica id in a whole transaction given
-        self.sync_spaces = set(sync_spaces)
+        self.sync_spaces = frozenset(sync_spaces)
         self._open: Transaction | None = None
         self._held: list[Transaction] = []  # whole, not given: from the first undecided synchronous transaction on
         self._undecided: list[Transaction] = []  # the synchronous ones among them no CONFIRM or ROLLBACK decided
@@ -101,13 +106,13 @@ class Receiver:
                     self.drop_open()
                     last = self.vclock.get(replica_id, 0)
                 events.append(Gap(replica_id, last, lsn))
-            tx = self._open = Transaction(replica_id, lsn, lsn, 0.0)
+            tx = self._open = Transaction(replica_id, lsn, lsn, 0.0, spaces_before=self.sync_spaces)
         tx.rows.append(packet.row)
         tx.last_lsn = lsn
         if header.get(TYPE) in DML_TYPES:
             space = packet.space_id()
             if space == SPACE_SPACE:
-                self._space_changed(header[TYPE], packet.body())
+                self.follow_space_row(header[TYPE], packet.body())
             tx.sync |= space in self.sync_spaces
         offset = header.get(TSN)
         if offset is None or header.get(FLAGS, 0) & COMMIT_FLAG:
@@ -115,6 +120,7 @@ class Receiver:
                 raise StreamBroken(f"row {replica_id}:{lsn} commits a transaction that began at "
                                    f"{lsn - offset}, not {tx.first_lsn}")
             tx.timestamp = float(header.get(TIMESTAMP, 0.0))
+            tx.spaces_after = self.sync_spaces
             self._open = None
             events += self._whole(tx, packet)
         return events
@@ -125,16 +131,24 @@ class Receiver:
                 return tx.last_lsn
         return self.vclock.get(replica_id, 0)
 
+    @property
+    def given_spaces(self) -> frozenset:
+        """The is_sync spaces as of the last transaction given (the open and held ones' `_space` rows left out: a
+        subscription after a disconnect sends them again)."""
+        first = self._held[0] if self._held else self._open
+        return self.sync_spaces if first is None else first.spaces_before
+
     def know_spaces(self, spaces: list) -> None:
-        """The master's `_space` tuples as it had them when subscribing: which spaces are is_sync."""
-        self.sync_spaces = set()
+        """`_space` tuples (the master's, or a snapshot's): which spaces are is_sync."""
+        self.sync_spaces = frozenset()
         for space in spaces:
             self._space_written(space)
 
-    def _space_changed(self, row_type: int, body: dict) -> None:
-        """A space created or replaced, its options updated, or dropped."""
+    def follow_space_row(self, row_type: int, body: dict) -> None:
+        """A `_space` row (of the stream, or of a log read back): a space created or replaced, its options updated,
+        or dropped."""
         if row_type == DELETE:
-            self.sync_spaces.discard((body.get(KEY) or [None])[0])
+            self.sync_spaces -= {(body.get(KEY) or [None])[0]}
         elif row_type == UPDATE:  # 2.6 has no space:alter: _space:update(id, {{'=', 6, options}}) or a JSON path
             space = (body.get(KEY) or [None])[0]
             for op in body.get(TUPLE) or []:
@@ -155,9 +169,9 @@ class Receiver:
 
     def _mark(self, space, options: dict) -> None:
         if options.get("is_sync"):
-            self.sync_spaces.add(space)
+            self.sync_spaces |= {space}
         else:
-            self.sync_spaces.discard(space)
+            self.sync_spaces -= {space}
 
     def _whole(self, tx: Transaction, packet: Packet) -> list[Transaction]:
         """The transactions given now that `tx` is whole: itself, or, behind an undecided synchronous one, none
@@ -174,6 +188,9 @@ class Receiver:
         body = packet.body()
         body = body if isinstance(body, dict) else {}
         self._undecided = [t for t in self._undecided if not _decided(row_type, body, t)]
+        if row_type == ROLLBACK:  # the `_space` rows it undoes never were: the set before the first undone one
+            undone = next((t for t in self._held if _decided(ROLLBACK, body, t)), tx)
+            self.sync_spaces = tx.spaces_after = undone.spaces_before
         # the first held one is the first undecided one until a decision: only then is anything given
         until = len(self._held) if not self._undecided else next(
             i for i, t in enumerate(self._held) if t is self._undecided[0])
@@ -184,7 +201,8 @@ class Receiver:
 
     def drop_open(self) -> None:
         """A disconnect mid-transaction or with transactions held: their rows are sent again from the vclock of
-        the ones given."""
+        the ones given, and so are their `_space` rows."""
+        self.sync_spaces = self.given_spaces
         self._open = None
         self._held, self._undecided = [], []
 
