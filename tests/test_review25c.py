@@ -43,3 +43,87 @@ def test_superseding_past_an_xlog_the_archive_lacks_keeps_the_end_reachable(inst
     point = json.loads(restored.stdout)["point"]
     assert point["vclock"]["1"] == end, (point, json.loads(archived.stdout)["superseded"])
     assert _dump(tmp_path / "restored")["vclock"][1] == end
+
+
+# -- limestone
+
+
+def _limestone_source(tmp_path):
+    from conftest import copy_limestone_fixture
+
+    src = copy_limestone_fixture("01-clean", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    return src, repo
+
+
+def _follow_once(repo: str, src) -> dict:
+    import threading
+
+    from walcore.limestone.stream import follow
+    from walcore.repository import Repository
+
+    stop = threading.Event()
+    stop.set()
+    return follow(Repository(repo), "limestone", src, LIMESTONE_INSTANCE, stop=stop, say=lambda _l: None).to_json()
+
+
+LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
+
+
+
+# -- limestone
+
+
+LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
+
+
+def _follow_once(repo, src, *, pins_seen: bool = True) -> dict:
+    import threading
+
+    from walcore.limestone.stream import follow
+    from walcore.repository import Repository
+
+    repository = Repository(str(repo))
+    if not pins_seen:  # it looked for a restore's pin just before the restore pinned the source
+        repository.restores_in_progress = lambda *_: []
+    stop = threading.Event()
+    stop.set()
+    return follow(repository, "limestone", src, LIMESTONE_INSTANCE, stop=stop, say=lambda _l: None).to_json()
+
+
+def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_not_called_damaged(tmp_path,
+                                                                                                  monkeypatch):
+    """The streamer deletes a rotated generation's pieces once the archive holds the file; one that looked for a
+    restore's pin just before the restore pinned the source deletes pieces the restore has just listed. The
+    restore must then plan again (the archived file holds those bytes), as a Tarantool restore does, not fail
+    calling the repository damaged."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, copy_limestone_fixture, run_main
+    from walcore.command.state import directory_state
+    from walcore.limestone import stream
+    from walcore.repository import Repository
+    from walcore.restore_set import restore_into
+
+    src = copy_limestone_fixture("01-clean", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    assert run_main("backup", src, "--repo", repo).returncode == 0
+    subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", "3",
+                    "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
+    _follow_once(repo, src)
+    assert run_main("rotate", src).returncode == 0
+    assert run_main("archive", src, "--repo", repo).returncode == 0
+    original = stream.streamed_log
+    superseded = []
+
+    def superseding_meanwhile(*args):
+        listed = original(*args)
+        superseded.append(_follow_once(repo, src, pins_seen=False)["superseded"])
+        return listed
+
+    monkeypatch.setattr(stream, "streamed_log", superseding_meanwhile)
+    restored = restore_into(Repository(repo), "latest", tmp_path / "restored", "end")
+    assert superseded and superseded[0] > 0
+    assert restored.point["durable_epoch"] == stream.read_durable_epoch(src)
+    assert list(directory_state(tmp_path / "restored")) == list(directory_state(src))
