@@ -77,7 +77,7 @@ LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manife
 LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
 
 
-def _follow_once(repo, src, *, pins_seen: bool = True) -> dict:
+def _follow_once(repo, src, *, pins_seen: bool = True, instance: str = LIMESTONE_INSTANCE) -> dict:
     import threading
 
     from walcore.limestone.stream import follow
@@ -88,7 +88,7 @@ def _follow_once(repo, src, *, pins_seen: bool = True) -> dict:
         repository.restores_in_progress = lambda *_: []
     stop = threading.Event()
     stop.set()
-    return follow(repository, "limestone", src, LIMESTONE_INSTANCE, stop=stop, say=lambda _l: None).to_json()
+    return follow(repository, "limestone", src, instance, stop=stop, say=lambda _l: None).to_json()
 
 
 def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_not_called_damaged(tmp_path,
@@ -127,3 +127,33 @@ def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_n
     assert superseded and superseded[0] > 0
     assert restored.point["durable_epoch"] == stream.read_durable_epoch(src)
     assert list(directory_state(tmp_path / "restored")) == list(directory_state(src))
+
+
+def test_a_crash_repaired_as_limestone_repairs_it_is_followed_without_a_problem(tmp_path):
+    """limestone killed mid-entry (02-unfinished: a nondurable session on channel 0, a half entry on channel 1),
+    then `tglogutil repair` (03-unfinished-after-repair: the files renamed, both epoch-3 headers 2 -> 6 in place,
+    the cut bytes left) and limestone started again: it records the canceled epoch as durable (the highest header
+    epoch). Nothing durable was lost and limestone reads the directory: the stream must not call it a problem
+    (exit 1, a file followed no further), nor after a restart of the streamer."""
+    import os
+
+    from conftest import LIMESTONE_FIXTURES, copy_limestone_fixture, run_main
+    from walcore.limestone.writer import LogDir
+
+    src = copy_limestone_fixture("02-unfinished", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    instance = json.loads((src / "limestone-manifest.json").read_text())["instance_uuid"]
+    first = _follow_once(repo, src, instance=instance)
+    assert first["durable_epoch"] == 2 and first["problems"] == []
+    repaired = LIMESTONE_FIXTURES / "03-unfinished-after-repair"
+    for path in sorted(repaired.glob("pwal_*")):
+        os.rename(src / path.name.split(".")[0], src / path.name)  # the same inode: the streamer follows it
+        with open(src / path.name, "r+b") as f:
+            f.write(path.read_bytes())
+    LogDir(src, channels=0, manifest=False).make_durable(3)  # limestone started again
+    again = _follow_once(repo, src, instance=instance)
+    assert again["durable_epoch"] == 3
+    assert again["problems"] == [], again["problems"]
+    assert _follow_once(repo, src, instance=instance)["problems"] == []  # started again inside the canceled snippet
+    verified = run_main("verify", "--repo", repo)
+    assert verified.returncode == 0, verified.stdout
