@@ -78,6 +78,7 @@ class _Generation:
     file: str  # its name in the directory when last seen
     end: int = 0  # stored up to
     epoch: int | None = None  # of the snippet `end` is inside
+    canceled: bool = False  # that snippet's header is a canceled one
     digest: object = field(default_factory=hashlib.sha256)  # of the bytes up to `end`
     pieces: list[str] = field(default_factory=list)  # record names, oldest first
     checked: str | None = None  # the archived record's SHA-256 found not to hold it (not hashed again)
@@ -173,8 +174,8 @@ class _Follower:
             if digest.hexdigest() == pieces[-1].range["prefix_sha256"]:
                 del runs[generation]
                 return _Generation(channel_of(name), generation, fd, (0, 0), name, end,
-                                   pieces[-1].range["snippet_epoch"], digest.copy(),
-                                   [p.stored + RECORD_SUFFIX for p in pieces])
+                                   pieces[-1].range["snippet_epoch"], pieces[-1].range.get("snippet_canceled", False),
+                                   digest.copy(), [p.stored + RECORD_SUFFIX for p in pieces])
         return None
 
     def _new(self, fd: int, name: str) -> _Generation:
@@ -230,7 +231,8 @@ class _Follower:
             return
         if size == g.end:
             return
-        prefix = durable_prefix(iter_entries(f"/proc/self/fd/{g.fd}", start=g.end), g.end, g.epoch, durable)
+        prefix = durable_prefix(iter_entries(f"/proc/self/fd/{g.fd}", start=g.end), g.end, g.epoch, durable,
+                                canceled=g.canceled, detached=kind_of(g.file) == "pwal_rotated")
         if prefix.problem:
             self._problem(g, f"{g.file}: {prefix.problem}; it is followed no further")
         if prefix.end == g.end:
@@ -246,9 +248,10 @@ class _Follower:
         name = f"{STREAM_DIR}/{g.name}.{g.end:016d}{PARTIAL_SUFFIX}"
         entry = self._store(piece, name, PIECE_KIND, {
             "generation": g.name, "bytes": [g.end, prefix.end], "epochs": list(prefix.epochs),
-            "prefix_sha256": digest.hexdigest(), "snippet_epoch": prefix.epoch, "time": seen})
+            "prefix_sha256": digest.hexdigest(), "snippet_epoch": prefix.epoch, "snippet_canceled": prefix.canceled,
+            "time": seen})
         g.pieces.append(entry.stored + RECORD_SUFFIX)
-        g.end, g.epoch, g.digest = prefix.end, prefix.epoch, digest
+        g.end, g.epoch, g.canceled, g.digest = prefix.end, prefix.epoch, prefix.canceled, digest
         self.state.pieces += 1
 
     def _store_blob(self, blob_id: int, seen: float) -> None:
