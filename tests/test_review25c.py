@@ -157,3 +157,47 @@ def test_a_crash_repaired_as_limestone_repairs_it_is_followed_without_a_problem(
     assert _follow_once(repo, src, instance=instance)["problems"] == []  # started again inside the canceled snippet
     verified = run_main("verify", "--repo", repo)
     assert verified.returncode == 0, verified.stdout
+
+
+def test_a_limestone_directory_restored_to_an_earlier_epoch_is_not_mixed_with_its_former_history(tmp_path):
+    """A point-in-time restore's usual end: the directory is put back to an earlier epoch in place (the same
+    instance UUID: its manifest is the backup's) and limestone writes another history from there, while the
+    streamer runs as a service. restore --to end must give that history (or refuse), never the former history's
+    streamed entries mixed into it, nor its durable epoch."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO, copy_limestone_fixture, run_main
+    from walcore.command.state import directory_state
+    from walcore.findings import Refused
+    from walcore.limestone.follow import read_durable_epoch
+
+    def write(epochs: int) -> None:
+        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
+                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
+
+    src = copy_limestone_fixture("01-clean", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    assert run_main("backup", src, "--repo", repo).returncode == 0
+    write(3)
+    assert _follow_once(repo, src)["durable_epoch"] == 6
+    restored = run_main("restore", "latest", tmp_path / "earlier", "--repo", repo)  # the backup's epoch 3
+    assert restored.returncode == 0, restored.stderr
+    shutil.rmtree(src)
+    (tmp_path / "earlier").rename(src)
+    write(2)  # epochs 4 and 5 of another history
+    assert read_durable_epoch(src) == 5
+    try:  # the stream goes on with it, or stops as a Tarantool stream does (its instance behind what it holds)
+        followed = _follow_once(repo, src)
+    except Refused as e:
+        assert "behind" in str(e)
+    else:
+        assert followed["durable_epoch"] == 5, followed
+    assert run_main("backup", src, "--repo", repo).returncode == 0
+    end = run_main("restore", "latest", tmp_path / "end", "--repo", repo, "--to", "end", "--json")
+    if end.returncode == 0:
+        assert json.loads(end.stdout)["point"]["durable_epoch"] == 5, end.stdout
+        assert list(directory_state(tmp_path / "end")) == list(directory_state(src))
+    else:
+        assert "two histories" in end.stderr and len(end.stderr.splitlines()) == 1, end.stderr
