@@ -408,7 +408,8 @@ def _limestone_point(repo: Repository, manifest: BackupManifest, to: str, stagin
 
     from .limestone.check import prepare
     from .limestone.epoch import EPOCH_NAME
-    from .limestone.layout import restored_name
+    from .limestone.follow import channel_of
+    from .limestone.layout import kind_of, restored_name
     from .limestone.stream import blob_place, piece_runs, place_run, streamed_log
     from .limestone.writer import durable_epoch
 
@@ -438,6 +439,11 @@ def _limestone_point(repo: Repository, manifest: BackupManifest, to: str, stagin
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
+    restored_epochs: dict[str, int] = {}  # by channel: the highest snippet epoch of the files restored
+    for name, e in entries:
+        if kind_of(Path(name).name) in ("pwal", "pwal_rotated") and e.range.get("epochs"):
+            channel = channel_of(Path(name).name)
+            restored_epochs[channel] = max(restored_epochs.get(channel, 0), e.range["epochs"][1])
     for i, run in enumerate(runs):  # the stream's pieces past the base, each run joined to the file it continues
         joined = scratch / "run"
         with open(joined, "wb") as out:
@@ -446,7 +452,7 @@ def _limestone_point(repo: Repository, manifest: BackupManifest, to: str, stagin
                     shutil.copyfileobj(piece, out, 1 << 20)
                 (scratch / f"{i}.{n}").unlink()
         notes.append(f"{run[0].range['generation']} from byte {run[0].range['bytes'][0]}: "
-                     + place_run(staging, run, joined))
+                     + place_run(staging, run, joined, restored_epochs))
     shutil.rmtree(scratch, ignore_errors=True)
     # The catalog limestone reads: compaction_catalog, or its .back when that one is missing or unreadable.
     catalog = prepare(staging).catalog

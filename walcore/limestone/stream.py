@@ -186,7 +186,7 @@ class _Follower:
         return _Generation(channel_of(name), f"{channel_of(name)}.{ms:014d}", fd, (0, 0), name)
 
     def tick(self) -> None:
-        durable = read_durable_epoch(self.root)
+        durable = self._durable_epoch()
         seen = time.time()
         names = self._names()
         for name, inode in names.items():  # a file limestone opened (and perhaps rotated) since the last tick
@@ -211,6 +211,21 @@ class _Follower:
             for record in self.superseded:  # a restore reading them meanwhile would find them gone
                 self._remove(record)
             self.superseded = []
+
+    def _durable_epoch(self) -> int | None:
+        """The directory's durable epoch, refused when it is behind the one the stream stored: the directory was put
+        back to an earlier point, and what limestone writes from there is another history (read again first: while
+        limestone rotates `epoch`, an older rotated file may be all there is a moment)."""
+        durable, stored = read_durable_epoch(self.root), self.state.durable_epoch
+        if durable is None or stored is None or durable >= stored:
+            return durable
+        time.sleep(0.1)
+        durable = read_durable_epoch(self.root)
+        if durable is not None and durable < stored:
+            raise Refused(f"{self.root}: its durable epoch {durable} is behind the {stored} the stream stored: the "
+                          f"directory was put back to an earlier point (another history of instance "
+                          f"{self.state.instance}); it is not streamed on", "refused")
+        return durable
 
     def _names(self) -> dict[str, tuple[int, int]]:
         found = {}
@@ -408,10 +423,13 @@ def piece_runs(pieces: list[FileEntry], after: int) -> list[list[FileEntry]]:
     return runs
 
 
-def place_run(root: Path, run: list[FileEntry], data: Path) -> str:
+def place_run(root: Path, run: list[FileEntry], data: Path, restored_epochs: dict[str, int]) -> str:
     """Put a run's bytes (`data`) among the pwal files restored in `root`: dropped when a file of its channel holds
     them at their offset (an archived rotated file, a backup's copy of the active file), appended to one whose bytes
-    they continue, else a file of their own under a rotated name (limestone reads every pwal file). Says which."""
+    they continue, else a file of their own under a rotated name (limestone reads every pwal file). Says which.
+    `restored_epochs`: by channel, the highest snippet epoch of the files restored. A channel's snippets only go
+    forward, so a run of a file of its own that holds an earlier one is of another history of the instance (the
+    directory put back to an earlier point, the stream's pieces of before): refused."""
     generation, start = run[0].range["generation"], run[0].range["bytes"][0]
     channel, end = channel_of(generation), run[-1].range["bytes"][1]
     agreeing = sorted(((path.stat().st_size, path.name) for path in root.iterdir()
@@ -428,6 +446,11 @@ def place_run(root: Path, run: list[FileEntry], data: Path) -> str:
                 os.fsync(out.fileno())
         data.unlink()
         return f"held by {name}" if end <= have else f"appended to {name}"
+    if run[0].range["epochs"][0] < restored_epochs.get(channel, 0):
+        raise Refused(f"the stream's {generation} from byte {start} holds epochs from {run[0].range['epochs'][0]} on, "
+                      f"and the restored files of {channel} hold epochs to {restored_epochs[channel]}, with other "
+                      "bytes: two histories of the instance (the directory put back to an earlier point); restore "
+                      "to an epoch instead", "refused")
     name = rotated_name(root, channel, int(generation.split(".")[1]))
     os.replace(data, root / name)
     return f"restored as {name}"
