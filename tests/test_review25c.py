@@ -201,3 +201,58 @@ def test_a_limestone_directory_restored_to_an_earlier_epoch_is_not_mixed_with_it
         assert list(directory_state(tmp_path / "end")) == list(directory_state(src))
     else:
         assert "two histories" in end.stderr and len(end.stderr.splitlines()) == 1, end.stderr
+
+
+def test_the_streamer_holds_no_pwal_file_the_directory_no_longer_has(tmp_path):
+    """An operator's script deletes rotated pwal files (limestone's compaction folded them, or the archive's copy
+    is enough): the streamer must let them go, not keep them open forever — their disk space is never freed while
+    a descriptor holds them (a disk that fills up with files `du` does not see), and a descriptor is spent on each
+    rotation."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from conftest import REPO, copy_limestone_fixture, run_main
+    from walcore.limestone.stream import follow
+    from walcore.repository import Repository
+
+    def write(epochs: int) -> None:
+        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
+                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
+
+    def deleted_pwals() -> list[str]:
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(str(src)) and "/pwal_" in target and target.endswith(" (deleted)"):
+                held.append(target)
+        return held
+
+    src = copy_limestone_fixture("01-clean", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    status = tmp_path / "status.json"
+    stop = threading.Event()
+    streamer = threading.Thread(target=follow, args=(Repository(repo), "limestone", src, LIMESTONE_INSTANCE),
+                                kwargs={"seconds": 0.1, "status_file": status, "stop": stop,
+                                        "say": lambda _line: None})
+    streamer.start()
+    try:
+        write(2)
+        time.sleep(0.5)
+        assert run_main("rotate", src).returncode == 0
+        write(2)
+        time.sleep(0.5)
+        for rotated in src.glob("pwal_*.*"):
+            rotated.unlink()  # never archived: the stream's pieces are the only copy, and they stay
+        deadline = time.monotonic() + 10
+        while deleted_pwals() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert deleted_pwals() == []
+    finally:
+        stop.set()
+        streamer.join()
