@@ -256,3 +256,66 @@ def test_the_streamer_holds_no_pwal_file_the_directory_no_longer_has(tmp_path):
     finally:
         stop.set()
         streamer.join()
+
+
+def test_a_new_pwal_file_reusing_a_superseded_files_inode_is_followed(tmp_path):
+    """The archive holds the rotated files and the streamer superseded their pieces (their inodes are then 'done':
+    never followed again); an operator deletes the archived files. ext4 gives a file created next the inode number
+    just freed: the new active files limestone opens after the next rotation must be followed all the same, or
+    their durable entries are never stored while the stream's durable epoch goes on (restore --to end claims it)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from conftest import REPO, copy_limestone_fixture, run_main
+    from walcore.command.state import directory_state
+    from walcore.limestone.follow import read_durable_epoch
+    from walcore.limestone.stream import follow
+    from walcore.repository import Repository
+
+    def write(epochs: int) -> None:
+        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
+                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
+
+    def caught_up() -> bool:
+        time.sleep(0.3)  # a tick or two after the writes
+        return json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src)
+
+    src = copy_limestone_fixture("01-clean", tmp_path, "src")
+    repo = str(new_repository(tmp_path / "repo"))
+    assert run_main("backup", src, "--repo", repo).returncode == 0
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    status = tmp_path / "status.json"
+    stop = threading.Event()
+    streamer = threading.Thread(target=follow, args=(Repository(repo), "limestone", src, LIMESTONE_INSTANCE),
+                                kwargs={"seconds": 0.1, "status_file": status, "stop": stop,
+                                        "say": lambda _line: None})
+    streamer.start()
+    try:
+        for _round in range(3):
+            write(2)
+            assert caught_up()
+            assert run_main("rotate", src).returncode == 0
+            assert run_main("archive", src, "--repo", repo).returncode == 0
+            deadline = time.monotonic() + 10
+            while len(list(src.glob("pwal_*.*"))) > json.loads(status.read_text())["superseded"] - 3 * _round:
+                assert time.monotonic() < deadline, "not superseded"
+                time.sleep(0.1)
+            for rotated in src.glob("pwal_*.*"):
+                shutil.copy2(rotated, aside / rotated.name)  # kept aside for the comparison at the end
+                rotated.unlink()  # the operator's clean-up: the inodes are freed
+        write(2)
+        assert caught_up()
+    finally:
+        stop.set()
+        streamer.join()
+    for rotated in aside.iterdir():  # back, for the source's state to compare with
+        shutil.move(rotated, src / rotated.name)
+    restored = run_main("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert json.loads(restored.stdout)["point"]["durable_epoch"] == read_durable_epoch(src)
+    assert list(directory_state(tmp_path / "restored")) == list(directory_state(src))
