@@ -123,7 +123,10 @@ class _Follower:
         self.epoch_record: str | None = None  # the newest epoch partial's record
         self.superseded: list[str] = []  # records whose partials go once no restore of the source is in progress
         self.blobs: set[str] = set()  # blob files known to be in the repository
-        self.done: set[tuple[int, int]] = set()  # pwal files (device, inode) the archive holds: not followed
+        # pwal files the archive holds, not followed: (device, inode) -> the name seen. A file deleted frees its
+        # inode number, and the file created next may get it (ext4 does at once): it is another file under another
+        # name (a rotated name is unique), and it is followed.
+        self.done: dict[tuple[int, int], str] = {}
 
     def close(self) -> None:
         for g in self.generations:
@@ -157,7 +160,7 @@ class _Follower:
         inode = (st.st_dev, st.st_ino)
         if kind_of(name) == "pwal_rotated" and self._archived(name, st.st_size) is not None:
             os.close(fd)
-            self.done.add(inode)
+            self.done[inode] = name
             return
         g = self._new(fd, name)
         g.inode = inode
@@ -189,6 +192,7 @@ class _Follower:
         durable = self._durable_epoch()
         seen = time.time()
         names = self._names()
+        self.done = {inode: name for name, inode in names.items() if self.done.get(inode) == name}
         for name, inode in names.items():  # a file limestone opened (and perhaps rotated) since the last tick
             if inode not in self.done and not any(g.inode == inode for g in self.generations):
                 fd = os.open(self.root / name, os.O_RDONLY)
@@ -207,6 +211,10 @@ class _Follower:
         for g in list(self.generations):
             if g.file != g.channel or g.inode not in by_inode:
                 self._supersede(g)
+        for g in list(self.generations):
+            st = os.fstat(g.fd)
+            if st.st_nlink == 0 and st.st_size == g.end:  # deleted, and stored whole: its pieces stay
+                self._let_go(g, f"{g.name}: {g.file} was deleted from the directory; its pieces stay in the stream")
         if self.superseded and not self.repo.restores_in_progress(self.family, self.state.instance):
             for record in self.superseded:  # a restore reading them meanwhile would find them gone
                 self._remove(record)
@@ -328,10 +336,14 @@ class _Follower:
             return
         self.superseded += reversed(g.pieces)  # newest first: what is left is still a run from the start
         self.state.superseded += len(g.pieces)
+        self._let_go(g, f"{g.name}: superseded by the archived {g.file}")
+        self.done[g.inode] = g.file
+
+    def _let_go(self, g: _Generation, said: str) -> None:
+        """Follow a generation no more, its file closed (a deleted file's space is freed once no one holds it)."""
         os.close(g.fd)
         self.generations.remove(g)
-        self.done.add(g.inode)
-        self.say(f"{g.name}: superseded by the archived {g.file}")
+        self.say(said)
 
     def _archived(self, name: str, size: int) -> FileEntry | None:
         """The archive's record of a rotated file holding at least `size` bytes (None: none)."""
