@@ -4,9 +4,22 @@ reproduction of a finding."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import threading
+import time
 
-from conftest import new_repository, require_tarantool, run_cli
+from conftest import (LIMESTONE_FIXTURES, copy_limestone_fixture, new_repository, require_tarantool, run_cli,
+                      run_main)
+from walcore.command.state import directory_state
+from walcore.findings import Refused
+from walcore.limestone import stream
+from walcore.limestone.follow import read_durable_epoch
+from walcore.limestone.writer import LogDir
+from walcore.repository import Repository
+from walcore.restore_set import restore_into
 from test_stream import Streamer, _segments, instance  # noqa: F401 - instance: the fixture
+from test_stream_limestone import _streaming, _write
 from test_stream_supersede import _connect, _dump
 
 
@@ -48,47 +61,16 @@ def test_superseding_past_an_xlog_the_archive_lacks_keeps_the_end_reachable(inst
 # -- limestone
 
 
-def _limestone_source(tmp_path):
-    from conftest import copy_limestone_fixture
-
-    src = copy_limestone_fixture("01-clean", tmp_path, "src")
-    repo = str(new_repository(tmp_path / "repo"))
-    return src, repo
-
-
-def _follow_once(repo: str, src) -> dict:
-    import threading
-
-    from walcore.limestone.stream import follow
-    from walcore.repository import Repository
-
-    stop = threading.Event()
-    stop.set()
-    return follow(Repository(repo), "limestone", src, LIMESTONE_INSTANCE, stop=stop, say=lambda _l: None).to_json()
-
-
-LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
-
-
-
-# -- limestone
-
-
 LIMESTONE_INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
 
 
 def _follow_once(repo, src, *, pins_seen: bool = True, instance: str = LIMESTONE_INSTANCE) -> dict:
-    import threading
-
-    from walcore.limestone.stream import follow
-    from walcore.repository import Repository
-
     repository = Repository(str(repo))
     if not pins_seen:  # it looked for a restore's pin just before the restore pinned the source
         repository.restores_in_progress = lambda *_: []
     stop = threading.Event()
     stop.set()
-    return follow(repository, "limestone", src, instance, stop=stop, say=lambda _l: None).to_json()
+    return stream.follow(repository, "limestone", src, instance, stop=stop, say=lambda _l: None).to_json()
 
 
 def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_not_called_damaged(tmp_path,
@@ -97,20 +79,10 @@ def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_n
     restore's pin just before the restore pinned the source deletes pieces the restore has just listed. The
     restore must then plan again (the archived file holds those bytes), as a Tarantool restore does, not fail
     calling the repository damaged."""
-    import subprocess
-    import sys
-
-    from conftest import REPO, copy_limestone_fixture, run_main
-    from walcore.command.state import directory_state
-    from walcore.limestone import stream
-    from walcore.repository import Repository
-    from walcore.restore_set import restore_into
-
     src = copy_limestone_fixture("01-clean", tmp_path, "src")
     repo = str(new_repository(tmp_path / "repo"))
     assert run_main("backup", src, "--repo", repo).returncode == 0
-    subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", "3",
-                    "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
+    _write(src, 3)
     _follow_once(repo, src)
     assert run_main("rotate", src).returncode == 0
     assert run_main("archive", src, "--repo", repo).returncode == 0
@@ -125,7 +97,7 @@ def test_a_limestone_restore_whose_pieces_the_streamer_superseded_meanwhile_is_n
     monkeypatch.setattr(stream, "streamed_log", superseding_meanwhile)
     restored = restore_into(Repository(repo), "latest", tmp_path / "restored", "end")
     assert superseded and superseded[0] > 0
-    assert restored.point["durable_epoch"] == stream.read_durable_epoch(src)
+    assert restored.point["durable_epoch"] == read_durable_epoch(src)
     assert list(directory_state(tmp_path / "restored")) == list(directory_state(src))
 
 
@@ -135,11 +107,6 @@ def test_a_crash_repaired_as_limestone_repairs_it_is_followed_without_a_problem(
     the cut bytes left) and limestone started again: it records the canceled epoch as durable (the highest header
     epoch). Nothing durable was lost and limestone reads the directory: the stream must not call it a problem
     (exit 1, a file followed no further), nor after a restart of the streamer."""
-    import os
-
-    from conftest import LIMESTONE_FIXTURES, copy_limestone_fixture, run_main
-    from walcore.limestone.writer import LogDir
-
     src = copy_limestone_fixture("02-unfinished", tmp_path, "src")
     repo = str(new_repository(tmp_path / "repo"))
     instance = json.loads((src / "limestone-manifest.json").read_text())["instance_uuid"]
@@ -164,29 +131,16 @@ def test_a_limestone_directory_restored_to_an_earlier_epoch_is_not_mixed_with_it
     instance UUID: its manifest is the backup's) and limestone writes another history from there, while the
     streamer runs as a service. restore --to end must give that history (or refuse), never the former history's
     streamed entries mixed into it, nor its durable epoch."""
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import REPO, copy_limestone_fixture, run_main
-    from walcore.command.state import directory_state
-    from walcore.findings import Refused
-    from walcore.limestone.follow import read_durable_epoch
-
-    def write(epochs: int) -> None:
-        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
-                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
-
     src = copy_limestone_fixture("01-clean", tmp_path, "src")
     repo = str(new_repository(tmp_path / "repo"))
     assert run_main("backup", src, "--repo", repo).returncode == 0
-    write(3)
+    _write(src, 3)
     assert _follow_once(repo, src)["durable_epoch"] == 6
     restored = run_main("restore", "latest", tmp_path / "earlier", "--repo", repo)  # the backup's epoch 3
     assert restored.returncode == 0, restored.stderr
     shutil.rmtree(src)
     (tmp_path / "earlier").rename(src)
-    write(2)  # epochs 4 and 5 of another history
+    _write(src, 2)  # epochs 4 and 5 of another history
     assert read_durable_epoch(src) == 5
     try:  # the stream goes on with it, or stops as a Tarantool stream does (its instance behind what it holds)
         followed = _follow_once(repo, src)
@@ -208,20 +162,6 @@ def test_the_streamer_holds_no_pwal_file_the_directory_no_longer_has(tmp_path):
     is enough): the streamer must let them go, not keep them open forever — their disk space is never freed while
     a descriptor holds them (a disk that fills up with files `du` does not see), and a descriptor is spent on each
     rotation."""
-    import os
-    import subprocess
-    import sys
-    import threading
-    import time
-
-    from conftest import REPO, copy_limestone_fixture, run_main
-    from walcore.limestone.stream import follow
-    from walcore.repository import Repository
-
-    def write(epochs: int) -> None:
-        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
-                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
-
     def deleted_pwals() -> list[str]:
         held = []
         for fd in os.listdir("/proc/self/fd"):
@@ -236,16 +176,11 @@ def test_the_streamer_holds_no_pwal_file_the_directory_no_longer_has(tmp_path):
     src = copy_limestone_fixture("01-clean", tmp_path, "src")
     repo = str(new_repository(tmp_path / "repo"))
     status = tmp_path / "status.json"
-    stop = threading.Event()
-    streamer = threading.Thread(target=follow, args=(Repository(repo), "limestone", src, LIMESTONE_INSTANCE),
-                                kwargs={"seconds": 0.1, "status_file": status, "stop": stop,
-                                        "say": lambda _line: None})
-    streamer.start()
-    try:
-        write(2)
+    with _streaming(repo, src, 0.1, status):
+        _write(src, 2)
         time.sleep(0.5)
         assert run_main("rotate", src).returncode == 0
-        write(2)
+        _write(src, 2)
         time.sleep(0.5)
         for rotated in src.glob("pwal_*.*"):
             rotated.unlink()  # never archived: the stream's pieces are the only copy, and they stay
@@ -253,9 +188,6 @@ def test_the_streamer_holds_no_pwal_file_the_directory_no_longer_has(tmp_path):
         while deleted_pwals() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert deleted_pwals() == []
-    finally:
-        stop.set()
-        streamer.join()
 
 
 def test_a_new_pwal_file_reusing_a_superseded_files_inode_is_followed(tmp_path):
@@ -263,23 +195,6 @@ def test_a_new_pwal_file_reusing_a_superseded_files_inode_is_followed(tmp_path):
     never followed again); an operator deletes the archived files. ext4 gives a file created next the inode number
     just freed: the new active files limestone opens after the next rotation must be followed all the same, or
     their durable entries are never stored while the stream's durable epoch goes on (restore --to end claims it)."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import threading
-    import time
-
-    from conftest import REPO, copy_limestone_fixture, run_main
-    from walcore.command.state import directory_state
-    from walcore.limestone.follow import read_durable_epoch
-    from walcore.limestone.stream import follow
-    from walcore.repository import Repository
-
-    def write(epochs: int) -> None:
-        subprocess.run([sys.executable, REPO / "bench" / "limestone_writer.py", src, "--epochs", str(epochs),
-                        "--epochs-per-second", "100", "--channels", "3"], check=True, capture_output=True)
-
     def caught_up() -> bool:
         time.sleep(0.3)  # a tick or two after the writes
         return json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src)
@@ -290,14 +205,9 @@ def test_a_new_pwal_file_reusing_a_superseded_files_inode_is_followed(tmp_path):
     aside = tmp_path / "aside"
     aside.mkdir()
     status = tmp_path / "status.json"
-    stop = threading.Event()
-    streamer = threading.Thread(target=follow, args=(Repository(repo), "limestone", src, LIMESTONE_INSTANCE),
-                                kwargs={"seconds": 0.1, "status_file": status, "stop": stop,
-                                        "say": lambda _line: None})
-    streamer.start()
-    try:
+    with _streaming(repo, src, 0.1, status):
         for _round in range(3):
-            write(2)
+            _write(src, 2)
             assert caught_up()
             assert run_main("rotate", src).returncode == 0
             assert run_main("archive", src, "--repo", repo).returncode == 0
@@ -308,11 +218,8 @@ def test_a_new_pwal_file_reusing_a_superseded_files_inode_is_followed(tmp_path):
             for rotated in src.glob("pwal_*.*"):
                 shutil.copy2(rotated, aside / rotated.name)  # kept aside for the comparison at the end
                 rotated.unlink()  # the operator's clean-up: the inodes are freed
-        write(2)
+        _write(src, 2)
         assert caught_up()
-    finally:
-        stop.set()
-        streamer.join()
     for rotated in aside.iterdir():  # back, for the source's state to compare with
         shutil.move(rotated, src / rotated.name)
     restored = run_main("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
