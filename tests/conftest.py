@@ -418,6 +418,7 @@ FILE_TIERS = {
     "test_retention_property.py": "integration",  # in process, but whole random histories: some 50 CPU s
     "test_retention_tarantool.py": "integration",
     "test_review25b.py": "integration",  # adversarial review of the stream: real Tarantool, real processes
+    "test_review25c.py": "integration",  # adversarial reproductions: a real Tarantool, the limestone fixtures
     "test_run_notes.py": "unit",
     "test_scan_core_limestone.py": "unit",
     "test_scan_core_tarantool.py": "unit",

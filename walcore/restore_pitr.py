@@ -23,11 +23,16 @@ def tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: 
     may supersede segments while the restore reads them (it deletes them once an archived xlog holds their rows,
     and waits for no restore that started after it looked): the restore then plans again from the archive as it is,
     where the xlog now holds those rows, rather than restore less."""
+    return _planned_again(_tarantool_point, repo, newest, to, staging, progress)
+
+
+def _planned_again(point_restore, *args):
+    """A point restore, planned again while a stream's objects it listed were superseded meanwhile."""
     from .repository.archive import SegmentGone
 
     for _attempt in range(SUPERSEDED_RETRIES):
         try:
-            return _tarantool_point(repo, newest, to, staging, progress)
+            return point_restore(*args)
         except SegmentGone as e:
             gone = e
     raise Refused(f"the stream's segments were superseded {SUPERSEDED_RETRIES} times while they were read (last: "
@@ -123,7 +128,8 @@ def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging:
 
 
 def _materialize_segments(repo: Repository, entries: list[tuple[str, FileEntry]], root: Path, tracker) -> int:
-    """materialize() for segments: one missing with its record gone was superseded meanwhile (SegmentGone)."""
+    """materialize() for a stream's objects: one missing with its record gone was superseded meanwhile
+    (SegmentGone)."""
     from .repository import ObjectDamaged
     from .repository.archive import RECORD_SUFFIX, SegmentGone
 
@@ -131,7 +137,7 @@ def _materialize_segments(repo: Repository, entries: list[tuple[str, FileEntry]]
         return materialize(repo, entries, root, tracker)
     except ObjectDamaged as e:
         if gone := [entry.stored for _, entry in entries if not repo.storage.exists(entry.stored + RECORD_SUFFIX)]:
-            raise SegmentGone(f"{gone[0]} was removed while the restore read it (superseded by an archived xlog)") \
+            raise SegmentGone(f"{gone[0]} was removed while the restore read it (superseded by an archived file)") \
                 from None
         raise
 
@@ -400,12 +406,18 @@ def _object_begins_with(repo: Repository, longer: FileEntry, shorter: FileEntry)
 def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
     """The backup's files with `epoch` holding one durable record, the point. limestone cancels the snippets
     past it (2 -> 6, in place) when it starts. Refused past the backup's durable epoch, and below what the
-    compacted file folds: limestone writes no epoch in it, so the state of an earlier epoch is not there."""
+    compacted file folds: limestone writes no epoch in it, so the state of an earlier epoch is not there. The
+    streamer may supersede pieces the restore listed (their rotated file archived meanwhile): it plans again."""
+    return _planned_again(_limestone_point, repo, manifest, to, staging, progress)
+
+
+def _limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging: Path, progress: bool):
     import re
 
     from .limestone.check import prepare
     from .limestone.epoch import EPOCH_NAME
-    from .limestone.layout import restored_name
+    from .limestone.follow import channel_of
+    from .limestone.layout import kind_of, restored_name
     from .limestone.stream import blob_place, piece_runs, place_run, streamed_log
     from .limestone.writer import durable_epoch
 
@@ -424,22 +436,32 @@ def limestone_point(repo: Repository, manifest: BackupManifest, to: str, staging
             manifest, log, _ = _limestone_log(repo, manifest, epoch)
     entries = [(restored_name(e.name, e.kind), e) for e in manifest.files] + [(e.name, e) for e in log]
     held = {name for name, _ in entries}
-    entries += [(blob_place(e), e) for e in blobs if blob_place(e) not in held]  # the stream's, past the archive's
+    streamed_blobs = [(blob_place(e), e) for e in blobs if blob_place(e) not in held]  # past the archive's
+    runs = piece_runs(pieces, manifest.position.get("epoch", 0)) if streamed is not None else []
+    # The stream's objects first, apart: one superseded meanwhile is found missing before anything is placed.
+    scratch = staging / ".walvault-stream"
+    shutil.rmtree(scratch, ignore_errors=True)  # an interrupted run's
+    pieces_named = [(f"{i}.{n}", e) for i, run in enumerate(runs) for n, e in enumerate(run)]
+    _materialize_segments(repo, pieces_named, scratch, Progress(len(pieces_named), 0, False, ""))
+    entries += streamed_blobs
     tracker = Progress(len(entries), sum(e.size for _, e in entries), progress, "restored")
     reused = materialize(repo, entries, staging, tracker)
     notes = []
-    runs = piece_runs(pieces, manifest.position.get("epoch", 0)) if streamed is not None else []
-    for run in runs:  # the stream's pieces past the base, each run joined to the file whose bytes it continues
-        scratch = staging / ".walvault-stream"
-        materialize(repo, [(str(n), e) for n, e in enumerate(run)], scratch, Progress(len(run), 0, False, ""))
+    restored_epochs: dict[str, int] = {}  # by channel: the highest snippet epoch of the files restored
+    for name, e in entries:
+        if kind_of(Path(name).name) in ("pwal", "pwal_rotated") and e.range.get("epochs"):
+            channel = channel_of(Path(name).name)
+            restored_epochs[channel] = max(restored_epochs.get(channel, 0), e.range["epochs"][1])
+    for i, run in enumerate(runs):  # the stream's pieces past the base, each run joined to the file it continues
         joined = scratch / "run"
         with open(joined, "wb") as out:
             for n in range(len(run)):
-                with open(scratch / str(n), "rb") as piece:
+                with open(scratch / f"{i}.{n}", "rb") as piece:
                     shutil.copyfileobj(piece, out, 1 << 20)
+                (scratch / f"{i}.{n}").unlink()
         notes.append(f"{run[0].range['generation']} from byte {run[0].range['bytes'][0]}: "
-                     + place_run(staging, run, joined))
-        shutil.rmtree(scratch)
+                     + place_run(staging, run, joined, restored_epochs))
+    shutil.rmtree(scratch, ignore_errors=True)
     # The catalog limestone reads: compaction_catalog, or its .back when that one is missing or unreadable.
     catalog = prepare(staging).catalog
     if catalog is not None:

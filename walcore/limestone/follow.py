@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .epoch import scan_epoch
 from .layout import kind_of
-from .pwal import DURABLE_EPOCH, ENTRY_NAMES, HEADERS, Broken, Entry
+from .pwal import CANCELED_HEADER, DURABLE_EPOCH, ENTRY_NAMES, HEADERS, Broken, Entry
 
 
 @dataclass(frozen=True)
@@ -28,27 +28,33 @@ class Prefix:
     epoch: int | None  # the epoch of the snippet the prefix ends in: where the next walk goes on
     epochs: tuple[int, int] | None  # the lowest and highest snippet epoch of the bytes walked (None: none)
     problem: str | None = None  # an entry that cannot be read inside a durable snippet: the prefix stops before it
+    canceled: bool = False  # the snippet the prefix ends in has a canceled header
 
 
-def durable_prefix(entries: Iterable[Entry | Broken], start: int, epoch: int | None, durable: int) -> Prefix:
+def durable_prefix(entries: Iterable[Entry | Broken], start: int, epoch: int | None, durable: int, *,
+                   canceled: bool = False, detached: bool = False) -> Prefix:
     """The durable prefix of a pwal file whose entries from `start` on are `entries` (pwal.iter_entries); `epoch`:
-    the snippet `start` is inside (None at the file's start), `durable`: the directory's durable epoch."""
+    the snippet `start` is inside (None at the file's start), `canceled`: whether its header is a canceled one,
+    `durable`: the directory's durable epoch; `detached`: the file is a rotated one (limestone writes no more into
+    it)."""
     end, low, high = start, None, None
     for e in entries:
         if isinstance(e, Broken):
             if e.code == "short_entry" and (e.type in HEADERS or epoch is None or epoch > durable):
                 break  # a session being written now
-            return Prefix(end, epoch, _span(low, high), f"at offset {e.offset}: {e.message}")
+            if canceled and detached:
+                break  # the broken tail of a canceled snippet `tglogutil repair` left: limestone never reads it
+            return Prefix(end, epoch, _span(low, high), f"at offset {e.offset}: {e.message}", canceled)
         if e.type in HEADERS:
             if e.epoch > durable:
                 break
-            epoch = e.epoch
+            epoch, canceled = e.epoch, e.type == CANCELED_HEADER
         elif e.type == DURABLE_EPOCH or epoch is None:
             return Prefix(end, epoch, _span(low, high), f"at offset {e.offset}: a {ENTRY_NAMES[e.type]} entry "
-                          + ("outside any snippet" if epoch is None else "in a pwal file"))
+                          + ("outside any snippet" if epoch is None else "in a pwal file"), canceled)
         end = e.offset + e.size
         low, high = min(epoch, low if low is not None else epoch), max(epoch, high or 0)
-    return Prefix(end, epoch, _span(low, high))
+    return Prefix(end, epoch, _span(low, high), canceled=canceled)
 
 
 def _span(low: int | None, high: int | None) -> tuple[int, int] | None:

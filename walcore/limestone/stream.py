@@ -78,6 +78,7 @@ class _Generation:
     file: str  # its name in the directory when last seen
     end: int = 0  # stored up to
     epoch: int | None = None  # of the snippet `end` is inside
+    canceled: bool = False  # that snippet's header is a canceled one
     digest: object = field(default_factory=hashlib.sha256)  # of the bytes up to `end`
     pieces: list[str] = field(default_factory=list)  # record names, oldest first
     checked: str | None = None  # the archived record's SHA-256 found not to hold it (not hashed again)
@@ -122,7 +123,10 @@ class _Follower:
         self.epoch_record: str | None = None  # the newest epoch partial's record
         self.superseded: list[str] = []  # records whose partials go once no restore of the source is in progress
         self.blobs: set[str] = set()  # blob files known to be in the repository
-        self.done: set[tuple[int, int]] = set()  # pwal files (device, inode) the archive holds: not followed
+        # pwal files the archive holds, not followed: (device, inode) -> the name seen. A file deleted frees its
+        # inode number, and the file created next may get it (ext4 does at once): it is another file under another
+        # name (a rotated name is unique), and it is followed.
+        self.done: dict[tuple[int, int], str] = {}
 
     def close(self) -> None:
         for g in self.generations:
@@ -156,7 +160,7 @@ class _Follower:
         inode = (st.st_dev, st.st_ino)
         if kind_of(name) == "pwal_rotated" and self._archived(name, st.st_size) is not None:
             os.close(fd)
-            self.done.add(inode)
+            self.done[inode] = name
             return
         g = self._new(fd, name)
         g.inode = inode
@@ -173,8 +177,8 @@ class _Follower:
             if digest.hexdigest() == pieces[-1].range["prefix_sha256"]:
                 del runs[generation]
                 return _Generation(channel_of(name), generation, fd, (0, 0), name, end,
-                                   pieces[-1].range["snippet_epoch"], digest.copy(),
-                                   [p.stored + RECORD_SUFFIX for p in pieces])
+                                   pieces[-1].range["snippet_epoch"], pieces[-1].range.get("snippet_canceled", False),
+                                   digest.copy(), [p.stored + RECORD_SUFFIX for p in pieces])
         return None
 
     def _new(self, fd: int, name: str) -> _Generation:
@@ -185,9 +189,10 @@ class _Follower:
         return _Generation(channel_of(name), f"{channel_of(name)}.{ms:014d}", fd, (0, 0), name)
 
     def tick(self) -> None:
-        durable = read_durable_epoch(self.root)
+        durable = self._durable_epoch()
         seen = time.time()
         names = self._names()
+        self.done = {inode: name for name, inode in names.items() if self.done.get(inode) == name}
         for name, inode in names.items():  # a file limestone opened (and perhaps rotated) since the last tick
             if inode not in self.done and not any(g.inode == inode for g in self.generations):
                 fd = os.open(self.root / name, os.O_RDONLY)
@@ -206,10 +211,29 @@ class _Follower:
         for g in list(self.generations):
             if g.file != g.channel or g.inode not in by_inode:
                 self._supersede(g)
+        for g in list(self.generations):
+            st = os.fstat(g.fd)
+            if st.st_nlink == 0 and st.st_size == g.end:  # deleted, and stored whole: its pieces stay
+                self._let_go(g, f"{g.name}: {g.file} was deleted from the directory; its pieces stay in the stream")
         if self.superseded and not self.repo.restores_in_progress(self.family, self.state.instance):
             for record in self.superseded:  # a restore reading them meanwhile would find them gone
                 self._remove(record)
             self.superseded = []
+
+    def _durable_epoch(self) -> int | None:
+        """The directory's durable epoch, refused when it is behind the one the stream stored: the directory was put
+        back to an earlier point, and what limestone writes from there is another history (read again first: while
+        limestone rotates `epoch`, an older rotated file may be all there is a moment)."""
+        durable, stored = read_durable_epoch(self.root), self.state.durable_epoch
+        if durable is None or stored is None or durable >= stored:
+            return durable
+        time.sleep(0.1)
+        durable = read_durable_epoch(self.root)
+        if durable is not None and durable < stored:
+            raise Refused(f"{self.root}: its durable epoch {durable} is behind the {stored} the stream stored: the "
+                          f"directory was put back to an earlier point (another history of instance "
+                          f"{self.state.instance}); it is not streamed on", "refused")
+        return durable
 
     def _names(self) -> dict[str, tuple[int, int]]:
         found = {}
@@ -230,7 +254,8 @@ class _Follower:
             return
         if size == g.end:
             return
-        prefix = durable_prefix(iter_entries(f"/proc/self/fd/{g.fd}", start=g.end), g.end, g.epoch, durable)
+        prefix = durable_prefix(iter_entries(f"/proc/self/fd/{g.fd}", start=g.end), g.end, g.epoch, durable,
+                                canceled=g.canceled, detached=kind_of(g.file) == "pwal_rotated")
         if prefix.problem:
             self._problem(g, f"{g.file}: {prefix.problem}; it is followed no further")
         if prefix.end == g.end:
@@ -246,9 +271,10 @@ class _Follower:
         name = f"{STREAM_DIR}/{g.name}.{g.end:016d}{PARTIAL_SUFFIX}"
         entry = self._store(piece, name, PIECE_KIND, {
             "generation": g.name, "bytes": [g.end, prefix.end], "epochs": list(prefix.epochs),
-            "prefix_sha256": digest.hexdigest(), "snippet_epoch": prefix.epoch, "time": seen})
+            "prefix_sha256": digest.hexdigest(), "snippet_epoch": prefix.epoch, "snippet_canceled": prefix.canceled,
+            "time": seen})
         g.pieces.append(entry.stored + RECORD_SUFFIX)
-        g.end, g.epoch, g.digest = prefix.end, prefix.epoch, digest
+        g.end, g.epoch, g.canceled, g.digest = prefix.end, prefix.epoch, prefix.canceled, digest
         self.state.pieces += 1
 
     def _store_blob(self, blob_id: int, seen: float) -> None:
@@ -310,10 +336,14 @@ class _Follower:
             return
         self.superseded += reversed(g.pieces)  # newest first: what is left is still a run from the start
         self.state.superseded += len(g.pieces)
+        self._let_go(g, f"{g.name}: superseded by the archived {g.file}")
+        self.done[g.inode] = g.file
+
+    def _let_go(self, g: _Generation, said: str) -> None:
+        """Follow a generation no more, its file closed (a deleted file's space is freed once no one holds it)."""
         os.close(g.fd)
         self.generations.remove(g)
-        self.done.add(g.inode)
-        self.say(f"{g.name}: superseded by the archived {g.file}")
+        self.say(said)
 
     def _archived(self, name: str, size: int) -> FileEntry | None:
         """The archive's record of a rotated file holding at least `size` bytes (None: none)."""
@@ -405,10 +435,13 @@ def piece_runs(pieces: list[FileEntry], after: int) -> list[list[FileEntry]]:
     return runs
 
 
-def place_run(root: Path, run: list[FileEntry], data: Path) -> str:
+def place_run(root: Path, run: list[FileEntry], data: Path, restored_epochs: dict[str, int]) -> str:
     """Put a run's bytes (`data`) among the pwal files restored in `root`: dropped when a file of its channel holds
     them at their offset (an archived rotated file, a backup's copy of the active file), appended to one whose bytes
-    they continue, else a file of their own under a rotated name (limestone reads every pwal file). Says which."""
+    they continue, else a file of their own under a rotated name (limestone reads every pwal file). Says which.
+    `restored_epochs`: by channel, the highest snippet epoch of the files restored. A channel's snippets only go
+    forward, so a run of a file of its own that holds an earlier one is of another history of the instance (the
+    directory put back to an earlier point, the stream's pieces of before): refused."""
     generation, start = run[0].range["generation"], run[0].range["bytes"][0]
     channel, end = channel_of(generation), run[-1].range["bytes"][1]
     agreeing = sorted(((path.stat().st_size, path.name) for path in root.iterdir()
@@ -425,6 +458,11 @@ def place_run(root: Path, run: list[FileEntry], data: Path) -> str:
                 os.fsync(out.fileno())
         data.unlink()
         return f"held by {name}" if end <= have else f"appended to {name}"
+    if run[0].range["epochs"][0] < restored_epochs.get(channel, 0):
+        raise Refused(f"the stream's {generation} from byte {start} holds epochs from {run[0].range['epochs'][0]} on, "
+                      f"and the restored files of {channel} hold epochs to {restored_epochs[channel]}, with other "
+                      "bytes: two histories of the instance (the directory put back to an earlier point); restore "
+                      "to an epoch instead", "refused")
     name = rotated_name(root, channel, int(generation.split(".")[1]))
     os.replace(data, root / name)
     return f"restored as {name}"

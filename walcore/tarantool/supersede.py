@@ -8,11 +8,14 @@ segment are archived, every row of the segment must be in them with the same byt
 needed: the xlog holds more (the local rows).
 
 A segment is deleted only when each of its rows is found, equal, in archived xlogs that verified; one whose rows
-reach past the newest archived xlog (straddling its end) stays until the next one is archived. A row that differs,
-or that an xlog covering it does not hold, is a finding: the segment is kept, and `<segment>.differs.json` beside
-it says which row and which xlog (verify --repo and status report it; it is not compared again). Deleting runs under
-the source's archive lease (an expiry deletes under it too), never while a restore of the source is in progress
-(its pin), record first (the commit point: a restore that listed the segment and then misses it plans again).
+reach past the newest archived xlog (straddling its end) stays until the next one is archived. Nor is any segment
+after one holding rows no archived xlog holds (an xlog the instance removed before it was archived): a restore from a
+base before those rows reaches them through the segments only, and the log past them through the segments after, not
+through the xlog. A row that differs, or that an xlog covering it does not hold, is a finding: the segment is
+kept, and `<segment>.differs.json` beside it says which row and which xlog (verify --repo and status report it; it
+is not compared again). Deleting runs under the source's archive lease (an expiry deletes under it too), never
+while a restore of the source is in progress (its pin), record first (the commit point: a restore that listed the
+segment and then misses it plans again).
 
 The rows are compared in one pass: the stream sends the rows in the order of the instance's WAL, so the segments'
 rows, oldest first, and the archived xlogs' replicated rows, in chain order, are merged; memory holds one row of
@@ -93,7 +96,9 @@ def supersede(repo: Repository, family: str, instance: str, lease) -> Supersedin
                 continue  # a damaged segment is kept: verify --repo names it
             if verdict is None:
                 proven.append(entry)
-            elif verdict != "straddles":
+            elif verdict == "straddles":
+                break  # rows no archived xlog holds: a restore from before them goes on through the segments after
+            else:
                 done.differs.append(verdict)
                 lease.confirm()
                 repo.storage.create(entry.stored + DIFFERS_SUFFIX, encode_checked({**verdict, "found": utc_now()}))
