@@ -119,7 +119,8 @@ def test_a_connection_silent_past_the_limit_is_taken_for_lost(tmp_path):
     with Spool(tmp_path, "instance") as spool:
         writer = stream_command._SegmentStore(None, "instance", spool, None, stream_command.StreamState("x"), print)
         with pytest.raises(LiveError, match="nothing came in 0.2 s, not even a heartbeat"):
-            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None, 0.2)
+            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None, 0.2,
+                                    None)
 
 
 def test_a_spool_is_used_by_one_streamer_at_a_time(tmp_path):
@@ -443,6 +444,37 @@ def test_an_instance_restored_to_an_earlier_point_is_not_streamed_on(instance, t
     instance.start()
     out, err = streamer.proc.communicate(timeout=60)
     assert streamer.proc.returncode == 1 and "behind what the stream holds" in err, out + err
+
+
+@require_tarantool
+def test_another_history_of_the_instance_ahead_of_the_stream_is_not_streamed_on(instance, tmp_path):
+    """The instance's files replaced by a copy from earlier that went on writing (the same instance UUID) and is
+    already past where the stream stopped: its vclock is not behind, but its rows are another history. Started
+    again, the stream subscribes one row before the last it stored; the instance sends that row with other bytes,
+    so the stream stops and says why (exit 1), storing nothing of it."""
+    repo = new_repository(tmp_path / "repo")
+    instance.kill()
+    earlier = tmp_path / "earlier"
+    shutil.copytree(instance.work_dir, earlier)
+    instance.start()
+    streamer = Streamer(instance, repo, tmp_path)
+    streamer.start()
+    streamer.wait_stored(3)
+    code, out, err = streamer.stop()
+    assert code == 0, out + err
+    stored = _segments(repo)
+    instance.kill()
+    shutil.rmtree(instance.work_dir)
+    shutil.copytree(earlier, instance.work_dir)
+    instance.start()
+    deadline = time.monotonic() + 60
+    while instance.eval("return box.info.vclock[1]")[0] <= stored[-1][1][1] + 100:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    streamer.start()
+    out, err = streamer.proc.communicate(timeout=60)
+    assert streamer.proc.returncode == 1 and "holds another history of the instance" in err, out + err
+    assert _segments(repo) == stored
 
 
 @require_tarantool
