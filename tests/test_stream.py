@@ -102,6 +102,55 @@ def test_the_receiver_gives_whole_transactions_and_says_gaps():
         r.receive(row(23))
 
 
+def test_a_subscription_proves_the_instance_sends_the_last_row_stored_first(tmp_path):
+    """The last row stored ends a multi-row transaction: sent again first, it is checked and dropped, never given
+    to the receiver (alone it would be half a transaction). Other bytes at that row are another history; a row past
+    it with rows missing between is a gap the receiver says; the row right after it means the instance lacks it."""
+    from walcore.command import stream as stream_command
+    from walcore.tarantool.segments import Spool
+
+    def row(lsn, tsn=None, commit=False, when=1000.0):
+        header = {0: 3, 2: 1, 3: lsn, 4: when + lsn}
+        if tsn is not None:
+            header[8] = lsn - tsn
+            if commit:
+                header[9] = 1
+        return _packets(_row(header, {0x10: 512}), [])[0]
+
+    last = row(14, tsn=12, commit=True)
+    proof = stream_command.LastRow(1, 14, last.row, 1014.0, "stream/00000000000000000012.xlog")
+    assert proof.subscribe_from({0: 3, 1: 14}) == {0: 3, 1: 13}
+
+    class Resent:
+        display = "repl@127.0.0.1:3301"
+
+        def __init__(self, packets):
+            self.sent = [packets]
+
+        def packets(self, wait):
+            if not self.sent:
+                raise stream_command.LiveError("the instance closed the connection")
+            return self.sent.pop()
+
+        def ack(self):
+            pass
+
+    heartbeat = _packets(_row({0: 0, 2: 1, 4: 5.0}), [])[0]
+    with Spool(tmp_path, "instance") as spool:
+        state = stream_command.StreamState("x", vclock={1: 14})
+        writer = stream_command._SegmentStore(None, "instance", spool, None, state, print)
+        receiver = Receiver({1: 14})
+        with pytest.raises(stream_command.LiveError):
+            stream_command._receive(Resent([heartbeat, last, row(15)]), receiver, writer, threading.Event(), 60.0,
+                                    1 << 20, None, 30.0, proof)
+        assert receiver.vclock == {1: 15} and (writer.last_row.lsn, writer.state.vclock) == (15, {1: 15})
+    assert proof.check(row(20), "uri", {1: 14}) is False  # rows 15 to 19 never come: the receiver says the gap
+    with pytest.raises(StreamBroken, match="holds another history of the instance"):
+        proof.check(row(14, tsn=12, commit=True, when=2000.0), "uri", {1: 14})
+    with pytest.raises(StreamBroken, match="no longer has row 1:14"):
+        proof.check(row(15), "uri", {1: 14})
+
+
 def test_a_connection_silent_past_the_limit_is_taken_for_lost(tmp_path):
     """A connection dropped on the way (a NAT, a firewall) is never closed: without a packet, not even the
     master's heartbeat, for --timeout seconds the streamer reconnects rather than wait forever."""

@@ -106,19 +106,29 @@ class LastRow:
     def subscribe_from(self, vclock: Vclock) -> Vclock:
         return {**vclock, self.replica_id: self.lsn - 1}
 
-    def check(self, packet: Packet, display: str) -> None:
-        """The first row the instance sent: this one, or StreamBroken naming both histories."""
+    def check(self, packet: Packet, display: str, held: Vclock) -> bool:
+        """The first row the instance sent after subscribing from `held` less this row: True when it is this row,
+        byte for byte (dropped: the stream has it); False when the instance skipped past it without a word and rows
+        after it are missing too (a gap: the row goes to the receiver, which says it). StreamBroken when the row
+        differs (another history), or when the instance lacks it and nothing after it is missing (unproven)."""
         replica_id, lsn = packet.header.get(REPLICA_ID, 0), packet.header.get(LSN)
-        if (replica_id, lsn) == (self.replica_id, self.lsn) and packet.row == self.row:
-            return
-        sent = f"row {replica_id}:{lsn} written at {_when(packet.header.get(TIMESTAMP))}"
         if (replica_id, lsn) == (self.replica_id, self.lsn):
-            sent = f"other bytes at that row, written at {_when(packet.header.get(TIMESTAMP))}"
-        raise StreamBroken(f"{display} holds another history of the instance: the stream stored row "
-                           f"{self.replica_id}:{self.lsn} written at {_when(self.timestamp)} ({self.where}), the "
-                           f"instance sends {sent}. Its files were replaced by a copy that went on writing apart "
-                           "from what the stream stored, which its segments must not continue; nothing of it is "
-                           "stored")
+            if packet.row == self.row:
+                return True
+            raise StreamBroken(f"{display} holds another history of the instance: the stream stored row "
+                               f"{self.replica_id}:{self.lsn} written at {_when(self.timestamp)} ({self.where}), "
+                               f"the instance sends other bytes at that row, written at "
+                               f"{_when(packet.header.get(TIMESTAMP))}. Its files were replaced by a copy that went "
+                               "on writing apart from what the stream stored, which its segments must not "
+                               "continue; nothing of it is stored")
+        if isinstance(lsn, int) and lsn > held.get(replica_id, 0) + 1:
+            return False
+        raise self.unproven(display, f"it sent row {replica_id}:{lsn} first")
+
+    def unproven(self, display: str, why: str) -> StreamBroken:
+        return StreamBroken(f"{display} no longer has row {self.replica_id}:{self.lsn}, the last the stream stored "
+                            f"({self.where}): that its log passes through it cannot be proven ({why}), and its rows "
+                            "would continue the stored log; a backup of the instance gives the stream a new start")
 
 
 def newest_stored_row(repo: Repository, instance: str, held: Vclock, scratch: Path) -> LastRow | None:
@@ -203,9 +213,7 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                                                  for replica_id, lsn in e.resume.items() if replica_id):
                     # it lacks the very row to prove and nothing after it: rows from it on would chain onto the
                     # stored log unproven (a gap at least keeps them apart)
-                    raise StreamBroken(f"{state.connect} no longer has row {proof.replica_id}:{proof.lsn}, the last "
-                                       f"the stream stored ({proof.where}): that its log passes through it cannot "
-                                       f"be proven ({e}); a backup of the instance gives the stream a new start")
+                    raise proof.unproven(state.connect, str(e))
                 writer.last_row = None  # rows after a gap: kept apart from the log before it, nothing to prove
                 for replica_id, lsn in sorted(e.resume.items()):
                     if replica_id and lsn > receiver.vclock.get(replica_id, 0):
@@ -263,9 +271,10 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
         batch: list[Transaction] = []
         for packet in packets:
             if proof is not None and LSN in packet.header:
-                proof.check(packet, sub.display)
+                proven = proof.check(packet, sub.display, receiver.vclock)
                 proof = None
-                continue
+                if proven:
+                    continue
             for event in receiver.receive(packet):
                 if isinstance(event, Transaction):
                     batch.append(event)
