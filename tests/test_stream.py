@@ -474,23 +474,34 @@ def test_a_backup_after_many_local_rows_does_not_take_the_stream_back(instance, 
     assert result["point"]["vclock"]["1"] == spans[-1][1][1] and not result["notes"], result
 
 
+def _copy_of(instance: Instance, to: Path) -> Path:
+    """A copy of the instance's data dir as it is now (stopped for it, started again): another history of it, once
+    each goes on writing."""
+    instance.kill()
+    shutil.copytree(instance.work_dir, to)
+    instance.start()
+    return to
+
+
+def _replace_files(instance: Instance, by: Path) -> None:
+    """The instance started again on another copy of its files: the same instance UUID."""
+    instance.kill()
+    shutil.rmtree(instance.work_dir)
+    shutil.copytree(by, instance.work_dir)
+    instance.start()
+
+
 @require_tarantool
 def test_an_instance_restored_to_an_earlier_point_is_not_streamed_on(instance, tmp_path):
     """The instance at the URI restored to an earlier point (its files replaced: the same instance UUID) writes
     another history from there: a stream that went on would continue its segments with rows of that other
     history, and a restore to the end would hold both. The stream stops and says why (exit 1)."""
     repo = new_repository(tmp_path / "repo")
-    instance.kill()
-    earlier = tmp_path / "earlier"
-    shutil.copytree(instance.work_dir, earlier)
-    instance.start()
+    earlier = _copy_of(instance, tmp_path / "earlier")
     streamer = Streamer(instance, repo, tmp_path)
     streamer.start()
     streamer.wait_stored(5)
-    instance.kill()
-    shutil.rmtree(instance.work_dir)
-    shutil.copytree(earlier, instance.work_dir)
-    instance.start()
+    _replace_files(instance, earlier)
     out, err = streamer.proc.communicate(timeout=60)
     assert streamer.proc.returncode == 1 and "behind what the stream holds" in err, out + err
 
@@ -502,20 +513,14 @@ def test_another_history_of_the_instance_ahead_of_the_stream_is_not_streamed_on(
     again, the stream subscribes one row before the last it stored; the instance sends that row with other bytes,
     so the stream stops and says why (exit 1), storing nothing of it."""
     repo = new_repository(tmp_path / "repo")
-    instance.kill()
-    earlier = tmp_path / "earlier"
-    shutil.copytree(instance.work_dir, earlier)
-    instance.start()
+    earlier = _copy_of(instance, tmp_path / "earlier")
     streamer = Streamer(instance, repo, tmp_path)
     streamer.start()
     streamer.wait_stored(3)
     code, out, err = streamer.stop()
     assert code == 0, out + err
     stored = _segments(repo)
-    instance.kill()
-    shutil.rmtree(instance.work_dir)
-    shutil.copytree(earlier, instance.work_dir)
-    instance.start()
+    _replace_files(instance, earlier)
     deadline = time.monotonic() + 60
     while instance.eval("return box.info.vclock[1]")[0] <= stored[-1][1][1] + 100:
         assert time.monotonic() < deadline
