@@ -35,9 +35,9 @@ from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment
 from ..repository.manifest import FileEntry
 from ..tarantool.family import Tarantool
+from ..tarantool.iproto import LSN, REPLICA_ID, TIMESTAMP, Packet
 from ..tarantool.live import LiveError, redact_uri
 from ..tarantool.meta import Vclock, vclock_from_json
-from ..tarantool.iproto import LSN, REPLICA_ID, TIMESTAMP, Packet
 from ..tarantool.receiver import Gap, Receiver, StreamBroken, Transaction
 from ..tarantool.segments import Spool, file_rows
 from ..tarantool.subscription import Subscription, XlogGap
