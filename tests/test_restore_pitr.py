@@ -10,7 +10,7 @@ import time
 import pytest
 
 import tarantool_real as tr
-from conftest import require_tarantool, run_main
+from conftest import require_tarantool, run_cli_at, run_main
 
 pytestmark = require_tarantool
 
@@ -82,3 +82,29 @@ def test_unreachable_points_are_refused(two_backups, tmp_path, point, reason, co
     assert proc.returncode == code, proc.stderr
     assert reason in proc.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / ".r.walvault-restore").exists()
+
+
+def test_the_base_of_a_restore_to_the_end_is_the_newest_position_not_the_latest_clock(tmp_path):
+    """An older backup made on a host whose clock ran 72 h ahead finished "after" a newer one (`latest` names it):
+    the base of a restore to the end, or to a vclock, is the snapshot furthest along the log, never the one with the
+    latest clock (from the older one the restore ended short of the newer backup's own position: the instance had
+    removed the xlogs between the two, as its garbage collection does)."""
+    src, repo = tmp_path / "src", tmp_path / "repo"
+    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=1)
+    assert run_main("init", "--repo", repo).returncode == 0
+    skewed = run_cli_at(time.time() + 72 * 3600, "backup", src, "--repo", repo)
+    assert skewed.returncode == 0, skewed.stderr
+    tr.write_more(src, rows=800, snapshot=True, seed=3)
+    snapshot = max(p.name for p in (src / "memtx").glob("*.snap")).replace(".snap", ".xlog")
+    for xlog in (src / "wal").glob("*.xlog"):
+        if xlog.name < snapshot:
+            xlog.unlink()
+    newer = run_main("backup", src, "--repo", repo)
+    assert newer.returncode == 0, newer.stderr
+    end = tr.dump_data_dir(src)
+    vclock = ",".join(f"{k}:{v}" for k, v in sorted(end["vclock"].items()))
+    for point in ("end", vclock):
+        target = tmp_path / f"r-{point}"
+        proc = run_main("restore", "latest", target, "--repo", repo, "--to", point, "--json")  # the skewed one
+        assert proc.returncode == 0, proc.stderr
+        assert tr.dump_data_dir(target) == end, point

@@ -102,6 +102,55 @@ def test_the_receiver_gives_whole_transactions_and_says_gaps():
         r.receive(row(23))
 
 
+def test_a_subscription_proves_the_instance_sends_the_last_row_stored_first(tmp_path):
+    """The last row stored ends a multi-row transaction: sent again first, it is checked and dropped, never given
+    to the receiver (alone it would be half a transaction). Other bytes at that row are another history; a row past
+    it with rows missing between is a gap the receiver says; the row right after it means the instance lacks it."""
+    from walcore.command import stream as stream_command
+    from walcore.tarantool.segments import Spool
+
+    def row(lsn, tsn=None, commit=False, when=1000.0):
+        header = {0: 3, 2: 1, 3: lsn, 4: when + lsn}
+        if tsn is not None:
+            header[8] = lsn - tsn
+            if commit:
+                header[9] = 1
+        return _packets(_row(header, {0x10: 512}), [])[0]
+
+    last = row(14, tsn=12, commit=True)
+    proof = stream_command.LastRow(1, 14, last.row, 1014.0, "stream/00000000000000000012.xlog")
+    assert proof.subscribe_from({0: 3, 1: 14}) == {0: 3, 1: 13}
+
+    class Resent:
+        display = "repl@127.0.0.1:3301"
+
+        def __init__(self, packets):
+            self.sent = [packets]
+
+        def packets(self, wait):
+            if not self.sent:
+                raise stream_command.LiveError("the instance closed the connection")
+            return self.sent.pop()
+
+        def ack(self):
+            pass
+
+    heartbeat = _packets(_row({0: 0, 2: 1, 4: 5.0}), [])[0]
+    with Spool(tmp_path, "instance") as spool:
+        state = stream_command.StreamState("x", vclock={1: 14})
+        writer = stream_command._SegmentStore(None, "instance", spool, None, state, print)
+        receiver = Receiver({1: 14})
+        with pytest.raises(stream_command.LiveError):
+            stream_command._receive(Resent([heartbeat, last, row(15)]), receiver, writer, threading.Event(), 60.0,
+                                    1 << 20, None, 30.0, proof)
+        assert receiver.vclock == {1: 15} and (writer.last_row.lsn, writer.state.vclock) == (15, {1: 15})
+    assert proof.check(row(20), "uri", {1: 14}) is False  # rows 15 to 19 never come: the receiver says the gap
+    with pytest.raises(StreamBroken, match="holds another history of the instance"):
+        proof.check(row(14, tsn=12, commit=True, when=2000.0), "uri", {1: 14})
+    with pytest.raises(StreamBroken, match="no longer has row 1:14"):
+        proof.check(row(15), "uri", {1: 14})
+
+
 def test_a_connection_silent_past_the_limit_is_taken_for_lost(tmp_path):
     """A connection dropped on the way (a NAT, a firewall) is never closed: without a packet, not even the
     master's heartbeat, for --timeout seconds the streamer reconnects rather than wait forever."""
@@ -119,7 +168,8 @@ def test_a_connection_silent_past_the_limit_is_taken_for_lost(tmp_path):
     with Spool(tmp_path, "instance") as spool:
         writer = stream_command._SegmentStore(None, "instance", spool, None, stream_command.StreamState("x"), print)
         with pytest.raises(LiveError, match="nothing came in 0.2 s, not even a heartbeat"):
-            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None, 0.2)
+            stream_command._receive(Silent(), Receiver({}), writer, threading.Event(), 1.0, 1 << 20, None, 0.2,
+                                    None)
 
 
 def test_a_spool_is_used_by_one_streamer_at_a_time(tmp_path):
@@ -424,25 +474,61 @@ def test_a_backup_after_many_local_rows_does_not_take_the_stream_back(instance, 
     assert result["point"]["vclock"]["1"] == spans[-1][1][1] and not result["notes"], result
 
 
+def _copy_of(instance: Instance, to: Path) -> Path:
+    """A copy of the instance's data dir as it is now (stopped for it, started again): another history of it, once
+    each goes on writing."""
+    instance.kill()
+    shutil.copytree(instance.work_dir, to)
+    instance.start()
+    return to
+
+
+def _replace_files(instance: Instance, by: Path) -> None:
+    """The instance started again on another copy of its files: the same instance UUID."""
+    instance.kill()
+    shutil.rmtree(instance.work_dir)
+    shutil.copytree(by, instance.work_dir)
+    instance.start()
+
+
 @require_tarantool
 def test_an_instance_restored_to_an_earlier_point_is_not_streamed_on(instance, tmp_path):
     """The instance at the URI restored to an earlier point (its files replaced: the same instance UUID) writes
     another history from there: a stream that went on would continue its segments with rows of that other
     history, and a restore to the end would hold both. The stream stops and says why (exit 1)."""
     repo = new_repository(tmp_path / "repo")
-    instance.kill()
-    earlier = tmp_path / "earlier"
-    shutil.copytree(instance.work_dir, earlier)
-    instance.start()
+    earlier = _copy_of(instance, tmp_path / "earlier")
     streamer = Streamer(instance, repo, tmp_path)
     streamer.start()
     streamer.wait_stored(5)
-    instance.kill()
-    shutil.rmtree(instance.work_dir)
-    shutil.copytree(earlier, instance.work_dir)
-    instance.start()
+    _replace_files(instance, earlier)
     out, err = streamer.proc.communicate(timeout=60)
     assert streamer.proc.returncode == 1 and "behind what the stream holds" in err, out + err
+
+
+@require_tarantool
+def test_another_history_of_the_instance_ahead_of_the_stream_is_not_streamed_on(instance, tmp_path):
+    """The instance's files replaced by a copy from earlier that went on writing (the same instance UUID) and is
+    already past where the stream stopped: its vclock is not behind, but its rows are another history. Started
+    again, the stream subscribes one row before the last it stored; the instance sends that row with other bytes,
+    so the stream stops and says why (exit 1), storing nothing of it."""
+    repo = new_repository(tmp_path / "repo")
+    earlier = _copy_of(instance, tmp_path / "earlier")
+    streamer = Streamer(instance, repo, tmp_path)
+    streamer.start()
+    streamer.wait_stored(3)
+    code, out, err = streamer.stop()
+    assert code == 0, out + err
+    stored = _segments(repo)
+    _replace_files(instance, earlier)
+    deadline = time.monotonic() + 60
+    while instance.eval("return box.info.vclock[1]")[0] <= stored[-1][1][1] + 100:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    streamer.start()
+    out, err = streamer.proc.communicate(timeout=60)
+    assert streamer.proc.returncode == 1 and "holds another history of the instance" in err, out + err
+    assert _segments(repo) == stored
 
 
 @require_tarantool

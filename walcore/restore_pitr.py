@@ -68,7 +68,10 @@ def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging:
     if not bases:
         raise Refused(f"no backup of {newest.instance} in the history of {newest.id} has a snapshot at or before "
                       f"{point.describe()}: no base to restore from", "refused")
-    base = max(bases, key=lambda m: (m.finished, m.id))
+    # the snapshot furthest along the log (one history: its snapshots' vclocks are ordered, and so are their sums),
+    # never the latest clock: a backup host's clock ahead would make an older base win and the restore end short.
+    # A time point has filtered them by their snapshot's own row time, the instance's clock, as the log's rows.
+    base = max(bases, key=lambda m: (sum(snap_vclock(m).values()), m.finished, m.id))
     start = snap_vclock(base)
     chain, fork = lineage.log_from(start)
     log_end = _ends(chain[-1]) if chain else _nonzero(start)

@@ -18,6 +18,9 @@ seconds and stored in the repository: a source that dies loses seconds of commit
   stream goes on from what the instance has.
 - A dropped connection is reconnected with back-off, from the vclock of the whole transactions received: no gap
   and no duplicate. A stop (SIGTERM) seals and stores the open segment.
+- One history: each (re)subscription starts one row before the last row the stream stored (or received in this
+  run), so the instance sends that row first; its bytes must be the stored ones, or the instance holds another
+  history of itself (its files replaced by a copy that went on writing) and nothing of it is stored (LastRow).
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment
 from ..repository.manifest import FileEntry, ManifestError, decode_checked
 from ..tarantool.family import Tarantool
+from ..tarantool.iproto import LSN, REPLICA_ID, TIMESTAMP, Packet
 from ..tarantool.live import LiveError, redact_uri
 from ..tarantool.meta import MAX_META_SIZE, Vclock, parse_meta, vclock_from_json
 from ..tarantool.receiver import SPACE_SPACE, Gap, Receiver, StreamBroken, Transaction
-from ..tarantool.segments import Spool
+from ..tarantool.segments import Spool, file_rows
 from ..tarantool.subscription import Subscription, XlogGap
 
 FAMILY = Tarantool.name  # the one family with a replication stream to follow
@@ -89,6 +93,74 @@ def held_position(repo: Repository, instance: str) -> Vclock:
         for replica_id, lsn in end.items():
             held[replica_id] = max(held.get(replica_id, 0), lsn)
     return held
+
+
+@dataclass(frozen=True)
+class LastRow:
+    """The last row the stream stored or received: a (re)subscription starts one row before it, so that the instance
+    sends it first, and its bytes prove the instance's log passes through it. Never of component 0 (local rows are
+    never streamed)."""
+
+    replica_id: int
+    lsn: int
+    row: bytes
+    timestamp: float | None  # when the master wrote it: names the history in a refusal
+    where: str  # the stored segment holding it, or this run's stream
+
+    def subscribe_from(self, vclock: Vclock) -> Vclock:
+        return {**vclock, self.replica_id: self.lsn - 1}
+
+    def check(self, packet: Packet, display: str, held: Vclock) -> bool:
+        """The first row the instance sent after subscribing from `held` less this row: True when it is this row,
+        byte for byte (dropped: the stream has it); False when the instance skipped past it without a word and rows
+        after it are missing too (a gap: the row goes to the receiver, which says it). StreamBroken when the row
+        differs (another history), or when the instance lacks it and nothing after it is missing (unproven)."""
+        replica_id, lsn = packet.header.get(REPLICA_ID, 0), packet.header.get(LSN)
+        if (replica_id, lsn) == (self.replica_id, self.lsn):
+            if packet.row == self.row:
+                return True
+            raise StreamBroken(f"{display} holds another history of the instance: the stream stored row "
+                               f"{self.replica_id}:{self.lsn} written at {_when(self.timestamp)} ({self.where}), "
+                               f"the instance sends other bytes at that row, written at "
+                               f"{_when(packet.header.get(TIMESTAMP))}. Its files were replaced by a copy that went "
+                               "on writing apart from what the stream stored, which its segments must not "
+                               "continue; nothing of it is stored")
+        if isinstance(lsn, int) and lsn > held.get(replica_id, 0) + 1:
+            return False
+        raise self.unproven(display, f"it sent row {replica_id}:{lsn} first")
+
+    def unproven(self, display: str, why: str) -> StreamBroken:
+        return StreamBroken(f"{display} no longer has row {self.replica_id}:{self.lsn}, the last the stream stored "
+                            f"({self.where}): that its log passes through it cannot be proven ({why}), and its rows "
+                            "would continue the stored log; a backup of the instance gives the stream a new start")
+
+
+def newest_stored_row(repo: Repository, instance: str, held: Vclock, scratch: Path) -> LastRow | None:
+    """The last row of the newest stored segment when it is where the repository's position `held` ends, component
+    by component (0 aside): what a subscription from `held` must prove. None when `held` comes from an archived xlog
+    or a backup past every segment (their last row is not read: a stream starting there is not proven) or nothing
+    is held."""
+    entry = newest_segment(repo, FAMILY, instance)
+    if entry is None or not isinstance(entry.range.get("vclock"), list):
+        return None
+    end = vclock_from_json(entry.range["vclock"][1])
+    if any(lsn != end.get(replica_id, 0) for replica_id, lsn in held.items() if replica_id):
+        return None
+    path = scratch / "newest-stored.walvault-check"  # not *.xlog: never taken for a sealed segment of the spool
+    try:
+        with open(path, "wb") as f:
+            for chunk in repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
+                                          stored_sha256=entry.stored_sha256):
+                f.write(chunk)
+        last = None
+        for last in file_rows(path):
+            pass
+    finally:
+        path.unlink(missing_ok=True)
+    if last is None or not last[0].get(REPLICA_ID):
+        return None
+    header, row = last
+    return LastRow(header[REPLICA_ID], header[LSN], row, header.get(TIMESTAMP), entry.name)
 
 
 def sync_spaces_at(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
@@ -181,6 +253,11 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
         spaces = sync_spaces_at(repo, instance, position, spool.dir, say)
         receiver = Receiver(position, spaces or ())
         state.vclock = dict(receiver.vclock)
+        writer.last_row = newest_stored_row(repo, instance, receiver.vclock, spool.dir)
+        if writer.last_row is None and any(receiver.vclock.values()):
+            say(f"the stream starts at {_show(receiver.vclock)}, where an archived xlog or a backup ends: that the "
+                "instance's log passes through it is not proven by a stored row, only that the instance is not "
+                "behind it")
         # None: which spaces were is_sync at the position is not known, and the instance's as they are now stand in
         spaces_known, backoff, sub, subscribed_once = spaces is not None, RECONNECT_FIRST, first, False
         while not stop.is_set():
@@ -190,7 +267,8 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                     if sub.hello().instance_uuid != instance:
                         raise StreamBroken(f"{state.connect} is now instance {sub.greeting.instance_uuid}, not "
                                            f"{instance}: its history is another one")
-                subscribed = sub.subscribe(receiver.vclock)
+                proof = writer.last_row
+                subscribed = sub.subscribe(receiver.vclock if proof is None else proof.subscribe_from(receiver.vclock))
                 if not spaces_known:  # else the receiver's own: it followed every _space row up to its vclock
                     receiver.know_spaces(subscribed.spaces)
                     spaces_known = True
@@ -204,11 +282,18 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
                 say(f"streaming {instance} from {state.connect} (master id {subscribed.master_id}) from vclock "
                     f"{_show(receiver.vclock)}")
                 _status(status_file, state)
-                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file, silence_limit)
+                _receive(sub, receiver, writer, stop, segment_seconds, segment_bytes, status_file, silence_limit,
+                         proof)
             except XlogGap as e:  # the stream goes on from what the instance has, the gap said
                 receiver.drop_open()
                 spaces_known = False  # the _space rows of the gap never came
                 writer.seal_and_store()
+                if proof is not None and not any(lsn > receiver.vclock.get(replica_id, 0)
+                                                 for replica_id, lsn in e.resume.items() if replica_id):
+                    # it lacks the very row to prove and nothing after it: rows from it on would chain onto the
+                    # stored log unproven (a gap at least keeps them apart)
+                    raise proof.unproven(state.connect, str(e))
+                writer.last_row = None  # rows after a gap: kept apart from the log before it, nothing to prove
                 for replica_id, lsn in sorted(e.resume.items()):
                     if replica_id and lsn > receiver.vclock.get(replica_id, 0):
                         writer.gap(Gap(replica_id, receiver.vclock.get(replica_id, 0), lsn + 1))
@@ -245,8 +330,10 @@ def stream_directory(repo: Repository, source: Path, *, segment_seconds: float =
 
 
 def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop: threading.Event,
-             segment_seconds: float, segment_bytes: int, status_file: Path | None, silence_limit: float) -> None:
-    """One connection's rows until it drops (LiveError) or `stop`."""
+             segment_seconds: float, segment_bytes: int, status_file: Path | None, silence_limit: float,
+             proof: LastRow | None) -> None:
+    """One connection's rows until it drops (LiveError) or `stop`; its first row is `proof`'s, checked and dropped
+    (the receiver never sees it: the end of a multi-row transaction alone would be half of one)."""
     acked = 0.0
     heard = time.monotonic()
     while not stop.is_set():
@@ -262,6 +349,11 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
                             "connection is taken for lost")
         batch: list[Transaction] = []
         for packet in packets:
+            if proof is not None and LSN in packet.header:
+                proven = proof.check(packet, sub.display, receiver.vclock)
+                proof = None
+                if proven:
+                    continue
             for event in receiver.receive(packet):
                 if isinstance(event, Transaction):
                     batch.append(event)
@@ -292,10 +384,13 @@ class _SegmentStore:
         self.pending_bytes = 0
         self.flushed = 0.0
         self.spaces: frozenset | None = None  # the is_sync spaces at the end of the open segment (None: not known)
+        self.last_row: LastRow | None = None  # what the next subscription proves
 
     def append(self, batch: list[Transaction]) -> None:
         if not batch:
             return
+        last = batch[-1]
+        self.last_row = LastRow(last.replica_id, last.last_lsn, last.rows[-1], last.timestamp, "received by this run")
         self.pending += batch
         self.pending_bytes += sum(tx.size for tx in batch)
         if self.opened is None:
@@ -386,6 +481,14 @@ class _SegmentStore:
 def _status(path: Path | None, state: StreamState) -> None:
     if path is not None:
         write_atomic(path, [(json.dumps(state.to_json(), indent=1) + "\n").encode()])
+
+
+def _when(timestamp) -> str:
+    from datetime import datetime, timezone
+
+    if not isinstance(timestamp, (int, float)):
+        return "an unknown time"
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _show(vclock: Vclock) -> str:
