@@ -285,10 +285,13 @@ def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tm
 
 
 @require_limestone
-def test_folding_keeps_the_pieces_bounded_and_restore_to_end_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("by", ["count", "bytes"])
+def test_folding_keeps_the_pieces_bounded_and_restore_to_end_exact(tmp_path, monkeypatch, by):
     """A file limestone never rotates: every tick stores a piece of each channel, and folding keeps fewer than
-    FOLD_PIECES of each level in a generation, with every byte restored."""
-    monkeypatch.setattr(stream, "FOLD_PIECES", 3)
+    FOLD_PIECES of each level in a generation (by count), or folds pieces once they hold FOLD_BYTES (by bytes),
+    with every byte restored."""
+    monkeypatch.setattr(stream, "FOLD_PIECES", 3 if by == "count" else 1000)
+    monkeypatch.setattr(stream, "FOLD_BYTES", 64 << 20 if by == "count" else 2000)
     src, repo = _source(tmp_path)
     status = tmp_path / "status.json"
     with _streaming(repo, src, 0.02, status):
@@ -303,10 +306,14 @@ def test_folding_keeps_the_pieces_bounded_and_restore_to_end_exact(tmp_path, mon
     assert len(generations) == 3
     for pieces in generations.values():
         pieces.sort(key=lambda p: p.range["bytes"][0])
-        levels = [p.range.get("level", 0) for p in pieces]
-        assert all(levels.count(level) < 3 for level in levels), levels  # fewer than FOLD_PIECES of each level
-        assert sorted(levels, reverse=True) == levels  # a run from the start: the oldest bytes the most folded
         assert [p.range["bytes"][0] for p in pieces] == [0] + [p.range["bytes"][1] for p in pieces[:-1]]
+        levels = [p.range.get("level", 0) for p in pieces]
+        if by == "count":
+            assert all(levels.count(level) < 3 for level in levels), levels  # fewer than FOLD_PIECES of each level
+            assert sorted(levels, reverse=True) == levels  # a run from the start: the oldest bytes the most folded
+        else:  # each fold holds FOLD_BYTES and less than twice that; the pieces not folded, less than FOLD_BYTES
+            assert all(2000 <= p.size < 4000 for p in pieces if p.range.get("level")), [p.size for p in pieces]
+            assert sum(p.size for p in pieces if p.size < 2000) < 2000, [p.size for p in pieces]
     assert state["pieces"] > 2 * len(_pieces(repo))  # the test stored enough to fold
     _restore_to_end_equals_source(repo, src, tmp_path / "restored")
     verified = run_main("verify", "--repo", repo, "--json")

@@ -15,7 +15,7 @@ reaches the last epoch stored.
   that file begins with every byte the generation stored: its pieces are deleted, newest first (a restore takes
   the pieces left as a file of their own only where no restored file holds them).
 - Folding bounds the pieces of a file followed for long (limestone may never rotate it): once a generation's
-  newest FOLD_PIECES pieces are of one level, they are stored as one piece of the next level, its bytes read from
+  newest FOLD_PIECES pieces are of one level (or hold FOLD_BYTES), they are stored as one piece of the next level, its bytes read from
   the file and checked against each piece's SHA-256, its record as a piece stored at once would be plus `level`
   and `folded` (each piece's range and SHA-256); once it is recorded the pieces it holds are deleted (record
   first). A start deletes the pieces a stored fold lists (a crash cut its deletes short). Readers take, from each
@@ -53,9 +53,11 @@ PIECE_KIND, EPOCH_KIND, BLOB_KIND = "pwal_partial", "epoch_partial", "blob"
 PARTIAL_SUFFIX = ".partial"
 EPOCH_PREFIX = "epoch."  # the stored durable epoch's name: epoch.<D:020d>.partial
 READ_CHUNK = 1 << 20
-# A generation's newest pieces of one level are folded into one of the next once they are this many: a generation
-# keeps fewer than FOLD_PIECES of each level, and each byte is stored again once per level.
+# A generation's newest pieces of one level are folded into one of the next once they are FOLD_PIECES, or hold
+# FOLD_BYTES together: it keeps fewer than FOLD_PIECES of each level besides its pieces of FOLD_BYTES or more, which
+# are folded no further (a fold, done inside a tick, rewrites less than twice FOLD_BYTES).
 FOLD_PIECES = 60
+FOLD_BYTES = 64 << 20
 
 
 @dataclass
@@ -298,13 +300,14 @@ class _Follower:
         self.state.pieces += 1
 
     def _fold(self, g: _Generation) -> None:
-        """The generation's newest pieces, once FOLD_PIECES of them are of one level, stored as one piece of the next
-        level: its bytes read from the file, each piece's checked against its SHA-256. The pieces it holds are deleted
-        once it is recorded."""
+        """The generation's newest pieces of one level under FOLD_BYTES, once FOLD_PIECES of them or FOLD_BYTES
+        together, stored as one piece of the next level: its bytes read from the file, each piece's checked against
+        its SHA-256. The pieces it holds are deleted once it is recorded."""
         while g.pieces:
             level = _level(g.pieces[-1])
-            tail = list(itertools.takewhile(lambda p: _level(p) == level, reversed(g.pieces)))[::-1]
-            if len(tail) < FOLD_PIECES:
+            tail = list(itertools.takewhile(lambda p: _level(p) == level and p.size < FOLD_BYTES,
+                                            reversed(g.pieces)))[::-1]
+            if len(tail) < 2 or len(tail) < FOLD_PIECES and sum(p.size for p in tail) < FOLD_BYTES:
                 return
             fold = self.scratch / "fold"
             with open(fold, "wb") as out:
