@@ -15,10 +15,10 @@ reaches the last epoch stored.
   that file begins with every byte the generation stored: its pieces are deleted, newest first (a restore takes
   the pieces left as a file of their own only where no restored file holds them).
 - Folding bounds the pieces of a file followed for long (limestone may never rotate it): once a generation's
-  newest FOLD_PIECES pieces are of one level (or hold FOLD_BYTES), they are stored as one piece of the next level, its bytes read from
-  the file and checked against each piece's SHA-256, its record as a piece stored at once would be plus `level`
-  and `folded` (each piece's range and SHA-256); once it is recorded the pieces it holds are deleted (record
-  first). A start deletes the pieces a stored fold lists (a crash cut its deletes short). Readers take, from each
+  newest FOLD_PIECES pieces are of one level (or hold FOLD_BYTES), they are stored as one piece of the next level,
+  its bytes read from the file and checked against each piece's SHA-256, its record as a piece stored at once
+  would be plus `level` and `folded` (each piece's range and SHA-256); once it is recorded the pieces it holds
+  are deleted (record first). A start deletes the pieces a stored fold lists (a crash cut its deletes short). Readers take, from each
   offset, the piece reaching furthest.
 - A blob file a stored entry names (v3+) is stored before the piece, as `stream/blob/dir_NN/<id>.blob.partial.zst`,
   unless the archive holds it.
@@ -386,8 +386,8 @@ class _Follower:
         if (whole.hexdigest(), size) != (record.sha256, record.size) or prefix.hexdigest() != g.digest.hexdigest():
             g.checked = record.sha256
             return
-        self.superseded += [p.stored + RECORD_SUFFIX for p in reversed(g.pieces)]  # newest first: what is left is
-        # still a run from the start
+        # newest first: what is left is still a run from the start
+        self.superseded += [p.stored + RECORD_SUFFIX for p in reversed(g.pieces)]
         self.state.superseded += len(g.pieces)
         self._let_go(g, f"{g.name}: superseded by the archived {g.file}")
         self.done[g.inode] = g.file
