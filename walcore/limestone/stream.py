@@ -18,8 +18,8 @@ reaches the last epoch stored.
   newest FOLD_PIECES pieces are of one level (or hold FOLD_BYTES), they are stored as one piece of the next level,
   its bytes read from the file and checked against each piece's SHA-256, its record as a piece stored at once
   would be plus `level` and `folded` (each piece's range and SHA-256); once it is recorded the pieces it holds
-  are deleted (record first). A start deletes the pieces a stored fold lists (a crash cut its deletes short). Readers take, from each
-  offset, the piece reaching furthest.
+  are deleted (record first). A start deletes the pieces a stored fold lists (a crash cut its deletes short).
+  Readers take, from each offset, the piece reaching furthest.
 - A blob file a stored entry names (v3+) is stored before the piece, as `stream/blob/dir_NN/<id>.blob.partial.zst`,
   unless the archive holds it.
 - The source is never written: every file is opened read-only.
