@@ -26,10 +26,12 @@ from walcore.command.state import directory_state
 from walcore.limestone.follow import durable_prefix, piece_findings, read_durable_epoch
 from walcore.limestone.layout import blob_path
 from walcore.limestone.pwal import Broken, iter_entries
+from walcore.limestone import stream
 from walcore.limestone.stream import EPOCH_KIND, PIECE_KIND, follow
 from walcore.limestone.writer import LogDir, put, snippet_end, snippet_header
 from walcore.repository import Repository
 from walcore.repository.archive import stored_segments
+from walcore.restore_set import restore_into
 
 WRITER = REPO / "bench" / "limestone_writer.py"
 INSTANCE = "da4ca674-4dee-4657-8a6d-07391ed187e8"  # 01-clean's manifest
@@ -96,10 +98,14 @@ def _source(tmp_path: Path) -> tuple[Path, str]:
     return src, repo
 
 
-def _once(repo: str, src: Path) -> dict:
+def _once(repo: str, src: Path, *, restoring: list[str] | None = None) -> dict:
+    """One streamer run; `restoring`: the restores it finds in progress (None: those there are)."""
+    repository = Repository(repo)
+    if restoring is not None:
+        repository.restores_in_progress = lambda *_: restoring
     stop = threading.Event()
     stop.set()  # one tick, and the last one
-    return follow(Repository(repo), FAMILY, src, INSTANCE, stop=stop, say=lambda _line: None).to_json()
+    return follow(repository, FAMILY, src, INSTANCE, stop=stop, say=lambda _line: None).to_json()
 
 
 def _pieces(repo: str) -> list:
@@ -278,6 +284,100 @@ def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tm
     _restore_to_end_equals_source(repo, src, tmp_path / "restored")
 
 
+@require_limestone
+@pytest.mark.parametrize("by", ["count", "bytes"])
+def test_folding_keeps_the_pieces_bounded_and_restore_to_end_exact(tmp_path, monkeypatch, by):
+    """A file limestone never rotates: every tick stores a piece of each channel, and folding keeps fewer than
+    FOLD_PIECES of each level in a generation (by count), or folds pieces once they hold FOLD_BYTES (by bytes),
+    with every byte restored."""
+    monkeypatch.setattr(stream, "FOLD_PIECES", 3 if by == "count" else 1000)
+    monkeypatch.setattr(stream, "FOLD_BYTES", 64 << 20 if by == "count" else 2000)
+    src, repo = _source(tmp_path)
+    status = tmp_path / "status.json"
+    with _streaming(repo, src, 0.02, status):
+        subprocess.run([sys.executable, WRITER, src, "--epochs", "60", "--epochs-per-second", "20", "--channels", "3"],
+                       check=True, capture_output=True)
+        _wait(lambda: json.loads(status.read_text())["durable_epoch"] == read_durable_epoch(src))
+    state = json.loads(status.read_text())
+    assert state["problems"] == [] and state["folded"] > 0
+    generations: dict[str, list] = {}
+    for e in _pieces(repo):
+        generations.setdefault(e.range["generation"], []).append(e)
+    assert len(generations) == 3
+    for pieces in generations.values():
+        pieces.sort(key=lambda p: p.range["bytes"][0])
+        assert [p.range["bytes"][0] for p in pieces] == [0] + [p.range["bytes"][1] for p in pieces[:-1]]
+        levels = [p.range.get("level", 0) for p in pieces]
+        if by == "count":
+            assert all(levels.count(level) < 3 for level in levels), levels  # fewer than FOLD_PIECES of each level
+            assert sorted(levels, reverse=True) == levels  # a run from the start: the oldest bytes the most folded
+        else:  # each fold holds FOLD_BYTES and less than twice that; the pieces not folded, less than FOLD_BYTES
+            assert all(2000 <= p.size < 4000 for p in pieces if p.range.get("level")), [p.size for p in pieces]
+            assert sum(p.size for p in pieces if p.size < 2000) < 2000, [p.size for p in pieces]
+    assert state["pieces"] > 2 * len(_pieces(repo))  # the test stored enough to fold
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored")
+    verified = run_main("verify", "--repo", repo, "--json")
+    assert verified.returncode == 0, verified.stdout
+    (archive,) = [a for a in json.loads(verified.stdout)["archive"] if a["family"] == FAMILY]
+    assert archive["status"] == "ok" and archive["findings"] == []
+
+
+@require_limestone
+def test_a_fold_recorded_whose_pieces_were_not_deleted_restores_exactly_and_the_next_start_deletes_them(
+        tmp_path, monkeypatch):
+    """A fold is recorded, then a crash before its pieces are deleted (here: a restore in progress each time they
+    would go, so the streamer stops with them deferred), and one piece's record deleted without its object (a
+    crash mid-delete): the fold and the pieces it holds overlap; restore --to end takes the fold, verify finds the
+    repository sound, and the next start deletes what the fold holds."""
+    monkeypatch.setattr(stream, "FOLD_PIECES", 3)
+    src, repo = _source(tmp_path)
+    for _tick in range(4):
+        _write(src, 1)
+        _once(repo, src, restoring=["a restore"])
+    pieces = _pieces(repo)
+    folds = [p for p in pieces if p.range.get("level")]
+    held = [p for p in pieces if any(_within(p, f) for f in folds)]
+    assert len(folds) == 3 and len(held) == 3 * 3
+    Repository(repo).storage.remove(held[0].stored + ".json")  # deleted as a delete does, record first
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored")
+    verified = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
+    (archive,) = [a for a in verified["archive"] if a["family"] == FAMILY]
+    assert archive["status"] == "ok", archive
+    assert [f["code"] for f in archive["findings"]] == ["unrecorded_object"]
+    assert _once(repo, src)["pieces"] == 0
+    left = _pieces(repo)
+    assert {p.stored for p in left} == {p.stored for p in pieces} - {p.stored for p in held}
+    assert not [p for p in left if any(_within(p, f) for f in left)]
+    _write(src, 1)
+    _once(repo, src)
+    _restore_to_end_equals_source(repo, src, tmp_path / "restored-again")
+
+
+@require_limestone
+@pytest.mark.parametrize("step", ["segment_records", "streamed_log"])
+def test_a_restore_whose_pieces_were_folded_meanwhile_plans_again(tmp_path, monkeypatch, step):
+    """The streamer folds and deletes pieces a restore has just listed (it looked for the restore's pin just
+    before the restore pinned the source), before their records are read or after: the restore plans again and
+    finds the fold."""
+    src, repo = _source(tmp_path)
+    for _tick in range(3):
+        _write(src, 1)
+        _once(repo, src)
+    monkeypatch.setattr(stream, "FOLD_PIECES", 3)
+    original, folded = getattr(stream, step), []
+
+    def folding_meanwhile(*args):
+        listed = original(*args)
+        folded.append(_once(repo, src, restoring=[])["folded"])
+        return listed
+
+    monkeypatch.setattr(stream, step, folding_meanwhile)
+    restored = restore_into(Repository(repo), "latest", tmp_path / "restored", "end")
+    assert folded[0] == 3 * 3 and len(folded) == 2  # planned again once
+    assert restored.point["durable_epoch"] == read_durable_epoch(src)
+    _restored_equals_source(tmp_path / "restored", src)
+
+
 def test_stream_takes_a_source_or_connect_exactly(tmp_path):
     repo = str(new_repository(tmp_path / "repo"))
     for args in ((), (tmp_path, "--connect", "bk@127.0.0.1:1")):
@@ -315,6 +415,13 @@ def _wait(condition, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail("timed out waiting for the stream")
         time.sleep(0.05)
+
+
+def _within(piece, fold) -> bool:
+    """Whether `fold` is another piece of the generation of `piece` holding its bytes' range."""
+    (start, end), (fold_start, fold_end) = piece.range["bytes"], fold.range["bytes"]
+    return (piece.stored != fold.stored and piece.range["generation"] == fold.range["generation"]
+            and fold_start <= start and end <= fold_end)
 
 
 def _restore_to_end_equals_source(repo: str, src: Path, target: Path) -> None:

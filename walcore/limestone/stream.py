@@ -14,6 +14,12 @@ reaches the last epoch stored.
 - A generation whose file limestone rotated is superseded once the archive holds its rotated file, verified, and
   that file begins with every byte the generation stored: its pieces are deleted, newest first (a restore takes
   the pieces left as a file of their own only where no restored file holds them).
+- Folding bounds the pieces of a file followed for long (limestone may never rotate it): once a generation's
+  newest FOLD_PIECES pieces are of one level (or hold FOLD_BYTES), they are stored as one piece of the next level,
+  its bytes read from the file and checked against each piece's SHA-256, its record as a piece stored at once
+  would be plus `level` and `folded` (each piece's range and SHA-256); once it is recorded the pieces it holds
+  are deleted (record first). A start deletes the pieces a stored fold lists (a crash cut its deletes short).
+  Readers take, from each offset, the piece reaching furthest.
 - A blob file a stored entry names (v3+) is stored before the piece, as `stream/blob/dir_NN/<id>.blob.partial.zst`,
   unless the archive holds it.
 - The source is never written: every file is opened read-only.
@@ -22,6 +28,7 @@ reaches the last epoch stored.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -34,7 +41,8 @@ from pathlib import Path
 from ..findings import Refused
 from ..fsutil import owned_tempdir, write_atomic
 from ..repository import Repository, utc_now
-from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, stored_segments
+from ..repository.archive import (RECORD_SUFFIX, STREAM_DIR, SegmentGone, commit_record, load_record,
+                                  segment_records, stored_segments)
 from ..repository.manifest import FileEntry
 from .follow import channel_of, durable_prefix, read_durable_epoch
 from .layout import blob_path, kind_of, rotated_name
@@ -45,6 +53,11 @@ PIECE_KIND, EPOCH_KIND, BLOB_KIND = "pwal_partial", "epoch_partial", "blob"
 PARTIAL_SUFFIX = ".partial"
 EPOCH_PREFIX = "epoch."  # the stored durable epoch's name: epoch.<D:020d>.partial
 READ_CHUNK = 1 << 20
+# A generation's newest pieces of one level are folded into one of the next once they are FOLD_PIECES, or hold
+# FOLD_BYTES together: it keeps fewer than FOLD_PIECES of each level besides its pieces of FOLD_BYTES or more, which
+# are folded no further (a fold, done inside a tick, rewrites less than twice FOLD_BYTES).
+FOLD_PIECES = 60
+FOLD_BYTES = 64 << 20
 
 
 @dataclass
@@ -57,6 +70,7 @@ class FollowState:
     stored: dict | None = None  # the newest epoch stored: {"name", "epoch", "time", "stored"}
     pieces: int = 0  # stored by this run
     superseded: int = 0  # pieces this run deleted: the archive holds their rotated file
+    folded: int = 0  # pieces this run folded into one of the next level
     problems: list[str] = field(default_factory=list)
     started: str = field(default_factory=utc_now)
 
@@ -80,7 +94,7 @@ class _Generation:
     epoch: int | None = None  # of the snippet `end` is inside
     canceled: bool = False  # that snippet's header is a canceled one
     digest: object = field(default_factory=hashlib.sha256)  # of the bytes up to `end`
-    pieces: list[str] = field(default_factory=list)  # record names, oldest first
+    pieces: list[FileEntry] = field(default_factory=list)  # a run from the file's start, oldest first
     checked: str | None = None  # the archived record's SHA-256 found not to hold it (not hashed again)
     broken: bool = False
 
@@ -141,7 +155,12 @@ class _Follower:
                 stored.setdefault(e.range["generation"], []).append(e)
             elif e.kind == EPOCH_KIND and (self.state.durable_epoch or -1) < e.range["epochs"][1]:
                 self.state.durable_epoch, self.epoch_record = e.range["epochs"][1], e.stored + RECORD_SUFFIX
-        runs = {name: pieces for name, pieces in ((n, _contiguous(ps)) for n, ps in stored.items()) if pieces}
+        runs = {}
+        for name, pieces in stored.items():
+            self.superseded += _folded_away(pieces)
+            run = _runs(pieces)[0]
+            if run[0].range["bytes"][0] == 0:
+                runs[name] = run
         for name in sorted(os.listdir(self.root)):
             if kind_of(name) not in ("pwal", "pwal_rotated"):
                 continue
@@ -178,7 +197,7 @@ class _Follower:
                 del runs[generation]
                 return _Generation(channel_of(name), generation, fd, (0, 0), name, end,
                                    pieces[-1].range["snippet_epoch"], pieces[-1].range.get("snippet_canceled", False),
-                                   digest.copy(), [p.stored + RECORD_SUFFIX for p in pieces])
+                                   digest.copy(), pieces)
         return None
 
     def _new(self, fd: int, name: str) -> _Generation:
@@ -208,6 +227,9 @@ class _Follower:
                 self._advance(g, durable, seen)
         if durable is not None and (self.state.durable_epoch is None or durable > self.state.durable_epoch):
             self._store_epoch(durable, seen)
+        for g in self.generations:
+            if not g.broken:
+                self._fold(g)
         for g in list(self.generations):
             if g.file != g.channel or g.inode not in by_inode:
                 self._supersede(g)
@@ -273,9 +295,39 @@ class _Follower:
             "generation": g.name, "bytes": [g.end, prefix.end], "epochs": list(prefix.epochs),
             "prefix_sha256": digest.hexdigest(), "snippet_epoch": prefix.epoch, "snippet_canceled": prefix.canceled,
             "time": seen})
-        g.pieces.append(entry.stored + RECORD_SUFFIX)
+        g.pieces.append(entry)
         g.end, g.epoch, g.canceled, g.digest = prefix.end, prefix.epoch, prefix.canceled, digest
         self.state.pieces += 1
+
+    def _fold(self, g: _Generation) -> None:
+        """The generation's newest pieces of one level under FOLD_BYTES, once FOLD_PIECES of them or FOLD_BYTES
+        together, stored as one piece of the next level: its bytes read from the file, each piece's checked against
+        its SHA-256. The pieces it holds are deleted once it is recorded."""
+        while g.pieces:
+            level = _level(g.pieces[-1])
+            tail = list(itertools.takewhile(lambda p: _level(p) == level and p.size < FOLD_BYTES,
+                                            reversed(g.pieces)))[::-1]
+            if len(tail) < 2 or len(tail) < FOLD_PIECES and sum(p.size for p in tail) < FOLD_BYTES:
+                return
+            fold = self.scratch / "fold"
+            with open(fold, "wb") as out:
+                for p in tail:
+                    digest = hashlib.sha256()
+                    for chunk in _chunks(g.fd, *p.range["bytes"]):
+                        digest.update(chunk)
+                        out.write(chunk)
+                    if digest.hexdigest() != p.sha256:
+                        self._problem(g, f"{g.file}: its bytes {p.range['bytes'][0]} to {p.range['bytes'][1]} are not "
+                                      f"the ones stored as {p.name}: it was rewritten; it is followed no further")
+                        return
+            start, end = tail[0].range["bytes"][0], tail[-1].range["bytes"][1]
+            entry = self._store(fold, f"{STREAM_DIR}/{g.name}.{start:016d}.{end:016d}{PARTIAL_SUFFIX}", PIECE_KIND, {
+                **tail[-1].range, "bytes": [start, end],
+                "epochs": [min(p.range["epochs"][0] for p in tail), max(p.range["epochs"][1] for p in tail)],
+                "level": level + 1, "folded": [[*p.range["bytes"], p.sha256] for p in tail]})
+            g.pieces[-len(tail):] = [entry]
+            self.superseded += [p.stored + RECORD_SUFFIX for p in tail]
+            self.state.folded += len(tail)
 
     def _store_blob(self, blob_id: int, seen: float) -> None:
         """A blob file a durable entry names, unless the archive or the stream holds it (written before the entry,
@@ -334,7 +386,8 @@ class _Follower:
         if (whole.hexdigest(), size) != (record.sha256, record.size) or prefix.hexdigest() != g.digest.hexdigest():
             g.checked = record.sha256
             return
-        self.superseded += reversed(g.pieces)  # newest first: what is left is still a run from the start
+        # newest first: what is left is still a run from the start
+        self.superseded += [p.stored + RECORD_SUFFIX for p in reversed(g.pieces)]
         self.state.superseded += len(g.pieces)
         self._let_go(g, f"{g.name}: superseded by the archived {g.file}")
         self.done[g.inode] = g.file
@@ -370,14 +423,30 @@ def _blob_ids(piece: Path) -> list[int]:
         os.close(fd)
 
 
-def _contiguous(pieces: list[FileEntry]) -> list[FileEntry]:
-    """The pieces of one generation that make a run from its start, in order."""
-    run: list[FileEntry] = []
-    for p in sorted(pieces, key=lambda p: p.range["bytes"][0]):
-        if p.range["bytes"][0] != (run[-1].range["bytes"][1] if run else 0):
-            break
-        run.append(p)
-    return run
+def _level(piece: FileEntry) -> int:
+    """0: a piece stored at once; a fold's is one more than that of the pieces it holds."""
+    return piece.range.get("level", 0)
+
+
+def _runs(pieces: list[FileEntry]) -> list[list[FileEntry]]:
+    """The pieces of one generation as runs of contiguous pieces, oldest first: from each offset the piece reaching
+    furthest, a piece within one taken left out (a fold holds it; its deletion is pending)."""
+    runs: list[list[FileEntry]] = []
+    for p in sorted(pieces, key=lambda p: (p.range["bytes"][0], -p.range["bytes"][1])):
+        start, end = p.range["bytes"]
+        if runs and end <= runs[-1][-1].range["bytes"][1]:
+            continue
+        if not runs or start != runs[-1][-1].range["bytes"][1]:
+            runs.append([])
+        runs[-1].append(p)
+    return runs
+
+
+def _folded_away(pieces: list[FileEntry]) -> list[str]:
+    """The records of the pieces of one generation that a stored fold lists (recorded only once its bytes were
+    checked against theirs): a crash cut the fold's deletes short."""
+    held = {(start, end, sha256) for fold in pieces for start, end, sha256 in fold.range.get("folded", [])}
+    return [p.stored + RECORD_SUFFIX for p in pieces if (*p.range["bytes"], p.sha256) in held]
 
 
 def _chunks(fd: int, start: int, end: int):
@@ -403,8 +472,15 @@ def _status(path: Path | None, state: FollowState) -> None:
 
 
 def streamed_log(repo: Repository, family: str, instance: str) -> tuple[int | None, list[FileEntry], list[FileEntry]]:
-    """The newest durable epoch the stream of an instance stored (None: none), its pieces and its blobs."""
-    entries = stored_segments(repo, family, instance)
+    """The newest durable epoch the stream of an instance stored (None: none), its pieces and its blobs. SegmentGone
+    when a record listed is gone before it is read (folded or superseded meanwhile): the reader plans again."""
+    entries = []
+    for name in segment_records(repo, family, instance):
+        entry = load_record(repo, name)
+        if entry is None and not repo.storage.exists(name):
+            raise SegmentGone(f"{name} was removed after it was listed (folded, or superseded by an archived file)")
+        if entry is not None:
+            entries.append(entry)
     epochs = [e.range["epochs"][1] for e in entries if e.kind == EPOCH_KIND]
     return (max(epochs, default=None), [e for e in entries if e.kind == PIECE_KIND],
             [e for e in entries if e.kind == BLOB_KIND])
@@ -417,22 +493,13 @@ def blob_place(entry: FileEntry) -> str:
 
 def piece_runs(pieces: list[FileEntry], after: int) -> list[list[FileEntry]]:
     """The pieces holding an epoch past `after` (a base at that epoch holds the others) as runs of contiguous pieces
-    of one generation, oldest first. A run that does not start at its file's start (retention took the pieces
-    before it) starts at a snippet header all the same."""
+    of one generation (_runs: a fold, not the pieces it holds), oldest first. A run that does not start at its
+    file's start (retention took the pieces before it) starts at a snippet header all the same."""
     generations: dict[str, list[FileEntry]] = {}
     for p in pieces:
         if p.range["epochs"][1] > after:
             generations.setdefault(p.range["generation"], []).append(p)
-    runs = []
-    for generation in sorted(generations):
-        run: list[FileEntry] = []
-        for p in sorted(generations[generation], key=lambda p: p.range["bytes"][0]):
-            if run and p.range["bytes"][0] != run[-1].range["bytes"][1]:
-                runs.append(run)
-                run = []
-            run.append(p)
-        runs.append(run)
-    return runs
+    return [run for generation in sorted(generations) for run in _runs(generations[generation])]
 
 
 def place_run(root: Path, run: list[FileEntry], data: Path, restored_epochs: dict[str, int]) -> str:
