@@ -276,8 +276,8 @@ def test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them(tm
     assert run_main("rotate", src).returncode == 0
     assert run_main("archive", src, "--repo", repo).returncode == 0
     assert run_main("snapshot", src, "--repo", repo).returncode == 0  # folds every epoch the pieces hold
-    as_of = time.time() + 2 * 86400
-    expired = run_cli_at(as_of, "expire", "--repo", repo, "--days", "1", "--as-of", f"@{as_of:.0f}", "--apply",
+    as_of = int(time.time()) + 2 * 86400  # whole seconds: --as-of rounded up would be later than the process's now
+    expired = run_cli_at(as_of, "expire", "--repo", repo, "--days", "1", "--as-of", f"@{as_of}", "--apply",
                          "--json")
     assert expired.returncode == 0, expired.stderr
     assert _pieces(repo) == [] and _stored_epochs(repo) == []
