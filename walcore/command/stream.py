@@ -50,6 +50,10 @@ SEGMENT_KIND = "segment"
 RECONNECT_FIRST, RECONNECT_MAX = 0.1, 5.0  # seconds of back-off: doubled after each failed attempt
 ACK_EVERY = 0.25  # seconds: the relay drops a replica silent for 4 x replication_timeout
 FLUSH_EVERY, FLUSH_BYTES = 0.05, 1 << 20  # the spool gets a block this often, or once this much is pending
+# After a few packets, the next are let gather this long before they are read: at 1,000 transactions a second each
+# comes alone, and a wake-up per packet was most of the streamer's CPU. Far below FLUSH_EVERY: the spool's
+# durability (and the RPO) does not move.
+GATHER_WAIT, GATHER_PACKETS = 0.01, 64
 # Seconds without a packet before the connection is taken for dead (--timeout): the master sends a heartbeat every
 # replication_timeout (1 s by default), but a connection dropped on the way (a NAT, a firewall) is never closed.
 SILENCE_LIMIT = 30.0
@@ -372,6 +376,8 @@ def _receive(sub: Subscription, receiver: Receiver, writer: _SegmentStore, stop:
                                           or writer.spool.size + writer.pending_bytes >= segment_bytes):
             writer.seal_and_store()
             _status(status_file, writer.state)
+        elif 0 < len(packets) < GATHER_PACKETS:
+            stop.wait(GATHER_WAIT)
 
 
 class _SegmentStore:
