@@ -647,6 +647,10 @@ class Streamer:
         except (OSError, ValueError):
             return {}
 
+    def gaps(self) -> list | bool:
+        """The gaps this run said, in its status file or on its output (so far, while it runs)."""
+        return self.status().get("gaps") or "GAP:" in self.log.read_text()
+
 
 class Schedule:
     def __init__(self, env: Env, seed: int, storage: str):
@@ -796,7 +800,7 @@ class Schedule:
             backup_id = newest if self.rng.random() < 0.7 else self.rng.choice(mine)
             info["backup_id"], info["target"] = backup_id, self.scratch("end")
             segments = self.stream_objects()
-            if backup_id == newest and segments and not self.stream_gapped and not self.stream_other_history:
+            if backup_id == newest and segments and not self.gap_said() and not self.stream_other_history:
                 # read before it starts: what it must reach at least
                 info["floor"] = max(s["end"] for s in segments)
             return ["restore", backup_id, str(info["target"]), *repo, "--to", "end", "--json"], info
@@ -1025,6 +1029,23 @@ class Schedule:
                               "host": record.get("host")})
         return sorted(found, key=lambda r: (r["start"], r["end"]))
 
+    def segment_tags(self, record: str) -> set[str]:
+        """The history tags of the rows of `nem` in the segment a record names (read with walcore's reader)."""
+        import zstandard
+
+        from walcore.tarantool.xlog import read_rows
+
+        path = self.scratch("segment").with_suffix(".xlog")
+        path.write_bytes(zstandard.ZstdDecompressor().decompressobj().decompress(
+            self.read_object(record.removesuffix(".json"))))
+        tags = set()
+        for _pos, row in read_rows(path):
+            value = (row.body or {}).get(0x21)
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes):
+                tags.add(value[1].decode().split("-")[0])
+        path.unlink()
+        return tags
+
     def start_streamer(self, profile: dict) -> Streamer:
         """`walvault stream` against the live instance, through its proxy, into the repository (S3 directly: its
         faults are the instance's connection's)."""
@@ -1067,7 +1088,7 @@ class Schedule:
     def judge_streamer(self, run: Streamer, killed: bool = False) -> None:
         said = run.log.read_text()
         status = run.status()
-        gaps = status.get("gaps") or "GAP:" in said
+        gaps = run.gaps()
         self.stream_gapped |= bool(gaps)
         rc = run.proc.returncode
         last = said.strip().splitlines()[-1][:200] if said.strip() else ""
@@ -1075,7 +1096,8 @@ class Schedule:
                   f"segments stored, vclock {status.get('vclock')}{', gaps ' + str(gaps) if gaps else ''}: {last}")
         if "Traceback (most recent call last)" in said:
             self.violate("traceback", f"walvault stream\n{said[-1500:]}")
-        if not killed and rc not in (0, 1, 2):
+        started = bool(status) or bool(said.strip())  # before that, SIGTERM's default action (Python starting)
+        if not killed and rc not in (0, 1, 2) and (rc != -signal.SIGTERM or started):
             self.violate("exit_code", f"walvault stream exited {rc}: {said[-600:]}")
         if rc == 0 and gaps:
             self.violate("exit_0_untrue", f"walvault stream exited 0 after a gap: {gaps}")
@@ -1087,6 +1109,11 @@ class Schedule:
         profile = {"spool": self.dir / "spool", "status": self.dir / "stream.json", "clock": step.clock, "host": None}
         self.streamer = self.start_streamer(profile)
         self.check_storing()
+
+    def gap_said(self) -> bool:
+        """A streamer, ended or still running, said rows never came: the end restored may be short of its
+        segments."""
+        return self.stream_gapped or bool(self.streamer and self.streamer.gaps())
 
     def check_storing(self) -> None:
         """The streamer just started stores segments, or it ended: judged, and none runs on."""
@@ -1134,13 +1161,17 @@ class Schedule:
                  "host": OTHER_HOST if self.env.can_unshare else None}
         second = self.start_streamer(other)
         took = self.wait_stored(second, 1)
-        self.note(f"    paused the streamer; a second one{' on ' + OTHER_HOST if other['host'] else ''} "
-                  f"{'took over' if took else 'did not store a segment'}")
+        where = f"a second one{' on ' + OTHER_HOST if other['host'] else ''}"
+        if not took:
+            self.end_streamer(second)  # stopped before the first wakes: what it stored, it stored while in charge
+            took = second.status().get("segments", 0) > 0  # slow under load: it took over past the wait
+            second = None
+        self.note(f"    paused the streamer; {where} {'took over' if took else 'did not store a segment'}"
+                  f"{' (stopped before the first was woken)' if took and second is None else ''}")
         seen = {r["name"] for r in self.stream_objects()}
         os.killpg(run.proc.pid, signal.SIGCONT)
         if not took:
-            self.end_streamer(second)  # a refusal (the lease held): the first goes on
-            return
+            return  # a refusal (the lease held): the first goes on
         try:
             run.proc.wait(20)
         except subprocess.TimeoutExpired:
@@ -1177,10 +1208,13 @@ class Schedule:
         stored = self.wait_stored(again, 1, timeout=10)
         self.end_streamer(again)
         new = [s for s in self.stream_objects() if s["name"] not in before]
+        theirs = [s for s in new if {"h2", "h2L"} & self.segment_tags(s["name"])]
+        # the restart first stores what its spool holds: h1's rows, received before it stopped
+        held = max([held, *(s["end"] for s in new if s not in theirs)])
         self.note(f"    h2's instance at 1:{self.live_first + burst}+ (burst {burst}), the stream held 1:{held}: "
-                  f"{'stored ' + str([(s['start'], s['end']) for s in new]) if stored else 'stored nothing'}")
-        self.stream_other_history |= bool(new)
-        mixed = [s for s in new if self.fork_lsn < s["start"] <= held]
+                  f"{'stored ' + str([(s['start'], s['end']) for s in new]) if new else 'stored nothing'}")
+        self.stream_other_history |= bool(theirs)
+        mixed = [s for s in theirs if s["start"] <= held + 1]
         if mixed:
             self.violate("stream_histories_mixed", f"segments {[(s['start'], s['end']) for s in mixed]} of h2's rows "
                          f"continue the stream's log of h1 (it held 1:{held}; the histories part at 1:{self.fork_lsn})")

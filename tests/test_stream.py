@@ -504,6 +504,8 @@ def test_an_instance_restored_to_an_earlier_point_is_not_streamed_on(instance, t
     _replace_files(instance, earlier)
     out, err = streamer.proc.communicate(timeout=60)
     assert streamer.proc.returncode == 1 and "behind what the stream holds" in err, out + err
+    # the status file says why it stopped, not its last good moment
+    assert not streamer.status()["connected"] and "behind what the stream holds" in streamer.status()["error"]
 
 
 @require_tarantool
@@ -528,6 +530,7 @@ def test_another_history_of_the_instance_ahead_of_the_stream_is_not_streamed_on(
     streamer.start()
     out, err = streamer.proc.communicate(timeout=60)
     assert streamer.proc.returncode == 1 and "holds another history of the instance" in err, out + err
+    assert "holds another history of the instance" in streamer.status()["error"]
     assert _segments(repo) == stored
 
 

@@ -538,13 +538,22 @@ def _stream(request: rq.StreamRequest, runner) -> int:
     import signal
     import threading
 
-    from .command.stream import stream, stream_directory
-    from .tarantool.receiver import StreamBroken
-
     repo = _repository(request)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    try:
+        return _stream_until_stopped(request, repo, stop)
+    finally:
+        # once stopped, a stop has nothing left to stop: ignored, it cannot turn the exit into a kill by SIGTERM
+        # (Python restores the default action before it tears its modules down)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def _stream_until_stopped(request: rq.StreamRequest, repo, stop) -> int:
+    from .command.stream import stream, stream_directory
+    from .tarantool.receiver import StreamBroken
 
     def say(line: str) -> None:
         print(f"walvault stream: {line}", file=sys.stderr, flush=True)

@@ -30,6 +30,7 @@ import socket
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class StreamState:
     stored: dict | None = None  # the newest segment stored: {"name", "end", "last_commit", "stored"}
     segments: int = 0  # stored by this run
     gaps: list[str] = field(default_factory=list)
-    error: str | None = None  # the last connection error, while disconnected
+    error: str | None = None  # the last connection error while disconnected, or why the stream stopped
     started: str = field(default_factory=utc_now)
 
     def to_json(self) -> dict:
@@ -250,7 +251,8 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
         first.close()
         raise
     state.instance = instance
-    with Spool(spool_dir, instance) as spool, repo.stream_lease(FAMILY, instance) as lease:
+    with Spool(spool_dir, instance) as spool, repo.stream_lease(FAMILY, instance) as lease, \
+            _said_when_broken(state, status_file):
         writer = _SegmentStore(repo, instance, spool, lease, state, say)
         writer.store_left_over()
         position = held_position(repo, instance)
@@ -482,6 +484,18 @@ class _SegmentStore:
         self.state.segments += 1
         self.state.stored = {"name": entry.name, "end": {str(k): v for k, v in end.items()},
                              "last_commit": self.spool.last_time, "stored": utc_now()}
+
+
+@contextmanager
+def _said_when_broken(state: StreamState, status_file: Path | None):
+    """The status file of a stream that stopped on its own (a refusal, a lost lease, a failed store) says why, not
+    its last good moment."""
+    try:
+        yield
+    except Exception as e:
+        state.connected, state.error = False, str(e)
+        _status(status_file, state)
+        raise
 
 
 def _status(path: Path | None, state: StreamState) -> None:
