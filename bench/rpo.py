@@ -5,7 +5,8 @@
 
 For each rate (transactions per second) and transaction size (statements per transaction), `--trials` times:
 a fresh instance (bench/lua/rpo_writer.lua) commits at that rate; its base backup is taken through
-box.backup.start(); `walvault stream` is attached; at a random moment 2 to 6 s later the instance gets SIGKILL.
+box.backup.start(); `walvault stream` is attached (its status file says it streams, and a second passes); at a
+random moment 2 to 6 s later the instance gets SIGKILL.
 What it had committed is read from its own xlogs (the newest transaction's commit time: the instance
 acknowledges a commit once its WAL holds it); its data dir is then deleted; the streamer, after another
 segment interval, gets SIGTERM (with --host-dies it is killed with the instance and its spool deleted: one
@@ -132,9 +133,10 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         run(["backup", str(root / "instance"), "--connect", f"bk@127.0.0.1:{port}", "--repo", str(repo)])
         env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
         streamer = subprocess.Popen([*WALVAULT, "stream", "--connect", f"repl@127.0.0.1:{port}", "--repo", str(repo),
-                                     "--spool", str(root / "spool"), "--segment-seconds", str(segment_seconds)],
+                                     "--spool", str(root / "spool"), "--segment-seconds", str(segment_seconds),
+                                     "--status", str(root / "stream.json")],
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)  # connected and caught up
+        attached(streamer, root / "stream.json", lambda status: status.get("connected"))
         cpu0, t0 = cpu_seconds(streamer.pid), time.monotonic()
         time.sleep(rng.uniform(2.0, 6.0))
         cpu = (cpu_seconds(streamer.pid) - cpu0) / (time.monotonic() - t0)
@@ -156,6 +158,25 @@ def trial(root: Path, rate: int, statements: int, segment_seconds: float, rng: r
         if instance.poll() is None:
             instance.kill()
             instance.wait()
+
+
+def attached(streamer: subprocess.Popen, status_file: Path, ready, timeout: float = 60.0) -> None:
+    """Until the streamer's status file says it streams (`ready`), then one second more to catch up: the kill's
+    random moment counts from there, not from a start-up that a loaded machine or a first stream's reading of the
+    repository may make longer than the moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if streamer.poll() is not None:
+            raise SystemExit(f"rpo: walvault stream exited {streamer.returncode}: {streamer.communicate()[1][-2000:]}")
+        try:
+            if ready(json.loads(status_file.read_text())):
+                break
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rpo: walvault stream did not start streaming in {timeout:g} s")
+        time.sleep(0.05)
+    time.sleep(1.0)
 
 
 def stop_streamer(streamer: subprocess.Popen, segment_seconds: float, killed: bool) -> None:
@@ -182,9 +203,10 @@ def limestone_trial(root: Path, epochs_per_second: float, segment_seconds: float
         writer = subprocess.Popen([sys.executable, str(LIMESTONE_WRITER), str(source), "--epochs-per-second",
                                    str(epochs_per_second)], stdout=out)
     streamer = subprocess.Popen([*WALVAULT, "stream", str(source), "--repo", str(repo), "--segment-seconds",
-                                 str(segment_seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 str(segment_seconds), "--status", str(root / "stream.json")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        attached(streamer, root / "stream.json", lambda status: status.get("pieces"))
         cpu0, t0 = cpu_seconds(streamer.pid), time.monotonic()
         time.sleep(rng.uniform(2.0, 6.0))
         cpu = (cpu_seconds(streamer.pid) - cpu0) / (time.monotonic() - t0)

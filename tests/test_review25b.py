@@ -15,6 +15,7 @@ from conftest import new_repository, require_tarantool, run_cli, walvault_comman
 from test_stream import PASSWORD, Streamer, _segments
 from test_stream_sync import SyncInstance, _streaming, sync_instance  # noqa: F401 (a fixture)
 from walcore.repository import Repository
+from walcore.repository.archive import newest_segment_record
 from walcore.tarantool.meta import vclock_from_json
 
 _HOLD_LEASE = """
@@ -190,7 +191,9 @@ def test_a_restarted_streamer_takes_the_synchronous_spaces_its_newest_segment_ke
     syn, instance = sync_instance.eval("return box.space.syn.id, box.info.uuid")
     position = _segments(repo)[-1][1]
     monkeypatch.setattr(stream_command, "_sync_spaces_restored", lambda *args: None)
-    assert stream_command.sync_spaces_at(Repository(str(repo), {}), instance, position, tmp_path, print) == {syn}
+    repository = Repository(str(repo), {})
+    newest = newest_segment_record(repository, "tarantool", instance)
+    assert stream_command.sync_spaces_at(repository, instance, position, tmp_path, print, newest) == {syn}
 
     assert sync_instance.eval("return write('mem', {2})") == [True]
     sync_instance.eval("""box.session.su('admin', function()

@@ -189,6 +189,7 @@ def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_pa
     streamer killed after the commit, before it removed its file) are taken as stored."""
     from walcore.command import stream as stream_command
     from walcore.repository import Repository
+    from walcore.repository.lease import LeaseLost
     from walcore.tarantool.segments import Spool
     from walcore.tarantool.writer import REPLACE, dml_header, encode_row
 
@@ -196,15 +197,18 @@ def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_pa
     repo = Repository(str(new_repository(tmp_path / "repo")), {})
 
     class Lease:
-        def confirm(self):
-            pass
+        lost = None
 
-    def store(name: str, tag: str, rows: int) -> None:
+        def confirm(self):
+            if self.lost:
+                raise LeaseLost(self.lost)
+
+    def store(name: str, tag: str, rows: int, lease=None) -> None:
         with Spool(tmp_path / name, instance) as spool:
             spool.append([Transaction(1, lsn, lsn, 1.7e9, [encode_row(dml_header(REPLACE, lsn, 1), {0x21: [lsn, tag]})])
                           for lsn in range(11, 11 + rows)], {1: 10 + rows})
             path = spool.seal()
-            stream_command._SegmentStore(repo, instance, spool, Lease(), stream_command.StreamState("x"),
+            stream_command._SegmentStore(repo, instance, spool, lease or Lease(), stream_command.StreamState("x"),
                                          print)._store(path)
 
     store("first", "a", 5)
@@ -212,6 +216,11 @@ def test_a_stored_segment_is_never_replaced_by_other_bytes_under_its_name(tmp_pa
     committed = stored.read_bytes()
     with pytest.raises(StreamBroken, match="is stored already with other bytes"):
         store("second", "b", 3)
+    assert stored.read_bytes() == committed
+    fenced = Lease()
+    fenced.lost = "lease was lost: another process broke it"
+    with pytest.raises(LeaseLost, match="was lost"):  # the cause said, not the name it collided with
+        store("third", "c", 3, fenced)
     assert stored.read_bytes() == committed
     store("first", "a", 5)  # the same bytes: stored already, its spool file removed
     assert not list((tmp_path / "first").rglob("*.xlog")) and stored.read_bytes() == committed

@@ -5,16 +5,14 @@
 -- Users: `repl` (replication: walvault stream), `bk` (execute: the base backup, and reading `committed`).
 local fiber = require('fiber')
 local fio = require('fio')
+local create_users = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. '../../tests/lua/replication_users.lua')
 local work_dir, port, password = arg[1], arg[2], arg[3]
 local rate, statements = tonumber(arg[4]), tonumber(arg[5])
 assert(fio.mktree(work_dir))
 box.cfg{work_dir = work_dir, checkpoint_count = 2, checkpoint_interval = 0, feedback_enabled = false,
         replication_timeout = 1, log_level = 4}
 box.once('rpo', function()
-    box.schema.user.create('repl', {password = password})
-    box.schema.user.grant('repl', 'replication')
-    box.schema.user.create('bk', {password = password})
-    box.schema.user.grant('bk', 'execute', 'universe')
+    create_users(password)
     box.schema.space.create('t'):create_index('pk', {parts = {1, 'unsigned'}})
 end)
 committed = 0

@@ -10,6 +10,7 @@
 
 local fiber = require('fiber')
 local fio = require('fio')
+local create_users = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'replication_users.lua')
 
 local work_dir, port, password = arg[1], arg[2], arg[3]
 for _, name in ipairs({'memtx', 'wal', 'vinyl'}) do
@@ -18,10 +19,7 @@ end
 box.cfg{work_dir = work_dir, memtx_dir = 'memtx', wal_dir = 'wal', vinyl_dir = 'vinyl', checkpoint_count = 1, checkpoint_interval = 0, feedback_enabled = false,
         replication_timeout = 1, log_level = 4}
 box.once('stream_server', function()
-    box.schema.user.create('repl', {password = password})
-    box.schema.user.grant('repl', 'replication')
-    box.schema.user.create('bk', {password = password})
-    box.schema.user.grant('bk', 'execute', 'universe')
+    create_users(password)
     box.schema.space.create('mem'):create_index('pk', {parts = {1, 'unsigned'}})
     box.schema.space.create('loc', {is_local = true}):create_index('pk', {parts = {1, 'unsigned'}})
 end)

@@ -7,6 +7,7 @@
 -- replication_synchro_timeout (1 s; the test may change it) rolls it back. Nothing writes but the test.
 
 local fio = require('fio')
+local create_users = dofile(debug.getinfo(1, 'S').source:sub(2):match('(.*/)') .. 'replication_users.lua')
 
 local work_dir, port, password = arg[1], arg[2], arg[3]
 for _, name in ipairs({'memtx', 'wal', 'vinyl'}) do
@@ -16,10 +17,7 @@ box.cfg{work_dir = work_dir, memtx_dir = 'memtx', wal_dir = 'wal', vinyl_dir = '
         feedback_enabled = false, replication_timeout = 1, replication_synchro_quorum = 2,
         replication_synchro_timeout = 1, log_level = 4}
 box.once('sync_server', function()
-    box.schema.user.create('repl', {password = password})
-    box.schema.user.grant('repl', 'replication')
-    box.schema.user.create('bk', {password = password})
-    box.schema.user.grant('bk', 'read,write,execute', 'universe')
+    create_users(password, 'read,write,execute')
     box.schema.space.create('mem'):create_index('pk', {parts = {1, 'unsigned'}})
     box.schema.space.create('syn', {is_sync = true}):create_index('pk', {parts = {1, 'unsigned'}})
 end)

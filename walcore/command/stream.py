@@ -36,8 +36,8 @@ from pathlib import Path
 
 from ..fsutil import file_sha256, write_atomic
 from ..repository import Repository, utc_now
-from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment
-from ..repository.manifest import FileEntry, ManifestError, decode_checked
+from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment_record
+from ..repository.manifest import FileEntry
 from ..tarantool.family import Tarantool
 from ..tarantool.iproto import LSN, REPLICA_ID, TIMESTAMP, Packet
 from ..tarantool.live import LiveError, redact_uri
@@ -80,14 +80,14 @@ class StreamState:
                 "updated": utc_now()}
 
 
-def held_position(repo: Repository, instance: str) -> Vclock:
-    """The newest position the repository holds of the instance: the ends of its newest stored segment, archived
-    files and backups, component by component. Not the end with the largest sum: a segment's component 0 is where its
-    stream started (local rows are never streamed), so a backup after many local rows outweighs a segment that
-    reaches further, and the stream would take the rows between them again."""
+def held_position(repo: Repository, instance: str, newest: FileEntry | None) -> Vclock:
+    """The newest position the repository holds of the instance: the ends of its newest stored segment (`newest`:
+    its end reaches the other segments'), archived files and backups, component by component. Not the end with the
+    largest sum: a segment's component 0 is where its stream started (local rows are never streamed), so a backup
+    after many local rows outweighs a segment that reaches further, and the stream would take the rows between them
+    again."""
     from ..repository.archive import load_archived
 
-    newest = newest_segment(repo, FAMILY, instance)  # its end reaches the other segments': one record read
     ends = [vclock_from_json(e.range["vclock"][1]) for e in ([newest] if newest else []) + [
         e for e in load_archived(repo, FAMILY, instance) if e is not None and e.kind == "xlog"]
         if isinstance(e.range.get("vclock"), list)]
@@ -140,16 +140,11 @@ class LastRow:
                             "would continue the stored log; a backup of the instance gives the stream a new start")
 
 
-def newest_stored_row(repo: Repository, instance: str, held: Vclock, scratch: Path) -> LastRow | None:
-    """The last row of the newest stored segment when it is where the repository's position `held` ends, component
-    by component (0 aside): what a subscription from `held` must prove. None when `held` comes from an archived xlog
-    or a backup past every segment (their last row is not read: a stream starting there is not proven) or nothing
-    is held."""
-    entry = newest_segment(repo, FAMILY, instance)
-    if entry is None or not isinstance(entry.range.get("vclock"), list):
-        return None
-    end = vclock_from_json(entry.range["vclock"][1])
-    if any(lsn != end.get(replica_id, 0) for replica_id, lsn in held.items() if replica_id):
+def newest_stored_row(repo: Repository, entry: FileEntry | None, held: Vclock, scratch: Path) -> LastRow | None:
+    """The last row of the newest stored segment (`entry`) when it ends where the repository's position `held`
+    does: what a subscription from `held` must prove. None when `held` comes from an archived xlog or a backup past
+    every segment (their last row is not read: a stream starting there is not proven) or nothing is held."""
+    if entry is None or not _ends_at(entry, held):
         return None
     path = scratch / "newest-stored.walvault-check"  # not *.xlog: never taken for a sealed segment of the spool
     try:
@@ -168,24 +163,30 @@ def newest_stored_row(repo: Repository, instance: str, held: Vclock, scratch: Pa
     return LastRow(header[REPLICA_ID], header[LSN], row, header.get(TIMESTAMP), entry.name)
 
 
-def sync_spaces_at(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
-    """The ids of the instance's is_sync spaces at `position` (None: not known): as the newest segment's record
-    keeps them, else read from a restore of the repository to `position` (its snapshot's `_space`, then the
-    `_space` rows of its xlogs), done only where no record says them (a first stream of an instance)."""
-    recorded = recorded_sync_spaces(repo, instance, position)
+def sync_spaces_at(repo: Repository, instance: str, position: Vclock, work: Path, say,
+                   newest: tuple[FileEntry, dict] | None) -> frozenset | None:
+    """The ids of the instance's is_sync spaces at `position` (None: not known): as the record of the newest segment
+    (`newest`: its entry and record) keeps them when it ends there, else read from a restore of the repository to
+    `position` (its snapshot's `_space`, then the `_space` rows of its xlogs), done only where no record says them
+    (a first stream of an instance)."""
+    recorded = recorded_sync_spaces(newest, position)
     return recorded if recorded is not None else _sync_spaces_restored(repo, instance, position, work, say)
 
 
-def recorded_sync_spaces(repo: Repository, instance: str, position: Vclock) -> frozenset | None:
-    """The is_sync spaces the newest segment's record keeps, when it ends at `position` (else None)."""
-    newest = newest_segment(repo, FAMILY, instance)
-    if newest is None or _nonzero(vclock_from_json(newest.range["vclock"][1])) != _nonzero(position):
+def recorded_sync_spaces(newest: tuple[FileEntry, dict] | None, position: Vclock) -> frozenset | None:
+    """The is_sync spaces the record of the newest segment (`newest`: its entry and record) keeps, when it ends at
+    `position` (else None)."""
+    if newest is None or not _ends_at(newest[0], position) or not isinstance(newest[1].get(SYNC_SPACES), list):
         return None
-    try:
-        record = decode_checked(repo.storage.read_bytes(newest.stored + RECORD_SUFFIX), newest.stored)
-    except (FileNotFoundError, ManifestError):
-        return None
-    return frozenset(record[SYNC_SPACES]) if isinstance(record.get(SYNC_SPACES), list) else None
+    return frozenset(newest[1][SYNC_SPACES])
+
+
+def _ends_at(entry: FileEntry, position: Vclock) -> bool:
+    """Whether a segment ends where `position` does, component by component, 0 aside (local rows are never
+    streamed: a segment's component 0 is where its stream started)."""
+    if not isinstance(entry.range.get("vclock"), list):
+        return False
+    return _nonzero(vclock_from_json(entry.range["vclock"][1])) == _nonzero(position)
 
 
 def _sync_spaces_restored(repo: Repository, instance: str, position: Vclock, work: Path, say) -> frozenset | None:
@@ -255,11 +256,12 @@ def stream(repo: Repository, connect: str, spool_dir: Path, *, segment_seconds: 
             _said_when_broken(state, status_file):
         writer = _SegmentStore(repo, instance, spool, lease, state, say)
         writer.store_left_over()
-        position = held_position(repo, instance)
-        spaces = sync_spaces_at(repo, instance, position, spool.dir, say)
+        newest = newest_segment_record(repo, FAMILY, instance)  # one record read
+        position = held_position(repo, instance, newest and newest[0])
+        spaces = sync_spaces_at(repo, instance, position, spool.dir, say, newest)
         receiver = Receiver(position, spaces or ())
         state.vclock = dict(receiver.vclock)
-        writer.last_row = newest_stored_row(repo, instance, receiver.vclock, spool.dir)
+        writer.last_row = newest_stored_row(repo, newest and newest[0], receiver.vclock, spool.dir)
         if writer.last_row is None and any(receiver.vclock.values()):
             say(f"the stream starts at {_show(receiver.vclock)}, where an archived xlog or a backup ends: that the "
                 "instance's log passes through it is not proven by a stored row, only that the instance is not "
@@ -438,8 +440,8 @@ class _SegmentStore:
         kept, then its own `_space` rows (None: no record says where it starts)."""
         with open(path, "rb") as f:
             meta = parse_meta(f.read(MAX_META_SIZE))
-        spaces = None if meta is None or meta.vclock is None else recorded_sync_spaces(self.repo, self.instance,
-                                                                                        meta.vclock)
+        spaces = None if meta is None or meta.vclock is None else recorded_sync_spaces(
+            newest_segment_record(self.repo, FAMILY, self.instance), meta.vclock)
         return None if spaces is None else _followed(spaces, [path])
 
     def seal_and_store(self) -> None:
@@ -465,6 +467,7 @@ class _SegmentStore:
             # a name is committed once: its bytes are never replaced (another streamer's spool, left over here
             # while that one stored the same rows, would destroy what it stored)
             if found.sha256 != file_sha256(path):
+                self.lease.confirm()  # a streamer whose lease another took over says that, the cause, instead
                 raise StreamBroken(f"{object_name} is stored already with other bytes: {path}, left in the spool "
                                    "by a streamer stopped earlier, overlaps what another one stored; move it away "
                                    "if its rows are not needed")

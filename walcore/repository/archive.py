@@ -54,6 +54,10 @@ def newest_segments(repo: Repository, family: str, instance: str, back_to) -> li
     included. A reader that needs the newest segments thus reads no record of the older ones — at 1-second
     segments the records are thousands an hour, and the names alone order them (segment_records). SegmentGone
     when a listed record is gone before it is read."""
+    return [entry for entry, _record in _newest_records(repo, family, instance, back_to)]
+
+
+def _newest_records(repo: Repository, family: str, instance: str, back_to) -> list[tuple[FileEntry, dict]]:
     found = []
     for name in reversed(segment_records(repo, family, instance)):
         try:
@@ -61,10 +65,11 @@ def newest_segments(repo: Repository, family: str, instance: str, back_to) -> li
         except FileNotFoundError:
             raise SegmentGone(f"{name} was removed after it was listed (superseded by an archived xlog)") from None
         try:
-            entry = FileEntry.from_json(decode_checked(data, name))
+            record = decode_checked(data, name)
+            entry = FileEntry.from_json(record)
         except (ManifestError, UnsafeName):
             continue
-        found.append(entry)
+        found.append((entry, record))
         if back_to(entry):
             break
     return found[::-1]
@@ -73,9 +78,15 @@ def newest_segments(repo: Repository, family: str, instance: str, back_to) -> li
 def newest_segment(repo: Repository, family: str, instance: str) -> FileEntry | None:
     """The source's newest stored segment (one record read), listed again when an archive superseded it meanwhile:
     within one history its end reaches every other segment's, component by component."""
+    newest = newest_segment_record(repo, family, instance)
+    return newest and newest[0]
+
+
+def newest_segment_record(repo: Repository, family: str, instance: str) -> tuple[FileEntry, dict] | None:
+    """newest_segment with its whole record (what the streamer that stored it kept beside the entry)."""
     while True:
         try:
-            return next(iter(newest_segments(repo, family, instance, back_to=lambda _entry: True)), None)
+            return next(iter(_newest_records(repo, family, instance, back_to=lambda _entry: True)), None)
         except SegmentGone:
             continue
 
