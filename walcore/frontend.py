@@ -467,6 +467,8 @@ def _copy_result(request: rq.CopyRequest, runner):
 
 def _copy(request: rq.CopyRequest, runner) -> int:
     result = _copy_result(request, runner)
+    for warning in result.warnings:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
     if request.json:
         print_json(result.to_json())
     else:

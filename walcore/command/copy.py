@@ -42,6 +42,7 @@ class CopyResult:
     objects: int = 0  # stored objects copied now
     bytes: int = 0  # their stored bytes
     findings: list[dict] = field(default_factory=list)  # {"code", "backup" or "file", "message"}
+    warnings: list[str] = field(default_factory=list)  # what did not stop the copy (its record in the source)
 
     @property
     def ok(self) -> bool:
@@ -127,7 +128,10 @@ def _copy_backup(source: Repository, destination: Repository, manifest: BackupMa
         raise LeaseLost(f"lease {lease.name} was lost: the copy of backup {manifest.id} was fenced by a backup of the "
                         "source at the destination, which judged this copy dead; it is not committed")
     result.copied.append(manifest.id)
-    record_copy(source, manifest.family, manifest.instance, manifest.id, _location(destination))
+    try:
+        record_copy(source, manifest.family, manifest.instance, manifest.id, _location(destination))
+    except RepositoryError as e:  # a source this copy may only read: the copy stands, unrecorded there
+        result.warnings.append(f"the copy of backup {manifest.id} is not recorded in {source.display}: {e}")
     return None
 
 
