@@ -185,6 +185,21 @@ def test_a_damaged_source_object_is_not_copied(source, tmp_path):
     assert run_main("verify", "--repo", second).returncode == 0
 
 
+def test_a_source_object_that_is_gone_is_a_finding_not_a_failed_write(source, tmp_path):
+    from walcore.repository import Repository
+
+    gone = tmp_path / "gone"
+    shutil.copytree(source["repo"], gone)
+    full = Repository(str(gone)).find(source["full"]).manifest
+    (gone / full.files[0].stored).unlink()
+    second = new_repository(tmp_path / "second")
+    proc = run_main("copy", source["full"], "--from", gone, "--to", second, "--json")
+    assert proc.returncode == 1, proc.stderr
+    (finding,) = json.loads(proc.stdout)["findings"]
+    assert finding["code"] == "object_not_copied" and f"missing in {gone}" in finding["message"]
+    assert _manifests(str(second)) == {}
+
+
 def test_the_destination_lease_is_held_while_copying(source, tmp_path):
     from walcore.repository import Repository
 

@@ -16,6 +16,7 @@ finding). The source repository records, after the destination's commit, where e
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 
@@ -150,17 +151,19 @@ def _copy_object(source: Repository, destination: Repository, entry: FileEntry, 
     if held is not None:
         return f"{name}: {destination.display} holds other bytes under this name: not overwritten"
     digest, counted = hashlib.sha256(), [0]
+    read = source.storage.iter_bytes(name)
+    try:  # opened before the write: a source object that is gone is the source's, not a failed write
+        first = next(read, b"")
+    except FileNotFoundError:
+        return f"{name}: missing in {source.display}"
 
     def chunks():
-        for chunk in source.storage.iter_bytes(name):
+        for chunk in itertools.chain([first], read):
             digest.update(chunk)
             counted[0] += len(chunk)
             yield chunk
 
-    try:
-        destination.storage.write(name, chunks())
-    except FileNotFoundError:
-        return f"{name}: missing in {source.display}"
+    destination.storage.write(name, chunks())
     if digest.hexdigest() != want:
         destination.storage.remove(name)
         return f"{name}: its bytes in {source.display} do not match their SHA-256 (damaged): not copied"
