@@ -19,7 +19,8 @@ import time
 import pytest
 
 import tarantool_real as tr
-from conftest import REPO, new_repository, require_tarantool, run_main, walvault_command
+from conftest import REPO, copy_limestone_fixture, new_repository, require_limestone, require_tarantool, run_main, \
+    walvault_command
 
 pytestmark = require_tarantool
 
@@ -233,3 +234,24 @@ def test_a_destination_walvault_init_did_not_make_or_the_source_itself_is_refuse
     assert proc.returncode == 2 and "same repository" in proc.stderr
     proc = run_main("copy", "20200101-000000F", "--from", source["repo"], "--to", new_repository(tmp_path / "b"))
     assert proc.returncode == 2 and "no backup 20200101-000000F" in proc.stderr
+
+
+@require_limestone
+def test_a_limestone_archive_is_copied_whole_and_restores_to_its_end_alike(tmp_path):
+    """--archive copies every archived file with its record, then how far the archive is whole
+    (archive-complete.json): `restore --to end` from the copy gives what it gives from the source."""
+    ls = copy_limestone_fixture("20-random-small", tmp_path)
+    repo, second = new_repository(tmp_path / "repo"), new_repository(tmp_path / "second")
+    assert run_main("rotate", ls).returncode == 0
+    backup = _json(run_main("backup", ls, "--repo", repo, "--json"))
+    assert run_main("archive", ls, "--repo", repo).returncode == 0
+    result = _json(run_main("copy", "--all", "--archive", "--from", repo, "--to", second, "--json"))
+    assert result["copied"] == [backup["id"]] and result["archive_copied"] > 0
+    complete = next(repo.glob("limestone/*/archive-complete.json"))
+    assert (second / complete.relative_to(repo)).read_bytes() == complete.read_bytes()
+    assert run_main("verify", "--repo", second).returncode == 0
+    for where, name in ((repo, "from-first"), (second, "from-second")):
+        assert run_main("restore", backup["id"], tmp_path / name, "--repo", where, "--to", "end").returncode == 0
+    first, copied = tmp_path / "from-first", tmp_path / "from-second"
+    assert {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()} == \
+        {p.relative_to(copied): p.read_bytes() for p in copied.rglob("*") if p.is_file()}

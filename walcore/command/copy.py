@@ -189,12 +189,15 @@ def _stored_sha256(repo: Repository, name: str) -> str | None:
 def _copy_archive(source: Repository, destination: Repository, family: str, instance: str, lease: Lease,
                   result: CopyResult) -> None:
     """Every archived file and stream segment of the source with its record (the record after its object, as
-    archive commits it), then how far a limestone source's archive is whole."""
+    archive commits it), then how far a limestone source's archive is whole: only once every file is there."""
     base = source.source_dir(family, instance)
+    findings = len(result.findings)
     for where in ("archive", STREAM_DIR):
         for record_name in source.storage.list(f"{base}/{where}"):
             if record_name.endswith(".zst" + RECORD_SUFFIX):
                 _copy_archived(source, destination, record_name, lease, result)
+    if len(result.findings) > findings:
+        return
     try:
         complete = source.storage.read_bytes(complete_name(source, family, instance))
     except FileNotFoundError:
