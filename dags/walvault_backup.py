@@ -9,7 +9,9 @@ Runs never overlap: one at a time; a backup whose source's lease another command
 The Spark task fails when walvault does (exit 1 or 2), its log ending with the cause; the teardown stops the run's
 jobs still running before it removes their directory, and records the backups they committed. Each source's backup,
 recorded and verified, updates that source's backup asset (walvault://REPO/SOURCE/backup, its metadata the backup's
-id, type, position and bytes), which walvault_snapshot runs on; a source whose backup failed updates nothing."""
+id, type, position and bytes), which walvault_snapshot runs on; a source whose backup failed updates nothing. A
+source with a second repository (`copy_to` in the configuration) has its verified backup copied there (`walvault
+copy`: the backup with its parent chain, every object checked at the destination)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from walvault_provider.assets import BACKUPS_ALIAS
 from walvault_provider.config import load
 from walvault_provider.notifications import dag_callbacks
 from walvault_provider.operators.spark import PLAN_LABEL, PLAN_LABEL_TEMPLATE, spark_job
-from walvault_provider.operators.walvault import WalvaultVerifyOperator, scheduled_backup_type
+from walvault_provider.operators.walvault import (WalvaultCopyOperator, WalvaultVerifyOperator,
+                                                   scheduled_backup_type)
 
 CONFIG = load()
 NAMES = [s.name for s in CONFIG.sources]
@@ -89,6 +92,15 @@ def publish(recorded: dict, *, outlet_events=None) -> None:
                "bytes": recorded["bytes"], "stored_bytes": recorded["stored_bytes"]})
 
 
+def _verified(recorded):
+    """The backup verified, then published, and copied when a second repository is configured (`copy_to`)."""
+    verify = WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}", backup_id=recorded)
+    verify >> publish(recorded)
+    if any(s.copy_to for s in CONFIG.sources):  # a source without one skips its copy
+        verify >> WalvaultCopyOperator(task_id="copy", backup_id=recorded, trigger_rule="none_failed")
+    return verify
+
+
 @dag(dag_id="walvault_backup", schedule=CONFIG.schedules["backup"], start_date=datetime(2026, 1, 1), catchup=False,
      max_active_runs=1, tags=["walvault", "backup", *CONFIG.families], doc_md=__doc__,
      description="Full or incremental backup of each source with Spark, recorded and verified in the repository",
@@ -104,8 +116,7 @@ def publish(recorded: dict, *, outlet_events=None) -> None:
 def walvault_backup():
     # each source in a group of its own, its backup verified in the repository after its record, then published
     backup = spark_job("backup", plan=plan, result=record, conn_id="{{ params.spark }}", group_id="backup_source",
-                       then=lambda recorded: WalvaultVerifyOperator(task_id="verify", enabled="{{ params.verify }}",
-                                                                    backup_id=recorded) >> publish(recorded))
+                       then=lambda recorded: _verified(recorded))
     backup.done >> backup.clean_up
 
 

@@ -396,7 +396,9 @@ FILE_TIERS = {
     "test_bench.py": "integration",
     "test_cli.py": "integration",  # the installed entry point in a subprocess, every test
     "test_compose.py": "system",
+    "test_copy.py": "integration",  # a real Tarantool, moto's S3 server, copies killed in subprocesses
     "test_dags.py": "system",
+    "test_dags_copy.py": "system",  # airflow dags test: the backup DAG's copy into a second repository
     "test_dags_faults.py": "system",
     "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",

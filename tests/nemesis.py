@@ -22,6 +22,12 @@ its own, its clock past the lease): the second refuses or takes over, and the fi
 segment; its connection stalled and reset; its clock off; the instance's other history served at its address,
 behind or ahead of where the stream stopped, which it must not stream on as the continuation of its log.
 
+Every schedule copies the repository (`walvault copy --all --archive`) into a second one, a local directory, near
+its end (`_copy_steps`, a generator of its own: the rest of a seed's plan is unchanged): a copy killed (SIGKILL) at a
+random moment, then one run to its end; after each, every backup the destination lists is `ok` or an interrupted
+copy's leftovers, `verify --repo` of the destination exits 0, and after the last, the backups it lists `ok` restore
+to their source's rows (sampled, as below).
+
 Invariants (a `Violation` each): no traceback on any stderr; exit codes 0/1/2 only; a command exiting 0 tells
 the truth (a restore gives the source's rows at the point); every backup `backups` lists `ok` restores to its
 source's rows at its position (Tarantool started on the restore; sampled, at least one per schedule); every point
@@ -67,6 +73,7 @@ USER, PASSWORD = "nemesis", "nem:pa@ss"  # ':' and '@' in the password: the URI 
 OP_TIMEOUT = 120.0
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "nemesis-key", "AWS_SECRET_ACCESS_KEY": "nemesis-secret-value",
                   "AWS_DEFAULT_REGION": "us-east-1"}
+# copy_kill is every schedule's (two copy steps in each plan): not a kind that chooses CI's covering seeds
 FAULT_KINDS = ("pause", "kill", "clock", "stall", "reset", "fullfs", "fork", "damage", "junk_lease",
                "stream_kill", "stream_pause", "stream_clock", "stream_stall", "stream_reset", "stream_fork")
 STREAM_SEGMENT_SECONDS = "0.5"  # more segments, so more commit points, in the few seconds a streamer runs
@@ -445,6 +452,8 @@ class Step:
             return f"stream_fork ({'ahead of' if self.ahead else 'behind'} the stream)"
         if self.kind == "junk_lease":
             return f"junk_lease expires={self.junk} then backup_inc(h1)"
+        if self.kind == "copy":
+            return f"copy --all --archive{f' killed@{self.delay:.2f}s' if self.fault else ''}"
         if self.kind == "pair":
             fault = f" fault={self.fault}@{self.delay:.2f}s" if self.fault else ""
             if self.fault == "stall":
@@ -561,10 +570,20 @@ def plan(seed: int, storage: str) -> Plan:
     if repo_on_tmpfs:  # a repository full from the start: a streamer would store nothing, its faults strike none
         steps = [s for s in steps if not s.kind.startswith("stream_")
                  and not (s.kind == "pair" and s.a.kind == "restore_end")]
+    steps += _copy_steps(seed)
     if rng.random() < 0.3:
         steps.append(Step("pair", a=Op("policy"), b=Op("backup_inc")))
         steps.append(Step("damage"))
     return Plan(seed, storage, steps, repo_on_tmpfs)
+
+
+def _copy_steps(seed: int) -> list[Step]:
+    """`walvault copy` of the repository into a second one, from a generator of its own (the rest of a seed's plan is
+    what it was before copy joined): always two steps, so that every plan grows alike and the plans' lengths, which
+    choose CI's covering seeds among equals, keep their order: a copy killed at a random moment, then one to its
+    end."""
+    rng = random.Random(seed * 15485863 + 11)
+    return [Step("copy", fault="kill", delay=rng.uniform(0.2, 2.0)), Step("copy")]
 
 
 def _stream_steps(seed: int, forked: bool) -> tuple[list[Step], list[Step]]:
@@ -670,6 +689,8 @@ class Schedule:
         self.stream_points: list[tuple[str, int]] = []  # (history, lsn) restored to the end: points once known
         self.stream_gapped = False  # a streamer said rows never came: its end may be short of the newest segment
         self.stream_other_history = False  # the other history was streamed: two ends
+        self.copy_url: str | None = None  # the second repository `walvault copy` copies into
+        self.copy_rng = random.Random(seed * 104723 + 5)  # its checks' choices: the schedule's own are unchanged
         self.mounts: list[Path] = []
         self.procs: list[subprocess.Popen] = []  # every walvault started: none outlives the schedule
         self._scratch = 0
@@ -791,6 +812,9 @@ class Schedule:
                     info["point"] = lsn
                     args += ["--to", f"1:{lsn},0:{self.env.local_lsn}"]
             return args, info
+        if op.kind == "copy":
+            source = ["--from", self.repo_url] + (["--from-option", repo[3]] if len(repo) > 2 else [])
+            return ["copy", "--all", "--archive", *source, "--to", self.copy_url, "--json"], info
         if op.kind == "restore_end":
             h1 = self.histories["h1"]
             mine = [i for i, b in self.backups.items() if b["path"] == str(h1.path)]
@@ -1303,6 +1327,74 @@ class Schedule:
             backup_id = json.loads(done.stdout)["id"]
             self.backups[backup_id]["suspect"] = True
 
+    def step_copy(self, step: Step) -> None:
+        """A copy into the second repository (killed at the step's moment, for a step with a fault), then what the
+        destination must hold after it."""
+        from walcore.repository import Repository
+
+        if self.copy_url is None:
+            self.copy_url = str(self.dir / "copy")
+            Repository(self.copy_url, {}, create=True)
+        op = Op("copy")
+        proc, args, info = self.start(op)
+        killed = False
+        if step.fault == "kill":
+            time.sleep(step.delay)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                self.fault("copy_kill")
+            else:
+                self.note("    (kill missed: the copy had ended)")
+        self.finish(op, proc, args, info, killed)
+        self.check_copy(restore=step.fault is None)
+
+    def check_copy(self, restore: bool) -> None:
+        """The destination lists every backup `ok` (or an interrupted copy's leftovers), verifies, and (`restore`)
+        its backups listed ok restore to their source's rows: the newest and one other, sampled."""
+        copy_args = ["--repo", self.copy_url]
+        proc = subprocess.run([*self.env.walvault, "backups", *copy_args, "--json"], capture_output=True, text=True,
+                              env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        if proc.returncode != 0 or "Traceback (most recent call last)" in proc.stderr:
+            self.violate("copy_backups_fails", f"`backups --json` of the copy exited {proc.returncode}: "
+                         f"{proc.stderr[-600:]}")
+            return
+        listed = json.loads(proc.stdout)["backups"]
+        for b in listed:
+            if b.get("status") not in ("ok", "incomplete"):
+                self.violate("copy_backup_status", f"the copy lists {b['id']} {b.get('status')}: {b.get('problem')}")
+        ok = [b for b in listed if b.get("status") == "ok"]
+        self.note(f"    the copy lists {len(listed)} backups, {len(ok)} ok")
+        if restore and ok:
+            unknown = [b["id"] for b in ok if b["id"] not in self.backups]
+            if unknown:
+                self._learn_paths(unknown)
+            sample = [ok[-1]["id"]] + ([self.copy_rng.choice(ok[:-1])["id"]] if len(ok) > 1 else [])
+            for backup_id in sample:
+                target = self.scratch("copy-check")
+                proc = subprocess.run([*self.env.walvault, "restore", backup_id, str(target), *copy_args, "--json"],
+                                      capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
+                self.out.operations += 1
+                self.note(f"    restore {backup_id} from the copy: rc={proc.returncode} {proc.stderr.strip()[:200]}")
+                if proc.returncode != 0:
+                    self.violate("copy_does_not_restore", f"backup {backup_id}, listed ok in the copy: restore "
+                                 f"exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                    continue
+                record = self.backups.get(backup_id)
+                position = next(b["position"] for b in ok if b["id"] == backup_id)
+                self.check_restored(target, self.history_of(record["path"]) if record else None,
+                                    int(position["vclock"].get("1", 0)), f"backup {backup_id} restored from the copy")
+                shutil.rmtree(target, ignore_errors=True)
+        proc = subprocess.run([*self.env.walvault, "verify", *copy_args], capture_output=True, text=True,
+                              env=self.env.env, timeout=OP_TIMEOUT)
+        self.out.operations += 1
+        said = (proc.stdout + proc.stderr).strip()
+        self.note(f"    verify --repo of the copy: rc={proc.returncode} {said.splitlines()[-1][:200] if said else ''}")
+        if proc.returncode != 0 and not self.conflict_only(proc.returncode, said):
+            self.violate("copy_verify_not_intact", f"`verify --repo` of the copy exited {proc.returncode}: "
+                         f"{said[-800:]}")
+
     def step_junk_lease(self, step: Step) -> None:
         """A lease of the source whose `expires` is junk (written by something else): a backup must say so and
         name it, at once, not crash or wait forever; then the harness clears it."""
@@ -1506,10 +1598,7 @@ class Schedule:
         if "Traceback (most recent call last)" in proc.stderr:
             self.violate("traceback", f"verify --repo\n{proc.stderr[-1500:]}")
         if self.damaged is None:
-            findings = [ln for ln in said.splitlines() if re.search(r"missing|damaged|mismatch|not found|conflict", ln)]
-            if proc.returncode == 1 and "h2" in self.histories and findings and all(
-                    "conflict" in ln or re.match(r"archive \S+ \S+: \d+ files, damaged$", ln) for ln in findings):
-                # two histories of one instance archived into one repository: a conflict reported is the truth
+            if self.conflict_only(proc.returncode, said):
                 self.note("    (verify reports the second history's archive conflict: an honest finding)")
                 return
             if proc.returncode != 0:
@@ -1522,6 +1611,13 @@ class Schedule:
         if proc.returncode != 1 or not named:
             self.violate("damage_unreported", f"{name} ({self.damaged['kind']}) was damaged on purpose; `verify "
                          f"--repo` exited {proc.returncode}{'' if named else ' without naming it'}: {said[-500:]}")
+
+    def conflict_only(self, rc: int, said: str) -> bool:
+        """`verify --repo` exited 1 for the one honest finding a repository without damage may hold: two histories
+        of one instance archived into it, a conflict of their archived files."""
+        findings = [ln for ln in said.splitlines() if re.search(r"missing|damaged|mismatch|not found|conflict", ln)]
+        return rc == 1 and "h2" in self.histories and bool(findings) and all(
+            "conflict" in ln or re.match(r"archive \S+ \S+: \d+ files, damaged$", ln) for ln in findings)
 
     # -- the repository's objects, read by the harness itself
 

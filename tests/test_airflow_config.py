@@ -128,6 +128,10 @@ def test_paths_defaults_and_the_environment_variable(tmp_path, monkeypatch):
     ("sources: [{name: a, family: tarantool, path: /x, stream: {connection: 'a b'}}]", "sources[0].stream.connection"),
     ("sources: [{name: a, family: tarantool, path: /x}]\nfreshness: {max_stream_lag_seconds: 0}",
      "freshness.max_stream_lag_seconds"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\ncopy_to: 'a b'", "copy_to"),
+    ("sources: [{name: a, family: tarantool, path: /x, copy_to: [dr]}]", "sources[0].copy_to"),
+    ("sources: [{name: a, family: tarantool, path: /x}]\ncopy_to: walvault_repo", "copy_to"),
+    ("sources: [{name: a, family: tarantool, path: /x, copy_to: r}]\nrepository: {connection: r}", "sources[0].copy_to"),
 ])
 def test_every_error_names_its_key(tmp_path, text, key):
     path = _write(tmp_path, text)
@@ -135,6 +139,13 @@ def test_every_error_names_its_key(tmp_path, text, key):
         load(path)
     assert f"{path}: {key}:" in str(e.value)
     assert "hunter2" not in str(e.value)
+
+
+def test_copy_to_names_the_second_repository_of_every_source_or_of_one(tmp_path):
+    config = load(_write(tmp_path, "sources:\n  - {name: a, family: tarantool, path: /x}\n"
+                                   "  - {name: b, family: tarantool, path: /y, copy_to: dr_b}\ncopy_to: dr"))
+    assert [(s.name, s.copy_to) for s in config.sources] == [("a", "dr"), ("b", "dr_b")]
+    assert load(_write(tmp_path, "sources: [{name: a, family: tarantool, path: /x}]")).sources[0].copy_to is None
 
 
 def test_a_cron_for_snapshot_or_retention_says_in_one_line_that_they_follow_the_data(tmp_path):

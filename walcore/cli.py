@@ -210,6 +210,22 @@ COMMANDS = (
              Arg("--to", metavar="TIME|POSITION", help="Tarantool: a vclock ({1: 120}), a time (ISO 8601, or @unix "
                  "seconds) or end (the newest point the repository holds: its archive, then the stream's "
                  "segments); limestone: an epoch, or end (its archive, then the stream's partials)"), JSON, PROGRESS)),
+    Command("copy", rq.CopyRequest, "copy backups with their parent chains (and the archive) into a second "
+            "repository, every object verified there",
+            (Arg("backups", nargs="*", metavar="BACKUP", help="backup ids (or latest)"),
+             Arg("--all", action="store_true", help="every backup of the source repository"),
+             Arg("--from", dest="from_repo", required=True, metavar="URL", help="the repository to copy from"),
+             Arg("--from-option", action="append", metavar="KEY=VALUE", help="an fsspec storage option of --from"),
+             Arg("--to", dest="to_repo", required=True, metavar="URL",
+                 help="the repository to copy into (walvault init made it)"),
+             Arg("--to-option", action="append", metavar="KEY=VALUE", help="an fsspec storage option of --to"),
+             Arg("--archive", action="store_true", help="also the archive (and stream segments) of their sources, "
+                 "of every source with --all"),
+             wait("wait this long for a backup, copy or expiry of a source at the destination to finish"), JSON),
+            description="Copy backups, parents first, as stored (never recompressed) into a second repository: each "
+            "object read back there and checked against its SHA-256, each backup's manifest written last. Run "
+            "again, it copies only what is missing. Exit 1 when something was not copied (the destination holds "
+            "other bytes under a name, the source's are damaged)."),
 )
 _BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -251,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         request = _storage_options(request, getattr(args, "repo_option", []))
+        if isinstance(request, rq.CopyRequest):
+            from .repository.storage import parse_options
+
+            request = dataclasses.replace(request, from_options=parse_options(getattr(args, "from_option", [])),
+                                          to_options=parse_options(getattr(args, "to_option", [])))
     except RepositoryError as e:
         print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
         return EXIT_CANNOT_CHECK

@@ -426,6 +426,7 @@ def _backups(request: rq.BackupsRequest, runner) -> int:
         verification = b.get("verification")
         if verification and verification.get("status") != "ok":
             drilled += f"  DAMAGED (verify {verification.get('time')})"
+        drilled += "".join(f"  copied to {c['to']} {c['time']}" for c in b.get("copies", []))
         print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
               f"{b['position'] or ''}{parent}{drilled}")
     if not backups:
@@ -448,6 +449,40 @@ def _restore(request: rq.RestoreRequest, runner) -> int:
         if result.point:
             print(f"point in time: {result.point}")
     return EXIT_OK
+
+
+def _copy_result(request: rq.CopyRequest, runner):
+    from .command.copy import copy_backups
+    from .findings import Refused
+    from .repository import Repository
+
+    source = Repository(request.from_repo, request.from_options)
+    destination = Repository(request.to_repo, request.to_options)
+    if source.storage.caps.local_paths and destination.storage.caps.local_paths \
+            and os.path.realpath(source.storage.root) == os.path.realpath(destination.storage.root):
+        raise Refused("--from and --to name the same repository", "cannot_check")
+    return copy_backups(source, destination, None if request.all else request.backups, archive=request.archive,
+                        wait=request.wait)
+
+
+def _copy(request: rq.CopyRequest, runner) -> int:
+    result = _copy_result(request, runner)
+    for warning in result.warnings:
+        print(f"walvault: warning: {warning}", file=sys.stderr)
+    if request.json:
+        print_json(result.to_json())
+    else:
+        for backup_id in result.copied:
+            print(f"copied backup {backup_id}")
+        if result.already:
+            print(f"already in {result.destination}: {len(result.already)} backups")
+        if result.archive_copied or result.archive_already:
+            print(f"archive: {result.archive_copied} files copied, {result.archive_already} already there")
+        for f in result.findings:
+            print(f"NOT COPIED: {f.get('backup') or f.get('file')}: {f['message']}")
+        print(f"{result.source} -> {result.destination}: {result.objects} objects, {result.bytes:,} bytes copied and "
+              f"verified; {'OK' if result.ok else 'FINDINGS'}")
+    return EXIT_OK if result.ok else EXIT_FINDINGS
 
 
 def _status_result(request: rq.StatusRequest, runner):
@@ -589,7 +624,7 @@ COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequ
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
             rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
-            rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream}
+            rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream, rq.CopyRequest: _copy}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
            rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result,
-           rq.StatusRequest: _status_result}
+           rq.StatusRequest: _status_result, rq.CopyRequest: _copy_result}

@@ -90,7 +90,7 @@ def _password_problem(password_file: Path | None, connect: str | None) -> str | 
         and not connect else None
 
 
-def _repo_problem(repo: str | None) -> str | None:
+def _repo_problem(repo: str | None, option: str = "--repo") -> str | None:
     if repo is None:
         return None
     from .repository import RepositoryError
@@ -99,7 +99,7 @@ def _repo_problem(repo: str | None) -> str | None:
     try:
         check_url(repo)
     except RepositoryError as e:
-        return f"--repo: {e}"
+        return f"{option}: {e}"
     return None
 
 
@@ -392,6 +392,34 @@ class StreamRequest(_RepoRequest):
                       f"--status {self.status}: its directory does not exist" if self.status is not None
                       and not Path(self.status).parent.is_dir() else None,
                       _password_problem(self.password_file, self.connect), super().problem())
+
+
+@dataclass(kw_only=True)
+class CopyRequest(Request):
+    """`walvault copy`: backups (`backups`, or `all`) with their parent chains, and with `archive` their sources'
+    archive, from the repository `from_repo` into `to_repo`."""
+    command, not_done = "copy", "not copied"
+    from_repo: str
+    to_repo: str
+    from_options: dict = field(default_factory=dict)
+    to_options: dict = field(default_factory=dict)
+    backups: list[str] = field(default_factory=list)
+    all: bool = False
+    archive: bool = False
+    wait: float = 0.0
+    json: bool = False
+
+    def problem(self):
+        from .repository import is_backup_id
+
+        return _first("copy takes BACKUP ids or --all, not both" if self.backups and self.all else None,
+                      "copy needs BACKUP ids (or latest) or --all" if not self.backups and not self.all else None,
+                      next((f"{b!r} is not a backup id (nor latest)" for b in self.backups
+                            if b != "latest" and not is_backup_id(b)), None),
+                      _wait_problem(self.wait),
+                      "--from and --to name the same repository" if self.from_repo.rstrip("/") ==
+                      self.to_repo.rstrip("/") else None,
+                      _repo_problem(self.from_repo, "--from"), _repo_problem(self.to_repo, "--to"))
 
 
 def serve_address(text: str) -> tuple[str, int] | None:

@@ -20,10 +20,14 @@ connections, which the file names. Every error names the key at fault.
                                        # (walvault_provider.streams); a segment sealed every S seconds (default 1)
           connection: tt1_repl         # optional: its user's connection (the replication role is all it needs);
                                        # default: the source's `connection`, whose user then needs that role too
+        copy_to: repo_dr               # optional: this source's second repository (else the top-level copy_to)
       - name: ls1
         family: limestone
         path: /data/ls1
         rotate_min_bytes: 67108864     # limestone: rotate once the active files hold this much (default 64 MiB)
+    copy_to: walvault_repo_copy        # optional: an Airflow connection of a second repository (`walvault init`
+                                       # made it): walvault_backup copies each backup there after it verified
+                                       # (`walvault copy`); a source's own `copy_to` wins. None: no copy
     retention:
       days: 30                         # the recovery window (walvault expire)
     backup:
@@ -116,6 +120,7 @@ class Source:
     connection: str | None = None  # an Airflow connection to a running Tarantool
     rotate_min_bytes: int = DEFAULT_ROTATE_MIN_BYTES
     stream: Stream | None = None  # None: not streamed
+    copy_to: str | None = None  # the Airflow connection of the second repository its backups are copied to
 
 
 @dataclass(frozen=True)
@@ -276,7 +281,7 @@ def parse(raw, path: Path) -> Config:
              "notify, freshness, metrics)")
     _no_secrets(raw, "", fail)
     _known(raw, ("repository", "sources", "retention", "backup", "schedules", "spark", "runs", "notify", "freshness",
-                 "metrics"), "", fail)
+                 "metrics", "copy_to"), "", fail)
     backup = _section(raw, "backup", ("full_every_days",), fail)
     repository = _section(raw, "repository", ("connection", "create"), fail)
     retention = _section(raw, "retention", ("days",), fail)
@@ -293,7 +298,7 @@ def parse(raw, path: Path) -> Config:
         key = f"sources[{i}]"
         if not isinstance(item, dict):
             fail(key, "a mapping with name, family and path")
-        _known(item, ("name", "family", "path", "connection", "rotate_min_bytes", "stream"), key, fail)
+        _known(item, ("name", "family", "path", "connection", "rotate_min_bytes", "stream", "copy_to"), key, fail)
         name = item.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             fail(f"{key}.name", f"{name!r} is not a name (letters, digits, '_', '-'; up to 64)")
@@ -315,7 +320,8 @@ def parse(raw, path: Path) -> Config:
         if isinstance(min_bytes, bool) or not isinstance(min_bytes, int) or min_bytes < 1:
             fail(f"{key}.rotate_min_bytes", f"{min_bytes!r} is not a positive number of bytes")
         full = Path(os.path.abspath(path.parent / source_path))  # dags/../var -> var; symlinks kept
-        sources.append(Source(name, family, full, connection, min_bytes, _stream(item, connection, key, fail)))
+        sources.append(Source(name, family, full, connection, min_bytes, _stream(item, connection, key, fail),
+                              _copy_to(item, key, fail) or _copy_to(raw, "", fail)))
     days = retention.get("days", 30)
     try:
         from walcore.command.expire import check_days
@@ -340,6 +346,10 @@ def parse(raw, path: Path) -> Config:
     repository_connection = repository.get("connection", "walvault_repo")
     if not _conn_id(repository_connection):
         fail("repository.connection", f"{repository_connection!r} is not an Airflow connection id")
+    for i, source in enumerate(sources):
+        if source.copy_to == repository_connection:
+            fail(f"sources[{i}].copy_to" if "copy_to" in sources_raw[i] else "copy_to",
+                 f"{source.copy_to!r} is the repository's own connection: a copy goes to a second repository")
     spark_connections = spark.get("connections", ["spark_default"])
     if not isinstance(spark_connections, list) or not spark_connections:
         fail("spark.connections", "a list of at least one Airflow connection id (the first is the default)")
@@ -352,6 +362,15 @@ def parse(raw, path: Path) -> Config:
     return Config(path, tuple(sources), repository_connection, days, schedules, tuple(spark_connections),
                   float(full_every), repository_create, float(late_after), _runs(raw, fail),
                   _notify(raw, fail), _freshness(raw, fail), _textfile(raw, path, fail))
+
+
+def _copy_to(mapping: dict, key: str, fail) -> str | None:
+    """The `copy_to` connection id of a mapping (a source, or the top), or None."""
+    value = mapping.get("copy_to")
+    if value is not None and not _conn_id(value):
+        fail(f"{key}.copy_to" if key else "copy_to", f"{value!r} is not an Airflow connection id (of the second "
+             "repository)")
+    return value
 
 
 def _runs(raw: dict, fail) -> Runs:

@@ -17,6 +17,7 @@ from ..limestone.follow import piece_findings
 from ..limestone.pwal import iter_entries
 from ..limestone.stream import PIECE_KIND
 from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
+from ..repository.copies import copies_of
 from ..repository.archive import DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, load_record
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
@@ -243,7 +244,8 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
 
 
 def list_backups(repo: Repository) -> list[dict]:
-    """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None)."""
+    """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None) and where it was
+    copied (`walvault copy`)."""
     out = []
     for r in repo.backups():
         m = r.manifest
@@ -258,6 +260,7 @@ def list_backups(repo: Repository) -> list[dict]:
                     "bytes": m.bytes, "stored_bytes": m.stored_bytes, "started": m.started, "finished": m.finished,
                     "position": m.position, "drill": last_drill(repo, m.family, m.instance, m.id),
                     "verification": last_verification(repo, m.family, m.instance, m.id),
+                    "copies": copies_of(repo, m.family, m.instance, m.id),
                     **({"problem": r.problem} if r.problem else {})})
     return out
 

@@ -4,7 +4,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
 
     walvault.repo(.copy)                              format version, checksummed
     walvault.policy(.copy)                            the retention policy (checksummed): {"days": N}
-    locks/<family>-<instance>.lease                   one backup, snapshot or expiry of a source at a time
+    locks/<family>-<instance>.lease                   one backup, snapshot, expiry or copy of a source at a time
     locks/<family>-<instance>.archive.lease           one archive or expiry of a source's archive at a time
     locks/<family>-<instance>.stream.lease            one `walvault stream` of an instance at a time
     locks/<family>-<instance>.restore-<hex>.lease     a restore in progress (expiry leaves the source alone)
@@ -14,6 +14,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
                                                       (or a fence: its leftovers are removed, no late commit)
     <family>/<instance>/backups/<id>/drill.json       the verdict of the backup's last restore drill
     <family>/<instance>/backups/<id>/verify.json      the verdict of the last verify --repo that checked it
+    <family>/<instance>/backups/<id>/copies.json      where `walvault copy` copied it (after the copy's commit)
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)

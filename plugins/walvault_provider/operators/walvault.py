@@ -360,6 +360,50 @@ class WalvaultVerifyOperator(_WalvaultOperator):
         return {"id": self.backup_id, "intact": True, "objects": report.objects, "bytes": report.bytes}
 
 
+class WalvaultCopyOperator(_WalvaultOperator):
+    """Copy one backup (`backup_id`: a backup's record as XCom, e.g. the backup DAG's `record` result) with its parent
+    chain into the second repository its source's `copy_to` names (an Airflow connection, as the repository's; a
+    repository `walvault init` made): walvault copy. A source with no `copy_to` skips the task. Anything not copied
+    fails it without a retry (a verdict), each named in the summary; the destination's lease held, or a repository
+    unreachable, fails it to be retried.
+
+    Templated: `config_path`, `backup_id`."""
+
+    template_fields: Sequence[str] = ("config_path", "backup_id")
+
+    def __init__(self, *, backup_id: dict, **kwargs):
+        super().__init__(**kwargs)
+        self.backup_id = backup_id
+
+    def work(self, context):
+        from walcore.frontend import outcome
+        from walcore.requests import CopyRequest
+        from walcore.runner import LocalRunner
+
+        from ..hooks.walvault import WalvaultRepoHook
+
+        config = self.load_config()
+        record = self.backup_id
+        source = next((s for s in config.sources if str(s.path.resolve()) == record["source"]["path"]), None)
+        if source is None or source.copy_to is None:
+            raise AirflowSkipException(f"no second repository configured (copy_to) for {record['source']['path']}")
+        repo, names_repo = self.repository(config)
+        target, destination = WalvaultRepoHook(source.copy_to).opened()
+        result = outcome(CopyRequest(from_repo=names_repo["repo"], from_options=names_repo["repo_options"],
+                                     to_repo=target.url, to_options=target.options, backups=[record["id"]]),
+                         LocalRunner())
+        lines = [f"copied backup {backup_id}" for backup_id in result.copied]
+        lines += [f"already there: backup {backup_id}" for backup_id in result.already]
+        lines += [f"NOT COPIED: {f.get('backup') or f.get('file')}: {f['message']}" for f in result.findings]
+        lines.append(f"{result.objects} objects, {result.bytes:,} bytes copied and verified")
+        self.summary(f"walvault copy {record['id']} --from {repo.display} --to {destination.display} (connection "
+                     f"{source.copy_to})", lines, result.warnings)
+        if not result.ok:
+            raise AirflowFailException(f"backup {record['id']} was not copied to {destination.display}: see the "
+                                       "findings above")
+        return {"id": record["id"], "to": destination.display, "copied": result.copied, "already": result.already}
+
+
 class _SourceOperator(_WalvaultOperator):
     """An operator on one configured source (templated: `config_path`, `source`)."""
 
