@@ -500,10 +500,12 @@ def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
 
 def confirm(repo: Repository, family: str, instance: str, days: float,
             as_of: float | None = None) -> tuple[SourcePlan, str | None]:
-    """What an expiry of the source would rely on, confirmed before it runs: the source's plan, and what of its
-    anchor's stored bytes fails the re-hash (None: the anchor is intact, or there is none: plan.anchor says)."""
+    """What an expiry of the source would rely on, confirmed before it runs: the source's plan (under the stored
+    policy's count, as the expiry applies it), and what of its anchor's stored bytes fails the re-hash (None: the
+    anchor is intact, or there is none: plan.anchor says)."""
     as_of = time.time() if as_of is None else as_of
-    plan = plan_source(repo, family, instance, as_of - check_days(days) * DAY)
+    days, keep_full, _ = resolve_policy(repo, days)
+    plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full)
     return plan, _damaged_anchor_object(repo, plan) if plan.anchor else None
 
 
