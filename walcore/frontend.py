@@ -293,7 +293,6 @@ def _archive(request: rq.ArchiveRequest, runner) -> int:
 def _backup(request: rq.BackupRequest, runner) -> int:
     from .command.backup import backup
     from .family import plan_for
-
     from .repository.manifest import parse_notes
 
     plan_for(request.source, check_only=True)
@@ -380,7 +379,7 @@ def _policy(request: rq.PolicyRequest, runner) -> int:
     from .command.expire import check_days, stored_policy
     from .findings import Refused
     from .repository.manifest import ManifestError
-    from .retention import check_keep_full
+    from .retention import check_keep_full, describe_policy
 
     repo = _repository(request)  # a typo in --repo must not leave a repository holding only a policy
     if request.days is not None or request.keep_full is not None:  # both files are written: also how a damaged
@@ -406,10 +405,8 @@ def _policy(request: rq.PolicyRequest, runner) -> int:
     elif policy is None:
         print("no retention policy stored: expire needs --days")
     else:
-        counted = f" and the newest {policy['keep_full']} full backups of each source" if policy.get("keep_full") \
-            else ""
-        print(f"retention policy: keep every point of the last {policy['days']} days{counted} (set {policy['set']} "
-              f"by {policy['by']})")
+        print(f"retention policy: {describe_policy(policy['days'], policy.get('keep_full', 0))} (set "
+              f"{policy['set']} by {policy['by']})")
     return EXIT_OK
 
 

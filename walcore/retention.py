@@ -45,6 +45,12 @@ def check_keep_full(value) -> int:
     return value
 
 
+def describe_policy(days: float, keep_full: int) -> str:
+    """A policy as `policy` and `expire` say it."""
+    counted = f" and the newest {keep_full} full backups of each source" if keep_full else ""
+    return f"keep every point of the last {days} days{counted}"
+
+
 def iso(seconds: float | None) -> str | None:
     return None if seconds is None else time.strftime(STAMP, time.gmtime(seconds))
 

@@ -47,16 +47,13 @@ from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, F
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.pins import pins_of_source
 from ..repository.storage import UnsafeName
-from ..retention import (DAY, backup_doubts, check_days, check_keep_full, describe_anchor, iso, stored_policy,
-                         window_anchor)
+from ..retention import (DAY, backup_doubts, check_days, check_keep_full, describe_anchor, describe_policy, iso,
+                         stored_policy, window_anchor)
 
 # segment, pwal_partial, epoch_partial: `walvault stream`'s (a Tarantool's sealed segments, a limestone directory's
 # durable pieces and epochs)
 LOG_KINDS = ("xlog", "segment", "snap", "pwal_rotated", "epoch_rotated", "pwal_partial", "epoch_partial")
 CLOCK_TOLERANCE = 300.0  # seconds a record may be ahead of this host's clock (hosts' skew) before an apply refuses
-
-
-PINNED = "pinned"  # the reason a pinned backup is kept (`walvault pin`)
 
 
 class NoPolicy(RuntimeError):
@@ -127,8 +124,10 @@ def resolve_policy(repo: Repository, days, keep_full: int | None = None) -> tupl
     """(the window: --days, else the policy stored in the repository; the count of full backups kept: --keep-full,
     else the stored policy's, else none; stored_policy's warning). NoPolicy when there is no window, or when the
     stored policy is read for its count and cannot be (it may keep backups the window would not)."""
+    days = None if days is None else check_days(days)
+    keep_full = None if keep_full is None else check_keep_full(keep_full)
     if days is not None and keep_full is not None:
-        return check_days(days), keep_full, None
+        return days, keep_full, None
     try:
         policy, warning = stored_policy(repo)
     except ManifestError as e:
@@ -139,15 +138,9 @@ def resolve_policy(repo: Repository, days, keep_full: int | None = None) -> tupl
     if policy is None and days is None:
         raise NoPolicy(f"no retention policy: give --days N, or store one in {repo.display} with "
                        "`walvault policy --repo URL --days N`; nothing was deleted")
-    if keep_full is None:
-        try:
-            keep_full = check_keep_full((policy or {}).get("keep_full", 0))
-        except ValueError as e:
-            raise NoPolicy(f"the policy stored in {repo.display} is not usable ({e}); nothing was deleted") from None
-    if days is not None:
-        return check_days(days), keep_full, warning
     try:
-        return check_days(policy.get("days")), keep_full, warning
+        return (check_days(policy.get("days")) if days is None else days,
+                check_keep_full((policy or {}).get("keep_full", 0)) if keep_full is None else keep_full, warning)
     except ValueError as e:
         raise NoPolicy(f"the policy stored in {repo.display} is not usable ({e}); nothing was deleted") from None
 
@@ -335,7 +328,7 @@ def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict
 
     for m in manifests:  # first: a pin is said whatever else keeps the backup
         if m.id in pinned:
-            keep(m, PINNED)
+            keep(m, "pinned")
     for m in manifests:
         if fam.backup_time(m) >= window_start:
             keep(m, "inside the window")
@@ -585,9 +578,7 @@ def render_source(s: SourcePlan) -> list[str]:
 
 def render(result: ExpireResult, apply_hint: str = APPLY_HINT) -> list[str]:
     """The whole report; `apply_hint`: how to carry out a plan (the CLI's flag, or a DAG's way)."""
-    lines = [f"policy: keep every point of the last {result.days} days"
-             + (f" and the newest {result.keep_full} full backups of each source" if result.keep_full else "")
-             + f", as of {iso(result.as_of)}"]
+    lines = [f"policy: {describe_policy(result.days, result.keep_full)}, as of {iso(result.as_of)}"]
     for s in result.sources:
         lines += render_source(s)
     if result.applied:
