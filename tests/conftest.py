@@ -412,6 +412,7 @@ FILE_TIERS = {
     "test_lineage.py": "integration",
     "test_nemesis.py": "integration",
     "test_notify.py": "unit",  # an SMTP server in this process; the DAG run's test is `system` (TEST_TIERS)
+    "test_pins.py": "unit",  # in process; its S3 case is integration (tier_of)
     "test_redundancy_and_clock.py": "integration",
     "test_repository.py": "unit",
     "test_resources.py": "integration",

@@ -67,7 +67,7 @@ PLACEHOLDERS = {"PATH": "samples", "SOURCE": "samples/tarantool/features", "URL"
                 "BACKUP": "latest", "TARGET": "var/restored", "DIR": "samples/limestone/01-clean",
                 "MASTER": "local[2]", "N": "7", "S": "10", "FILE": "password.txt", "TIME": "2026-01-01T00:00:00Z",
                 "USER@HOST:PORT": "backup@127.0.0.1:3301", "K=V": "key=value", "HOST:PORT": "127.0.0.1:9477",
-                "HOURS": "26", "MINUTES": "60", "B": "16777216"}
+                "HOURS": "26", "MINUTES": "60", "B": "16777216", "TEXT": "kept for the audit"}
 WALVAULT = ("walvault", ".venv/bin/walvault")
 
 

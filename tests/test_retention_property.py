@@ -1,9 +1,12 @@
-"""Retention over random histories (hypothesis): writes, checkpoints, rotations, archives, backups, snapshots and
-expiries of a Tarantool-format and a limestone-format source sharing one repository, on a simulated clock (the
-rows' timestamps and the rotation names carry it; expiry judges as of it).
+"""Retention over random histories (hypothesis): writes, checkpoints, rotations, archives, backups, snapshots,
+pins, unpins and expiries of a Tarantool-format and a limestone-format source sharing one repository, on a
+simulated clock (the rows' timestamps and the rotation names carry it; expiry judges as of it), under a policy of a
+window and a count of full backups kept.
 
 After every expiry:
 - every backup still listed restores, and holds the state the source had at the backup's position;
+- every pinned backup and the newest `keep_full` full backups of each source are still listed (so they restore,
+  with their parent chains);
 - every point of the window that could be restored before the expiry still can, to the same state (for
   Tarantool a restore `--to` a time, for limestone `--to` an epoch).
 The model's states are the sources' own history, never walvault's output.
@@ -25,6 +28,7 @@ from conftest import clock_at
 from walcore.command.archive import archive
 from walcore.command.backup import backup
 from walcore.command.expire import expire
+from walcore.command.pin import pin, unpin
 from walcore.command.restore import restore
 from walcore.command.snapshot import snapshot
 from walcore.findings import Refused
@@ -165,6 +169,8 @@ class World:
     repo: Repository
     clock: list[float] = field(default_factory=lambda: [T0])
     expected: dict[str, object] = field(default_factory=dict)  # backup id -> the state it must restore
+    pinned: set[str] = field(default_factory=set)
+    fulls: dict[str, list[str]] = field(default_factory=dict)  # family -> its full backups' ids, oldest first
     restores: int = 0
 
     def scratch(self) -> Path:
@@ -173,10 +179,11 @@ class World:
 
 
 OPS = st.sampled_from(["tt_write", "tt_write", "tt_checkpoint", "ls_write", "ls_write", "ls_rotate",
-                       "ls_rotate_some", "archive", "backup_full", "backup_incremental", "snapshot", "expire"])
+                       "ls_rotate_some", "archive", "backup_full", "backup_incremental", "snapshot", "pin", "unpin",
+                       "expire"])
 
 
-def _run(world: World, op: str, rng: random.Random, days: int) -> None:
+def _run(world: World, op: str, rng: random.Random, days: int, keep_full: int) -> None:
     repo = world.repo
     if op == "tt_write":
         world.tt.write(rng, rng.randint(1, 6), world.clock)
@@ -200,19 +207,40 @@ def _run(world: World, op: str, rng: random.Random, days: int) -> None:
             except Refused:
                 continue  # nothing to snapshot yet, no full backup to build on: refusals are outcomes
             m = result.manifest
+            if m.type == "full":
+                world.fulls.setdefault(family, []).append(m.id)
             if family == "tarantool":
                 world.expected[m.id] = world.tt.state_at_lsn(int(m.position["vclock"].get("1", 0)))
             else:
                 world.expected[m.id] = world.ls.state_at(m.position["epoch"])
+    elif op == "pin":
+        listed = sorted(r.id for r in repo.backups() if r.manifest is not None)
+        if listed:
+            chosen = rng.choice(listed)
+            pin(repo, chosen, rng.choice((None, "kept by the test")))
+            world.pinned.add(chosen)
+    elif op == "unpin":
+        if world.pinned:
+            chosen = rng.choice(sorted(world.pinned))
+            unpin(repo, chosen)
+            world.pinned.discard(chosen)
     elif op == "expire":
         as_of = world.clock[0] + rng.uniform(0, 2 * DAY)
         window_start = as_of - days * DAY
         points = _window_points(world, window_start)
         before = {p: _restore_point(world, p) for p in points}
         with clock_at(as_of):  # the world's clock: an apply never judges as of a time its clock has not reached
-            result = expire(repo, days, as_of=as_of, apply=True)
+            result = expire(repo, days, keep_full=keep_full, as_of=as_of, apply=True)
         event(f"an expiry deleted {'something' if result.deleted else 'nothing'}")
+        reasons = [k["reason"] for src in result.sources for k in src.keep]
+        event(f"an expiry kept a backup as pinned: {'pinned' in reasons}")
+        event(f"an expiry kept a backup by count: {any(r.startswith('kept by count') for r in reasons)}")
         event(f"window points restorable before it: {sum(v is not None for v in before.values())}")
+        listed = {r.id for r in repo.backups()}
+        assert world.pinned <= listed, f"pinned backups expired: {world.pinned - listed}"
+        for family, fulls in world.fulls.items():
+            newest = set(fulls[-keep_full:] if keep_full else [])
+            assert newest <= listed, f"of the newest {keep_full} full {family} backups, {newest - listed} expired"
         _check_backups(world)
         for p, state in before.items():
             if state is not None:
@@ -266,14 +294,16 @@ def _check_backups(world: World) -> None:
 @pytest.mark.filterwarnings("ignore")
 @settings(max_examples=int(os.environ.get("WALVAULT_PROPERTY_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(ops=st.lists(OPS, min_size=4, max_size=18), seed=st.integers(0, 2**32 - 1), days=st.integers(1, 3))
-def test_expiry_keeps_every_backup_and_every_point_of_the_window(tmp_path_factory, ops, seed, days):
+@given(ops=st.lists(OPS, min_size=4, max_size=18), seed=st.integers(0, 2**32 - 1), days=st.integers(1, 3),
+       keep_full=st.integers(0, 2))
+def test_expiry_keeps_every_backup_and_every_point_of_the_window(tmp_path_factory, ops, seed, days, keep_full):
     tmp = tmp_path_factory.mktemp("history")
     world = World(tmp, TarantoolSource(tmp / "tt"), LimestoneSource(tmp / "ls"),
                   Repository(str(tmp / "repo"), create=True))
     rng = random.Random(seed)
-    # every history ends with a covered past and a window with a sealed, archived log in it
-    for op in ops + ["tt_write", "ls_write", "ls_rotate", "archive", "snapshot", "backup_full", "tt_write",
+    # every history ends with a covered past and a window with a sealed, archived log in it, after a full backup
+    # that only a pin or the count keeps (it is neither the anchor nor the newest backup)
+    for op in ops + ["backup_full", "tt_write", "ls_write", "ls_rotate", "archive", "snapshot", "backup_full", "tt_write",
                      "ls_write", "ls_rotate", "tt_write", "archive", "expire"]:
-        _run(world, op, rng, days)
+        _run(world, op, rng, days, keep_full)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -116,9 +116,10 @@ def _stamp(backup_id: str) -> str:
 
 
 def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3, runner=None,
-              progress: bool = False, checks: dict | None = None) -> BackupResult:
+              progress: bool = False, checks: dict | None = None, notes: dict[str, str] | None = None) -> BackupResult:
     """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
-    caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers)."""
+    caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers),
+    `notes` kept in it."""
     removed = _remove_leftovers(repo, plan.family, plan.instance, lease)
     parent = None
     chain: list[BackupManifest] = []
@@ -137,7 +138,7 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
         prefix = repo.backup_dir(plan.family, plan.instance, backup_id)
         try:
             result = _run(repo, plan, candidates, chain, backup_id, prefix, started, level, runner or LocalRunner(),
-                          progress, kind, checks or {}, lease)
+                          progress, kind, checks or {}, notes or {}, lease)
         except BaseException as e:
             # Its own objects go, its manifest too if it was stored (a commit whose reply was lost, a failure after
             # it); a fence in the manifest's place is the breaker's, and stays.
@@ -199,7 +200,7 @@ def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease
 
 def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,
          prefix: str, started: str, level: int, runner, progress: bool, kind: str, extra_checks: dict,
-         lease: Lease) -> BackupResult:
+         notes: dict[str, str], lease: Lease) -> BackupResult:
     held = {}  # name -> the newest entry of the parent chain holding it
     for manifest in chain:
         for entry in manifest.files:
@@ -250,7 +251,7 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
         id=backup_id, type=kind, parent=chain[-1].id if chain else None,
         family=plan.family, source=plan.source_info(), walvault=walvault_version(), started=started,
         finished=utc_now(), position=position, compression={"type": "zstd", "level": level},
-        files=[c.entry for c in candidates], checks=checks)
+        files=[c.entry for c in candidates], checks=checks, notes=notes)
     lease.confirm()
     if not commit_checked(repo.storage, f"{prefix}/{MANIFEST_NAME}", manifest.to_json()):
         raise LeaseLost(f"lease {lease.name} was lost: backup {backup_id} was fenced by another backup of the "

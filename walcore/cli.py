@@ -75,6 +75,10 @@ def days(help_text: str) -> Arg:
     return Arg("--days", metavar="N", help=help_text)
 
 
+def keep_full(help_text: str) -> Arg:
+    return Arg("--keep-full", type=int, metavar="N", help=help_text)
+
+
 @dataclass(frozen=True)
 class Command:
     name: str
@@ -131,6 +135,8 @@ COMMANDS = (
              *WORK)),
     Command("backup", rq.BackupRequest, "a full or incremental backup of one source, proven restorable",
             (Arg("source", type=Path, metavar="SOURCE"), *REPO, Arg("--type", choices=("full", "incremental")),
+             Arg("--note", action="append", dest="notes", metavar="KEY=VALUE",
+                 help="a note kept in the backup's manifest (walvault backups shows it); repeatable"),
              *connect("back up through box.backup.start()"),
              wait("wait this long for another backup or expiry of the source to finish (default: fail)"), *WORK,
              SPARK),
@@ -150,13 +156,31 @@ COMMANDS = (
                          "(walvault policy)"),
              Arg("--as-of", metavar="TIME",
                  help="judge as if it were this time (ISO 8601 UTC, or @unix seconds; default: now)"),
+             keep_full("keep the newest N full backups of each source (with their chains) whatever the window says "
+                       "(0: none); default: the policy stored in the repository"),
              Arg("--apply", action="store_true", help="carry out the plan"),
              wait("wait this long for a backup, snapshot or expiry of a source to finish"), JSON),
             description="Keep every point of the last N days restorable: delete archived log files and backups only "
-            "when the newest verified snapshot at or before the window's start covers them. Without --apply only "
+            "when the newest verified snapshot at or before the window's start covers them. Pinned backups (walvault "
+            "pin) and the newest --keep-full full backups are kept with their chains. Without --apply only "
             "the plan is printed and nothing is written."),
-    Command("policy", rq.PolicyRequest, "show, or with --days store, the repository's retention policy",
-            (*REPO, days("store this recovery window (days, 1..36500)"), JSON)),
+    Command("policy", rq.PolicyRequest, "show, or with --days or --keep-full store, the repository's retention "
+            "policy",
+            (*REPO, days("store this recovery window (days, 1..36500)"),
+             keep_full("store this count: the newest N full backups of each source (with their chains) are kept "
+                       "whatever the window says (0: none)"), JSON),
+            description="Show the stored retention policy; --days and --keep-full each store their part and keep the "
+            "other as stored (a first policy needs --days)."),
+    Command("pin", rq.PinRequest, "keep a backup and its parent chain whatever retention says",
+            (Arg("backup", metavar="BACKUP", help="a backup id, or latest"), *REPO,
+             Arg("--note", metavar="TEXT", help="why it is kept (walvault backups shows it)"),
+             wait("wait this long for a backup, snapshot or expiry of its source to finish (default: refuse)"), JSON),
+            description="Pin BACKUP: expire keeps it and its parent chain (kept: pinned) until walvault unpin. The pin "
+            "is a small object beside the backup's manifest, written under the source's lease. Exit 2 when there "
+            "is no such backup, 1 when the source's lease is held past --wait."),
+    Command("unpin", rq.UnpinRequest, "let retention judge a pinned backup again",
+            (Arg("backup", metavar="BACKUP", help="a backup id, or latest"), *REPO,
+             wait("wait this long for a backup, snapshot or expiry of its source to finish (default: refuse)"), JSON)),
     Command("drill", rq.DrillRequest, "restore a backup into a scratch directory and prove it; the verdict is recorded "
             "beside the backup (walvault backups shows it)", (Arg("backup", metavar="BACKUP"), *REPO, JSON),
             description="Restore BACKUP (an id, or latest) into a scratch directory, every hash checked; Tarantool: "

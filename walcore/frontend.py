@@ -293,11 +293,13 @@ def _archive(request: rq.ArchiveRequest, runner) -> int:
 def _backup(request: rq.BackupRequest, runner) -> int:
     from .command.backup import backup
     from .family import plan_for
+    from .repository.manifest import parse_notes
 
     plan_for(request.source, check_only=True)
     repo = _repository(request)
     result = backup(request.source, repo, incremental=request.type == "incremental", connect=request.connect,
-                    level=request.level, runner=runner, progress=request.progress, wait=request.wait)
+                    level=request.level, runner=runner, progress=request.progress, wait=request.wait,
+                    notes=parse_notes(request.notes))
     if request.json:
         print_json(result.to_json())
     else:
@@ -308,6 +310,8 @@ def _backup(request: rq.BackupRequest, runner) -> int:
             print(f"removed the leftovers of interrupted backup {leftover}")
         print(f"backup {m.id} ({m.type}{', parent ' + m.parent if m.parent else ''}) of {m.family} {m.instance}: "
               f"{len(m.files)} files, {m.bytes:,} bytes, {m.stored_bytes:,} stored; restores to {m.position}")
+        if m.notes:
+            print(f"notes: {_notes(m.notes)}")
     return EXIT_OK
 
 
@@ -346,11 +350,12 @@ def _expire_result(request: rq.ExpireRequest, runner):
     from .command.expire import expire, resolve_policy
 
     repo = _repository(request)
-    days, warning = resolve_policy(repo, request.days)
+    days, keep_full, warning = resolve_policy(repo, request.days, request.keep_full)
     if warning:
         print(f"walvault: warning: {warning}", file=sys.stderr)
     as_of = rq.as_of_time(request.as_of) if request.as_of else None
-    return expire(repo, days, as_of=as_of, apply=request.apply, wait=request.wait, only=request.only)
+    return expire(repo, days, keep_full=keep_full, as_of=as_of, apply=request.apply, wait=request.wait,
+                  only=request.only)
 
 
 def _expire(request: rq.ExpireRequest, runner) -> int:
@@ -372,10 +377,25 @@ def _expire(request: rq.ExpireRequest, runner) -> int:
 
 def _policy(request: rq.PolicyRequest, runner) -> int:
     from .command.expire import check_days, stored_policy
+    from .findings import Refused
+    from .repository.manifest import ManifestError
+    from .retention import check_keep_full, describe_policy
 
     repo = _repository(request)  # a typo in --repo must not leave a repository holding only a policy
-    if request.days is not None:  # both files are written: this is also how a damaged one is mended
-        policy = repo.set_policy(check_days(request.days))
+    if request.days is not None or request.keep_full is not None:  # both files are written: also how a damaged
+        try:  # one is mended; the part not given is kept as stored
+            stored = stored_policy(repo)[0] or {}
+        except ManifestError:  # neither file is good: nothing to keep
+            stored = {}
+        days = request.days if request.days is not None else stored.get("days")
+        if days is None:
+            raise Refused("no recovery window is stored: give --days N with --keep-full", "cannot_check")
+        keep_full = request.keep_full if request.keep_full is not None else stored.get("keep_full", 0)
+        try:
+            policy = repo.set_policy(check_days(days), check_keep_full(keep_full))
+        except ValueError as e:  # a stored part that is not usable: given anew, it is replaced
+            raise Refused(f"the stored policy is not usable ({e}): give --days and --keep-full", "cannot_check") \
+                from None
     else:
         policy, warning = stored_policy(repo)
         if warning:
@@ -385,8 +405,8 @@ def _policy(request: rq.PolicyRequest, runner) -> int:
     elif policy is None:
         print("no retention policy stored: expire needs --days")
     else:
-        print(f"retention policy: keep every point of the last {policy['days']} days (set {policy['set']} by "
-              f"{policy['by']})")
+        print(f"retention policy: {describe_policy(policy['days'], policy.get('keep_full', 0))} (set "
+              f"{policy['set']} by {policy['by']})")
     return EXIT_OK
 
 
@@ -427,10 +447,38 @@ def _backups(request: rq.BackupsRequest, runner) -> int:
         if verification and verification.get("status") != "ok":
             drilled += f"  DAMAGED (verify {verification.get('time')})"
         drilled += "".join(f"  copied to {c['to']} {c['time']}" for c in b.get("copies", []))
+        pin = b["pin"]
+        pinned = "" if pin is None else "  PINNED" + (f" ({pin['note']})" if pin.get("note") else "") \
+            + (f" (its pin cannot be read: {pin['problem']})" if pin.get("problem") else "")
+        notes = f"  notes: {_notes(b['notes'])}" if b["notes"] else ""
         print(f"{b['id']}  {b['type'] or '-':11} {b['family']} {b['source']}  {b['status']}  {size}  "
-              f"{b['position'] or ''}{parent}{drilled}")
+              f"{b['position'] or ''}{parent}{drilled}{pinned}{notes}")
     if not backups:
         print("no backups")
+    return EXIT_OK
+
+
+def _notes(notes: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in notes.items())
+
+
+def _pin(request: rq.PinRequest | rq.UnpinRequest, runner) -> int:
+    from .command.pin import pin, unpin
+
+    repo = _repository(request)
+    if isinstance(request, rq.PinRequest):
+        result = pin(repo, request.backup, request.note, wait=request.wait)
+    else:
+        result = unpin(repo, request.backup, wait=request.wait)
+    if request.json:
+        print_json(result.to_json())
+    elif result.pinned:
+        print(f"pinned backup {result.backup} ({result.family} {result.instance})"
+              + (f": {result.pin['note']}" if result.pin["note"] else "") + "; expire keeps it and its parent chain")
+    elif result.changed:
+        print(f"unpinned backup {result.backup} ({result.family} {result.instance}): retention judges it again")
+    else:
+        print(f"backup {result.backup} ({result.family} {result.instance}) was not pinned: nothing changed")
     return EXIT_OK
 
 
@@ -624,7 +672,8 @@ COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequ
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
             rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
-            rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream, rq.CopyRequest: _copy}
+            rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream, rq.CopyRequest: _copy,
+            rq.PinRequest: _pin, rq.UnpinRequest: _pin}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
            rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result,
            rq.StatusRequest: _status_result, rq.CopyRequest: _copy_result}

@@ -85,6 +85,22 @@ def _days_problem(days) -> str | None:
     return None
 
 
+def _keep_full_problem(keep_full: int | None) -> str | None:
+    from .retention import check_keep_full
+
+    problem = _value_problem(check_keep_full, keep_full) if keep_full is not None else None
+    return problem and f"--keep-full: {problem}"
+
+
+def _value_problem(check, value) -> str | None:
+    """What `check(value)` refuses (its ValueError's message); None: nothing."""
+    try:
+        check(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _password_problem(password_file: Path | None, connect: str | None) -> str | None:
     return "--password-file goes with --connect (the password of its user)" if password_file is not None \
         and not connect else None
@@ -278,6 +294,12 @@ class _SourceRequest(_RepoRequest):
 class BackupRequest(_SourceRequest):
     command, not_done = "backup", "not backed up"
     type: str = "full"
+    notes: list[str] = field(default_factory=list)  # KEY=VALUE, kept in the manifest
+
+    def problem(self):
+        from .repository.manifest import parse_notes
+
+        return _first(_value_problem(parse_notes, self.notes), super().problem())
 
 
 @dataclass(kw_only=True)
@@ -293,9 +315,10 @@ class ExpireRequest(_RepoRequest):
     apply: bool = False
     wait: float = 0.0
     only: set[tuple[str, str]] | None = None  # the (family, instance) sources to expire; None: every source
+    keep_full: int | None = None  # None: the stored policy's
 
     def problem(self):
-        return _first(_days_problem(self.days), _wait_problem(self.wait),
+        return _first(_days_problem(self.days), _keep_full_problem(self.keep_full), _wait_problem(self.wait),
                       f"--as-of {self.as_of!r} is not a time (ISO 8601 UTC, or @unix seconds)"
                       if self.as_of is not None and as_of_time(self.as_of) is None else None,
                       super().problem())
@@ -304,10 +327,34 @@ class ExpireRequest(_RepoRequest):
 @dataclass(kw_only=True)
 class PolicyRequest(_RepoRequest):
     command, not_done = "policy", "no policy"
-    days: str | None = None  # None: show the stored policy
+    days: str | None = None  # None (and no keep_full): show the stored policy
+    keep_full: int | None = None  # None: as stored
 
     def problem(self):
-        return _first(_days_problem(self.days), super().problem())
+        return _first(_days_problem(self.days), _keep_full_problem(self.keep_full), super().problem())
+
+
+@dataclass(kw_only=True)
+class PinRequest(_RepoRequest):
+    command, not_done = "pin", "not pinned"
+    backup: str
+    note: str | None = None
+    wait: float = 0.0
+
+    def problem(self):
+        from .repository.pins import check_pin_note
+
+        return _first(_value_problem(check_pin_note, self.note), _wait_problem(self.wait), super().problem())
+
+
+@dataclass(kw_only=True)
+class UnpinRequest(_RepoRequest):
+    command, not_done = "unpin", "not unpinned"
+    backup: str
+    wait: float = 0.0
+
+    def problem(self):
+        return _first(_wait_problem(self.wait), super().problem())
 
 
 @dataclass(kw_only=True)

@@ -19,6 +19,7 @@ from .repository.verdicts import failed_verdict
 
 DAY = 86400.0
 MAX_DAYS = 36500  # a century: a window past it is a typo, not a policy
+MAX_KEEP_FULL = 10000  # full backups kept by count: past it, a typo
 
 
 def check_days(value) -> float:
@@ -34,6 +35,20 @@ def check_days(value) -> float:
     if days > MAX_DAYS:
         raise ValueError(f"the window {value!r} is over {MAX_DAYS} days")
     return int(days) if days.is_integer() else days
+
+
+def check_keep_full(value) -> int:
+    """A count of full backups kept whatever the window says: a whole number from 0 (none) to MAX_KEEP_FULL
+    (ValueError naming what is wrong)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_KEEP_FULL:
+        raise ValueError(f"the count of full backups {value!r} is not a whole number from 0 to {MAX_KEEP_FULL}")
+    return value
+
+
+def describe_policy(days: float, keep_full: int) -> str:
+    """A policy as `policy` and `expire` say it."""
+    counted = f" and the newest {keep_full} full backups of each source" if keep_full else ""
+    return f"keep every point of the last {days} days{counted}"
 
 
 def iso(seconds: float | None) -> str | None:

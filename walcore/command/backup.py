@@ -26,10 +26,12 @@ from ..repository import Repository
 
 
 def backup(source: Path, repo: Repository, *, incremental: bool = False, connect: str | None = None,
-           level: int = 3, runner=None, progress: bool = False, wait: float = 0.0) -> BackupResult:
+           level: int = 3, runner=None, progress: bool = False, wait: float = 0.0,
+           notes: dict[str, str] | None = None) -> BackupResult:
     """Back up one source. The copy, hash, compress and verify work runs on the runner (this machine's cores by
-    default); the plan, the set's checks and the manifest stay here."""
+    default); the plan, the set's checks and the manifest stay here. `notes` (manifest.parse_notes's) are kept in
+    the manifest."""
     plan = plan_for(source, connect)
     with repo.lease(plan.family, plan.instance, "backup", wait=wait) as lease:
         return store_set(repo, plan, "incremental" if incremental else "full", lease, level=level, runner=runner,
-                         progress=progress)
+                         progress=progress, notes=notes)

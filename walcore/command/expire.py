@@ -11,9 +11,11 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   blobs, limestone's catalog and manifest versions) are kept; nothing of the archive expires while it holds a
   conflict or while two source identities (a copy beside the original) back the instance up.
 - Backups are judged per source identity (family, instance, host, source path), each with its own anchor:
-  backups whose point is inside the window (by the log's time), the newest restorable one before it, the anchor,
-  the newest restorable backup, the newest restorable full or incremental one, and those newer than the anchor
-  that a failed verdict (drill, verification) doubts are kept with their parent chains; the rest go, children
+  pinned backups (`walvault pin`), backups whose point is inside the window (by the log's time), the newest
+  restorable one before it, the anchor, the newest restorable backup, the newest restorable full or incremental
+  one, those newer than the anchor that a failed verdict (drill, verification) doubts, and the newest `keep_full`
+  restorable full backups (the policy's count: the stricter rule keeps) are kept with their parent chains; the
+  rest go, children
   before parents, each manifest before its objects (a backup without its manifest does not exist), and an object
   only when no kept manifest references it.
 - Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
@@ -43,8 +45,10 @@ from ..repository.archive import DIFFERS_SUFFIX, EXPIRED_SUFFIX, RECORD_SUFFIX, 
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
+from ..repository.pins import pins_of_source
 from ..repository.storage import UnsafeName
-from ..retention import DAY, backup_doubts, check_days, describe_anchor, iso, stored_policy, window_anchor
+from ..retention import (DAY, backup_doubts, check_days, check_keep_full, describe_anchor, describe_policy, iso,
+                         stored_policy, window_anchor)
 
 # segment, pwal_partial, epoch_partial: `walvault stream`'s (a Tarantool's sealed segments, a limestone directory's
 # durable pieces and epochs)
@@ -101,6 +105,7 @@ class ExpireResult:
     as_of: float
     applied: bool
     sources: list[SourcePlan]
+    keep_full: int = 0  # the newest full backups of each source kept whatever the window says
     audit: str | None = None  # the audit log's directory of this run
     warnings: list[str] = field(default_factory=list)  # what a plan found that an apply would refuse
 
@@ -109,33 +114,45 @@ class ExpireResult:
         return sum(s.deleted for s in self.sources)
 
     def to_json(self) -> dict:
-        return {"policy": {"days": self.days}, "as_of": iso(self.as_of), "applied": self.applied,
+        return {"policy": {"days": self.days, **({"keep_full": self.keep_full} if self.keep_full else {})},
+                "as_of": iso(self.as_of), "applied": self.applied,
                 "sources": [s.to_json() for s in self.sources], "deleted": self.deleted, "audit": self.audit,
                 "warnings": self.warnings}
 
 
-def resolve_policy(repo: Repository, days) -> tuple[float, str | None]:
-    """--days, else the policy stored in the repository (with stored_policy's warning); NoPolicy when there is
-    neither."""
-    if days is not None:
-        return check_days(days), None
-    policy, warning = stored_policy(repo)
-    if policy is None:
+def resolve_policy(repo: Repository, days, keep_full: int | None = None) -> tuple[float, int, str | None]:
+    """(the window: --days, else the policy stored in the repository; the count of full backups kept: --keep-full,
+    else the stored policy's, else none; stored_policy's warning). NoPolicy when there is no window, or when the
+    stored policy is read for its count and cannot be (it may keep backups the window would not)."""
+    days = None if days is None else check_days(days)
+    keep_full = None if keep_full is None else check_keep_full(keep_full)
+    if days is not None and keep_full is not None:
+        return days, keep_full, None
+    try:
+        policy, warning = stored_policy(repo)
+    except ManifestError as e:
+        if days is None:
+            raise
+        raise NoPolicy(f"{e}; it may keep full backups by count: give --keep-full N (0: none) with --days, or set "
+                       "the policy again; nothing was deleted") from None
+    if policy is None and days is None:
         raise NoPolicy(f"no retention policy: give --days N, or store one in {repo.display} with "
                        "`walvault policy --repo URL --days N`; nothing was deleted")
     try:
-        return check_days(policy.get("days")), warning
+        return (check_days(policy.get("days")) if days is None else days,
+                check_keep_full((policy or {}).get("keep_full", 0)) if keep_full is None else keep_full, warning)
     except ValueError as e:
         raise NoPolicy(f"the policy stored in {repo.display} is not usable ({e}); nothing was deleted") from None
 
 
-def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: bool = False,
+def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | None = None, apply: bool = False,
            wait: float = 0.0, only: set[tuple[str, str]] | None = None) -> ExpireResult:
-    """`only`: the (family, instance) sources to plan or expire (None: every source of the repository)."""
-    days = check_days(days)
+    """`only`: the (family, instance) sources to plan or expire (None: every source of the repository);
+    `keep_full`: the newest full backups of each source kept whatever the window says."""
+    days, keep_full = check_days(days), check_keep_full(keep_full)
     now = time.time()
     as_of = now if as_of is None else as_of
-    result = ExpireResult(days, as_of, apply, [])
+    result = ExpireResult(days, as_of, apply, [], keep_full)
     sources = repo.sources()
     if apply and as_of > now:  # judged from a future, a point written since now would look outside the window
         raise Refused(f"--as-of {iso(as_of)} is later than now ({iso(now)}): an apply judges as of now or "
@@ -149,7 +166,7 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
         result.warnings.append(f"{behind} (an --apply would be refused)")
     sources = [s for s in sources if only is None or s in only]
     if not apply:  # the plan alone writes nothing: no lease, no audit
-        result.sources = [plan_source(repo, f, i, as_of - days * DAY) for f, i in sources]
+        result.sources = [plan_source(repo, f, i, as_of - days * DAY, keep_full) for f, i in sources]
         return result
     for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
         _backup_records(repo, family, instance)
@@ -160,7 +177,7 @@ def expire(repo: Repository, days: float, *, as_of: float | None = None, apply: 
         try:
             with repo.lease(family, instance, "expire", wait=wait) as lease, \
                     repo.archive_lease(family, instance, "expire", wait=wait) as archive_lease:
-                plan = plan_source(repo, family, instance, as_of - days * DAY)
+                plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full)  # pins read under the lease
                 _apply(repo, plan, (lease, archive_lease), run, seq, {"days": days, "as_of": iso(as_of)})
         except (LeaseBusy, LeaseLost) as e:  # another source's expiry goes on; this one is reported
             plan.stopped = f"not expired: {e}"
@@ -228,11 +245,11 @@ def _backup_records(repo: Repository, family: str, instance: str) -> list:
     return records
 
 
-def plan_source(repo: Repository, family: str, instance: str, window_start: float) -> SourcePlan:
+def plan_source(repo: Repository, family: str, instance: str, window_start: float, keep_full: int = 0) -> SourcePlan:
     """The plan of one instance. Its backups are judged per source identity (family, instance, host, source path):
     a copy of a data dir beside the original shares the instance, and one's backup must never become the other's
     anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
-    identity backs it up."""
+    identity backs it up. `keep_full`: the newest full backups of each source identity kept (with their chains)."""
     plan = SourcePlan(family, instance)
     fam = family_named(family)
     records = _backup_records(repo, family, instance)
@@ -240,6 +257,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     doubts = backup_doubts(repo, family, instance, manifests)
     restorable = {backup_id: why is None for backup_id, why in doubts.items()}
     doubted = {backup_id for backup_id, why in doubts.items() if why == "doubted"}
+    pinned = set(pins_of_source(repo, family, instance))
     uncovered: dict[tuple, str] = {}  # why a source identity's window has no anchor, where a doubt says it
     if busy := repo.restores_in_progress(family, instance):
         plan.blocked = f"a restore of this source is in progress: {busy[0]}"
@@ -257,7 +275,8 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
                                    "an older one may be expired, so none anchors the window")
         plan.identities.append({"host": identity[2], "path": identity[3],
                                 "anchor": describe_anchor(fam, anchor) if anchor is not None else None})
-        for backup_id, why in _keep_backups(fam, own, restorable, doubted, anchor, window_start, repo).items():
+        for backup_id, why in _keep_backups(fam, own, restorable, doubted, pinned, keep_full, anchor, window_start,
+                                            repo).items():
             kept.setdefault(backup_id, why)
     # The identity of the newest backup speaks for the instance where one anchor is shown.
     shown = next((a for a in reversed(list(anchors.values())) if a is not None), None)
@@ -299,13 +318,17 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
 
 
 def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict[str, bool], doubted: set[str],
-                  anchor: BackupManifest | None, window_start: float, repo: Repository) -> dict[str, str]:
+                  pinned: set[str], keep_full: int, anchor: BackupManifest | None, window_start: float,
+                  repo: Repository) -> dict[str, str]:
     kept: dict[str, str] = {}
 
     def keep(m: BackupManifest | None, why: str) -> None:
         if m is not None and m.id not in kept:
             kept[m.id] = why
 
+    for m in manifests:  # first: a pin is said whatever else keeps the backup
+        if m.id in pinned:
+            keep(m, "pinned")
     for m in manifests:
         if fam.backup_time(m) >= window_start:
             keep(m, "inside the window")
@@ -323,6 +346,9 @@ def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict
         if m.id in doubted and anchor is not None and fam.position_key(m) > fam.position_key(anchor):
             keep(m, "newer than the anchor, and a failed drill or verification doubts it: what it holds may be in "
                     "no other backup nor in the archive (mend it and verify it again, or delete it by hand)")
+    fulls = sorted((m for m in manifests if m.type == "full" and restorable[m.id]), key=fam.position_key, reverse=True)
+    for m in fulls[:keep_full]:
+        keep(m, f"kept by count: one of the newest {keep_full} full backups of its source")
     for m in manifests:
         if m.id in kept:
             try:
@@ -467,10 +493,12 @@ def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
 
 def confirm(repo: Repository, family: str, instance: str, days: float,
             as_of: float | None = None) -> tuple[SourcePlan, str | None]:
-    """What an expiry of the source would rely on, confirmed before it runs: the source's plan, and what of its
-    anchor's stored bytes fails the re-hash (None: the anchor is intact, or there is none: plan.anchor says)."""
+    """What an expiry of the source would rely on, confirmed before it runs: the source's plan (under the stored
+    policy's count, as the expiry applies it), and what of its anchor's stored bytes fails the re-hash (None: the
+    anchor is intact, or there is none: plan.anchor says)."""
     as_of = time.time() if as_of is None else as_of
-    plan = plan_source(repo, family, instance, as_of - check_days(days) * DAY)
+    days, keep_full, _ = resolve_policy(repo, days)
+    plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full)
     return plan, _damaged_anchor_object(repo, plan) if plan.anchor else None
 
 
@@ -550,7 +578,7 @@ def render_source(s: SourcePlan) -> list[str]:
 
 def render(result: ExpireResult, apply_hint: str = APPLY_HINT) -> list[str]:
     """The whole report; `apply_hint`: how to carry out a plan (the CLI's flag, or a DAG's way)."""
-    lines = [f"policy: keep every point of the last {result.days} days, as of {iso(result.as_of)}"]
+    lines = [f"policy: {describe_policy(result.days, result.keep_full)}, as of {iso(result.as_of)}"]
     for s in result.sources:
         lines += render_source(s)
     if result.applied:

@@ -19,6 +19,7 @@ from ..limestone.stream import PIECE_KIND
 from ..repository import FAMILIES, ObjectDamaged, Repository, RepositoryError, utc_now, walvault_version
 from ..repository.copies import copies_of
 from ..repository.archive import DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, load_record
+from ..repository.pins import read_pin
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
 from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
                                    inspect_pair)
@@ -244,8 +245,8 @@ def _verify_archive(family: str, instance: str, names: list[str], records: dict[
 
 
 def list_backups(repo: Repository) -> list[dict]:
-    """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None) and where it was
-    copied (`walvault copy`)."""
+    """`walvault backups --json`: every backup, oldest first, with its last restore drill (or None), its notes,
+    its pin (None: not pinned) and where it was copied (`walvault copy`)."""
     out = []
     for r in repo.backups():
         m = r.manifest
@@ -253,13 +254,15 @@ def list_backups(repo: Repository) -> list[dict]:
             status = "incomplete" if not r.complete else "unreadable"
             out.append({"id": r.id, "type": None, "parent": None, "source": r.instance, "family": r.family,
                         "status": status, "files": None, "bytes": None, "stored_bytes": None, "started": None,
-                        "finished": None, "position": None, "problem": r.problem})
+                        "finished": None, "position": None, "notes": {},
+                        "pin": read_pin(repo, r.family, r.instance, r.id), "problem": r.problem})
             continue
         out.append({"id": m.id, "type": m.type, "parent": m.parent, "source": m.instance, "family": m.family,
                     "status": "ok" if r.problem is None else "manifest_copy_used", "files": len(m.files),
                     "bytes": m.bytes, "stored_bytes": m.stored_bytes, "started": m.started, "finished": m.finished,
                     "position": m.position, "drill": last_drill(repo, m.family, m.instance, m.id),
-                    "verification": last_verification(repo, m.family, m.instance, m.id),
+                    "verification": last_verification(repo, m.family, m.instance, m.id), "notes": m.notes,
+                    "pin": read_pin(repo, m.family, m.instance, m.id),
                     "copies": copies_of(repo, m.family, m.instance, m.id),
                     **({"problem": r.problem} if r.problem else {})})
     return out

@@ -3,7 +3,7 @@
 Layout under the root (names are what `Repository` builds; nothing else is written there):
 
     walvault.repo(.copy)                              format version, checksummed
-    walvault.policy(.copy)                            the retention policy (checksummed): {"days": N}
+    walvault.policy(.copy)                            the retention policy (checksummed): {"days": N, "keep_full": M}
     locks/<family>-<instance>.lease                   one backup, snapshot, expiry or copy of a source at a time
     locks/<family>-<instance>.archive.lease           one archive or expiry of a source's archive at a time
     locks/<family>-<instance>.stream.lease            one `walvault stream` of an instance at a time
@@ -15,6 +15,7 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
     <family>/<instance>/backups/<id>/drill.json       the verdict of the backup's last restore drill
     <family>/<instance>/backups/<id>/verify.json      the verdict of the last verify --repo that checked it
     <family>/<instance>/backups/<id>/copies.json      where `walvault copy` copied it (after the copy's commit)
+    <family>/<instance>/backups/<id>/pin.json         a pin (`walvault pin`): retention keeps the backup and its chain
     <family>/<instance>/archive/<name>.zst            archived sealed files
     <family>/<instance>/archive/<name>.zst.json       each one's record (checksummed): without it, not archived
     <family>/<instance>/archive/<name>.zst.expired    a tombstone: retention deleted these bytes (not archived again)
@@ -258,8 +259,10 @@ class Repository:
             raise ManifestError(f"the retention policy cannot be read: {e}; set it again: walvault policy --repo "
                                 f"{self.display} --days N") from None
 
-    def set_policy(self, days: float) -> dict:
-        policy = {"days": days, "set": utc_now(), "by": f"walvault {walvault_version()}"}
+    def set_policy(self, days: float, keep_full: int = 0) -> dict:
+        """Store the policy: the recovery window in days and, when not 0, the newest full backups kept by count."""
+        policy = {"days": days, **({"keep_full": keep_full} if keep_full else {}), "set": utc_now(),
+                  "by": f"walvault {walvault_version()}"}
         save_checked(self.storage, POLICY_NAME, policy)
         return policy
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from .storage import RepositoryError, Storage, check_name
@@ -176,6 +177,43 @@ def ensure_info(storage: Storage, now: str, version: str) -> dict:
 # -- the backup manifest
 
 
+NOTE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+NOTE_TEXT_LIMIT = 256  # characters of a note's value, or of a pin's note
+NOTES_LIMIT = 32  # notes of one backup
+
+
+def check_note_text(text: str, what: str) -> str:
+    """A note's text as given (ValueError naming `what` when it is empty, too long or holds a control character:
+    it is printed in listings, one line each)."""
+    if not text.strip():
+        raise ValueError(f"{what} is empty")
+    if len(text) > NOTE_TEXT_LIMIT:
+        raise ValueError(f"{what} is longer than {NOTE_TEXT_LIMIT} characters")
+    if any(not c.isprintable() for c in text):
+        raise ValueError(f"{what} holds a control character")
+    return text
+
+
+def parse_notes(pairs: list[str]) -> dict[str, str]:
+    """`backup --note KEY=VALUE` (repeatable) as the manifest keeps them; ValueError naming the first one wrong (no
+    `=`, a key not a letter then letters, digits, `_`, `.` or `-` (64 at most), a key given twice, a value
+    check_note_text refuses, more than NOTES_LIMIT notes)."""
+    notes: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--note {pair!r} is not KEY=VALUE")
+        if not NOTE_KEY.fullmatch(key):
+            raise ValueError(f"--note {pair!r}: the key must be a letter, then letters, digits, '_', '.' or '-' "
+                             "(64 at most)")
+        if key in notes:
+            raise ValueError(f"--note {key}: given twice")
+        notes[key] = check_note_text(value, f"--note {key}")
+    if len(notes) > NOTES_LIMIT:
+        raise ValueError(f"--note: {len(notes)} notes, at most {NOTES_LIMIT}")
+    return notes
+
+
 @dataclass
 class FileEntry:
     """One file of a backup: its source name (relative to the source directory) and where its bytes live."""
@@ -226,6 +264,7 @@ class BackupManifest:
     files: list[FileEntry] = field(default_factory=list)
     checks: dict = field(default_factory=dict)  # the set's verdict: chain, snapshot, vinyl / directory status
     format: int = REPO_FORMAT
+    notes: dict[str, str] = field(default_factory=dict)  # `backup --note KEY=VALUE`: what people said of it
 
     @property
     def instance(self) -> str:
@@ -236,17 +275,22 @@ class BackupManifest:
         return source_identity(self.family, self.source)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        found = asdict(self)
+        if not found["notes"]:  # a manifest without notes is written as before they existed
+            del found["notes"]
+        return found
 
     @classmethod
     def from_json(cls, obj: dict) -> BackupManifest:
         if obj.get("format", 0) > REPO_FORMAT:
             raise ManifestError(f"backup manifest format {obj.get('format')} is newer than this walvault reads")
         try:
-            fields = {k: obj[k] for k in cls.__dataclass_fields__ if k not in ("files",)}
+            fields = {k: obj[k] for k in cls.__dataclass_fields__ if k != "files" and (k in obj or k != "notes")}
             files = [FileEntry.from_json(f) for f in obj["files"]]
         except (KeyError, TypeError) as e:
             raise ManifestError(f"the backup manifest is incomplete: {e}") from None
+        if not isinstance(fields.get("notes", {}), dict):
+            raise ManifestError(f"the backup manifest's notes are not a mapping: {fields['notes']!r}")
         for entry in files:
             if not isinstance(entry.size, int) or entry.size < 0:
                 raise ManifestError(f"{entry.name}: bad size {entry.size!r}")
