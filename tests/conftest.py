@@ -411,6 +411,7 @@ FILE_TIERS = {
     "test_limestone_random.py": "unit",
     "test_lineage.py": "integration",
     "test_nemesis.py": "integration",
+    "test_object_lock.py": "integration",  # moto's S3 server with a lock-enabled bucket
     "test_notify.py": "unit",  # an SMTP server in this process; the DAG run's test is `system` (TEST_TIERS)
     "test_pins.py": "unit",  # in process; its S3 case is integration (tier_of)
     "test_redundancy_and_clock.py": "integration",

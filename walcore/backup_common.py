@@ -16,6 +16,7 @@ from .repository import Repository, Stored, utc_now, walvault_version
 from .repository.lease import Lease, LeaseLost
 from .repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked,
                                   decode_checked, source_identity)
+from .repository.storage import ObjectLocked
 from .runner import LocalRunner, run_all
 
 LEDGER_VERDICTS = ("ok",)  # only sealed files that verified clean go to the ledger: their bytes never change
@@ -163,6 +164,16 @@ def _own_manifest(repo: Repository, name: str) -> bool:
         return True  # not a fence (a fence is written whole, checksummed): what this writer began
 
 
+def _removed(repo: Repository, name: str) -> bool:
+    """Remove an object this backup stored; False when its Object Lock keeps it: the backup then holds it as its own
+    (a copy the repository cannot drop would otherwise be a locked object no manifest names)."""
+    try:
+        repo.storage.remove(name)
+    except ObjectLocked:
+        return False
+    return True
+
+
 def _lost_first(lease: Lease, error: Exception) -> None:
     """A backup that fails after its lease was lost failed because of that (its breaker removed what it was
     writing): LeaseLost is the error to report."""
@@ -231,9 +242,8 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     for item, c in by_item.items():
         stored = results[item]
         old = held.get(c.name)
-        if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size:
-            repo.storage.remove(item[0])  # the same bytes are held already
-            c.entry = _reference(old[0], old[1])
+        if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size and _removed(repo, item[0]):
+            c.entry = _reference(old[0], old[1])  # the same bytes are held already
         else:
             c.entry = _own(c, item[0], stored)
     if chain:

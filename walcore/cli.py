@@ -128,8 +128,13 @@ COMMANDS = (
              Arg("--repo-option", action="append", metavar="KEY=VALUE",
                  help="an fsspec storage option for --parquet's URL; repeatable"), SPARK)),
     Command("init", rq.InitRequest, "make a new or empty location a walvault repository (every other command needs "
-            "one)", (*REPO, JSON), description="Create the repository (walvault.repo and its copy) at --repo URL. A "
-            "location holding a repository already is left as it is; one holding anything else is refused (exit 2)."),
+            "one)", (*REPO, Arg("--lock-days", type=int, metavar="N", help="S3 with Object Lock: write every backup "
+                                "object, manifest and archived file retained N days (expire keeps them until then)"),
+                     Arg("--lock-mode", choices=("governance", "compliance"),
+                         help="the Object Lock mode with --lock-days (default governance)"), JSON),
+            description="Create the repository (walvault.repo and its copy) at --repo URL. A "
+            "location holding a repository already is left as it is; one holding anything else is refused (exit 2), "
+            "as is --lock-days on storage without Object Lock enabled."),
     Command("archive", rq.ArchiveRequest, "copy the sealed files of sources into the repository, each verified first",
             (Arg("paths", nargs="+", type=Path, metavar="SOURCE", help="Tarantool data dirs, limestone dirs"), *REPO,
              *WORK)),

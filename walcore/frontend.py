@@ -248,12 +248,15 @@ def _batches(rows, size: int = 4096):
 def _init(request: rq.InitRequest, runner) -> int:
     from .repository import Repository
 
-    repo, created = Repository.init(request.repo, request.repo_options)
+    repo, created = Repository.init(request.repo, request.repo_options, lock_days=request.lock_days,
+                                    lock_mode=request.lock_mode)
+    lock = repo.info.get("lock")
     if request.json:
         print_json({"repository": repo.display, "created": created, "format": repo.info.get("format"),
-                    "since": repo.info.get("created")})
+                    "since": repo.info.get("created"), "lock": lock})
     elif created:
-        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})")
+        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})"
+              + (f"; objects locked {lock['days']} days ({lock['mode']})" if lock else ""))
     else:
         print(f"{repo.display} is a walvault repository already (format {repo.info.get('format')}, created "
               f"{repo.info.get('created')}): nothing changed")

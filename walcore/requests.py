@@ -260,6 +260,17 @@ class _RepoRequest(Request):
 @dataclass(kw_only=True)
 class InitRequest(_RepoRequest):
     command, not_done = "init", "no repository made"
+    lock_days: int | None = None  # S3 Object Lock: immutable objects retained this many days; None: no lock
+    lock_mode: str = "governance"
+
+    def problem(self):
+        from .repository.storage import LOCK_MODES
+
+        return _first("--lock-days must be a whole number of days, 1 to 36500" if self.lock_days is not None
+                      and not (isinstance(self.lock_days, int) and 1 <= self.lock_days <= 36500) else None,
+                      f"--lock-mode is one of {', '.join(LOCK_MODES)}" if self.lock_mode not in LOCK_MODES else None,
+                      "--lock-mode goes with --lock-days" if self.lock_days is None and self.lock_mode != "governance"
+                      else None, super().problem())
 
 
 @dataclass(kw_only=True)

@@ -20,6 +20,9 @@ The rule, per source: every point of the last N days (before `as_of`) stays rest
   only when no kept manifest references it.
 - Nothing is deleted while a restore of the source is in progress, or when a manifest cannot be read (its
   files are not garbage: the expiry stops).
+- On S3 with Object Lock (`walvault init --lock-days`), the plan reads the retention of every object it would
+  delete first: a backup (with its parent chain) or an archived file holding one still locked is kept whole, "locked
+  until" when, so that an apply never stops half-way on a lock (nor hides a locked object behind a delete marker).
 With `apply`, each source is expired under its lease; every deletion re-checks its conditions right before it
 acts and is first written to the append-only audit log. An archived file leaves a tombstone (so that archive
 does not store it again while the source keeps it). A crash leaves what the next run finishes: a backup whose
@@ -46,7 +49,7 @@ from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, F
                                    decode_checked, encode_checked)
 from ..repository.lease import LeaseBusy, LeaseLost
 from ..repository.pins import pins_of_source
-from ..repository.storage import UnsafeName
+from ..repository.storage import LOCK_SKEW, UnsafeName
 from ..retention import (DAY, backup_doubts, check_days, check_keep_full, describe_anchor, describe_policy, iso,
                          stored_policy, window_anchor)
 
@@ -166,7 +169,7 @@ def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | 
         result.warnings.append(f"{behind} (an --apply would be refused)")
     sources = [s for s in sources if only is None or s in only]
     if not apply:  # the plan alone writes nothing: no lease, no audit
-        result.sources = [plan_source(repo, f, i, as_of - days * DAY, keep_full) for f, i in sources]
+        result.sources = [plan_source(repo, f, i, as_of - days * DAY, keep_full, as_of=as_of) for f, i in sources]
         return result
     for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
         _backup_records(repo, family, instance)
@@ -177,7 +180,8 @@ def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | 
         try:
             with repo.lease(family, instance, "expire", wait=wait) as lease, \
                     repo.archive_lease(family, instance, "expire", wait=wait) as archive_lease:
-                plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full)  # pins read under the lease
+                plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full,  # pins read under the lease
+                                   as_of=as_of)
                 _apply(repo, plan, (lease, archive_lease), run, seq, {"days": days, "as_of": iso(as_of)})
         except (LeaseBusy, LeaseLost) as e:  # another source's expiry goes on; this one is reported
             plan.stopped = f"not expired: {e}"
@@ -245,8 +249,9 @@ def _backup_records(repo: Repository, family: str, instance: str) -> list:
     return records
 
 
-def plan_source(repo: Repository, family: str, instance: str, window_start: float, keep_full: int = 0) -> SourcePlan:
-    """The plan of one instance. Its backups are judged per source identity (family, instance, host, source path):
+def plan_source(repo: Repository, family: str, instance: str, window_start: float, keep_full: int = 0, *,
+                as_of: float | None = None) -> SourcePlan:
+    """The plan of one instance, as of `as_of` (None: now). Its backups are judged per source identity (family, instance, host, source path):
     a copy of a data dir beside the original shares the instance, and one's backup must never become the other's
     anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
     identity backs it up. `keep_full`: the newest full backups of each source identity kept (with their chains)."""
@@ -310,6 +315,8 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
                   "nothing of its archive expires while both have backups")
     _plan_archive(repo, plan, shown if len(identities) <= 1 else None, window_start, shared, orphans=shown is not None)
     plan.delete.sort(key=lambda i: i.order)
+    if repo.storage.lock is not None:
+        _keep_locked(repo, plan, {m.id: m for m in manifests}, referenced, max(as_of or 0.0, time.time()))
     plan.referenced = referenced
     if plan.blocked:
         plan.keep += [{"path": i.path, "kind": i.kind, "reason": plan.blocked} for i in plan.delete]
@@ -357,6 +364,41 @@ def _keep_backups(fam: Family, manifests: list[BackupManifest], restorable: dict
             except RepositoryError:
                 pass  # an unrestorable chain: what of it is there is kept with the backup
     return kept
+
+
+def _keep_locked(repo: Repository, plan: SourcePlan, manifests: dict[str, BackupManifest], referenced: set[str],
+                 when: float) -> None:
+    """S3 Object Lock: the retention of each object the plan deletes is read before anything is deleted (a delete of
+    a locked one would fail, or only hide it behind a delete marker). A backup or archived file holding an object
+    locked past `when` is kept whole, a backup with its parent chain (and what it references stays)."""
+    storage = repo.storage
+
+    def locked_until(names: list[str]) -> float | None:
+        found = [u for n in names if storage.lock.applies(n) and (u := storage.locked_until(n)) is not None]
+        return max(found, default=None)
+
+    def objects(item: Item) -> list[str]:
+        if item.backup_id is None:
+            return [item.path] + ([item.record] if item.record else [])
+        return [n for n in storage.list(item.path) if item.kind == "leftovers" or n not in referenced]
+
+    locked: dict[str, str] = {}
+    for item in plan.delete:
+        until = locked_until(objects(item))
+        if until is not None and until + LOCK_SKEW > when:
+            locked[item.path] = f"locked until {iso(until)} (S3 Object Lock): kept whole until then"
+            if item.kind != "leftovers" and item.backup_id is not None:
+                try:
+                    chain = repo.chain(manifests[item.backup_id])
+                except RepositoryError:
+                    chain = [manifests[item.backup_id]]
+                for m in chain:
+                    referenced.update(e.stored for e in m.files)
+                for parent in chain[:-1]:
+                    locked.setdefault(repo.backup_dir(plan.family, plan.instance, parent.id),
+                                      f"in the parent chain of {item.backup_id}, which is {locked[item.path]}")
+    plan.keep += [{"path": i.path, "kind": i.kind, "reason": locked[i.path]} for i in plan.delete if i.path in locked]
+    plan.delete = [i for i in plan.delete if i.path not in locked]
 
 
 def _manifest_bytes(repo: Repository, prefix: str) -> bytes:
@@ -498,7 +540,7 @@ def confirm(repo: Repository, family: str, instance: str, days: float,
     anchor is intact, or there is none: plan.anchor says)."""
     as_of = time.time() if as_of is None else as_of
     days, keep_full, _ = resolve_policy(repo, days)
-    plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full)
+    plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full, as_of=as_of)
     return plan, _damaged_anchor_object(repo, plan) if plan.anchor else None
 
 
@@ -545,7 +587,8 @@ def _delete(repo: Repository, plan: SourcePlan, item: Item, lease) -> None:
         storage.remove(f"{item.path}/{name}")
     left = [n for n in storage.list(item.path) if n in plan.referenced]
     if not left:
-        storage.remove_tree(item.path)
+        if locked := storage.remove_tree(item.path):  # the plan read every lock: one set since then
+            raise RepositoryError(f"{locked[0]} was locked after the plan (S3 Object Lock): left in place")
         return
     for name in storage.list(item.path):
         if name not in plan.referenced:
@@ -569,6 +612,7 @@ def render_source(s: SourcePlan) -> list[str]:
               for n, item in enumerate(s.delete)]
     kept = sorted(Counter(k["reason"] for k in s.keep).items(), key=lambda kv: -kv[1])
     lines.append(f"  keep {len(s.keep)}: " + ", ".join(f"{n} {why}" for why, n in kept))
+    lines += [f"  kept: {k['path']}: {k['reason']}" for k in s.keep if k["reason"].startswith("locked until")]
     if s.blocked:
         lines.append(f"  blocked: {s.blocked}")
     if s.stopped:

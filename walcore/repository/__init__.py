@@ -2,7 +2,8 @@
 
 Layout under the root (names are what `Repository` builds; nothing else is written there):
 
-    walvault.repo(.copy)                              format version, checksummed
+    walvault.repo(.copy)                              format version, checksummed; the repository's settings:
+                                                      "lock" {"mode", "days"}: S3 Object Lock (walvault init)
     walvault.policy(.copy)                            the retention policy (checksummed): {"days": N, "keep_full": M}
     locks/<family>-<instance>.lease                   one backup, snapshot, expiry or copy of a source at a time
     locks/<family>-<instance>.archive.lease           one archive or expiry of a source's archive at a time
@@ -41,7 +42,7 @@ from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
                        decode_checked, encode_checked, ensure_info, load_checked, read_info, save_checked)
-from .storage import RepositoryError, Storage, UnsafeName, check_name, open_storage
+from .storage import ObjectLock, RepositoryError, Storage, UnsafeName, check_name, open_storage
 
 FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -128,6 +129,20 @@ def _kind_of_object(name: str) -> str:
     return _TOP_KINDS.get(parts[0], "other")
 
 
+def is_immutable(name: str) -> bool:
+    """What Object Lock retains (by its name from the root): a backup's objects and its manifest (a fence written in
+    its place too), an archived file and its record: written once, removed only by expiry. Everything else is
+    rewritten or replaced (leases, the policy, the ledger, verdicts, reports, tombstones, the stream's segments and
+    partials, which the archive supersedes or a stream replaces as they grow) and is never locked."""
+    parts = name.split("/")
+    if len(parts) < 4 or parts[0] not in FAMILIES:
+        return False
+    last = parts[-1]
+    if parts[2] == "backups":
+        return len(parts) >= 5 and (last.endswith(".zst") or last.removesuffix(COPY_SUFFIX) == MANIFEST_NAME)
+    return parts[2] == "archive" and (last.endswith(".zst") or last.endswith(".zst.json"))
+
+
 def is_backup_id(text: str) -> bool:
     return bool(_BACKUP_ID.fullmatch(text))
 
@@ -139,28 +154,43 @@ def check_instance(instance: str) -> str:
 
 
 class Repository:
-    def __init__(self, url: str, options: dict | None = None, *, create: bool = False):
+    def __init__(self, url: str, options: dict | None = None, *, create: bool = False, settings: dict | None = None):
+        """`settings`: what a repository created now keeps in walvault.repo (`init`'s "lock")."""
         self.storage = open_storage(url, options)
         self.display = self.storage.display
-        self.locks = self.storage.sub("locks")
         if create:
-            self.info = ensure_info(self.storage, utc_now(), walvault_version())
+            self.info = ensure_info(self.storage, utc_now(), walvault_version(), settings)
         else:
             self.info = read_info(self.storage)
             if self.info is None:
                 raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): create one "
                                       f"with `walvault init --repo {self.display}`")
+        if lock := self.info.get("lock"):
+            self.storage.lock = ObjectLock(lock["mode"], lock["days"], is_immutable)
+        self.locks = self.storage.sub("locks")
 
     @classmethod
-    def init(cls, url: str, options: dict | None = None) -> tuple[Repository, bool]:
+    def init(cls, url: str, options: dict | None = None, *, lock_days: int | None = None,
+             lock_mode: str = "governance") -> tuple[Repository, bool]:
         """`walvault init`: the repository at `url`, made there when the location is missing or empty; (it, whether
         it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
-        a directory of other things into a repository."""
+        a directory of other things into a repository. `lock_days`: every immutable object is written under S3
+        Object Lock (`lock_mode`) for that many days; refused where the store has no Object Lock enabled, and on
+        a repository made without it (or with another)."""
         storage = open_storage(url, options)
         if storage.caps.local_paths and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
             raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
-        if read_info(storage) is not None:
+        lock = {"mode": lock_mode, "days": lock_days} if lock_days is not None else None
+        if info := read_info(storage):
+            if lock is not None and info.get("lock") != lock:
+                raise RepositoryError(f"{storage.display} is a walvault repository already, with "
+                                      + (f"Object Lock {info['lock']['mode']} for {info['lock']['days']} days"
+                                         if info.get("lock") else "no Object Lock")
+                                      + ": init changes no repository's settings")
             return cls(url, options), False
+        if lock is not None and not storage.lock_enabled():
+            raise RepositoryError(f"--lock-days: {storage.display} cannot lock objects (only S3 with Object Lock "
+                                  "enabled on the bucket can): not made a repository")
         try:
             held = storage.fs.ls(storage.root, detail=False)
         except FileNotFoundError:
@@ -170,7 +200,7 @@ class Repository:
         if held:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
-        return cls(url, options, create=True), True
+        return cls(url, options, create=True, settings={"lock": lock} if lock is not None else None), True
 
     # -- names
 
@@ -413,7 +443,8 @@ class Repository:
         """Remove an interrupted backup's leftovers once their writer can no longer commit them: a fence is created
         in place of its main manifest first (an exclusive create: a late writer's commit then fails), and stays
         FENCE_KEEP before the directory goes. False when a manifest appeared meanwhile (the writer committed: its
-        backup is left alone) or nothing was left to remove."""
+        backup is left alone), nothing was left to remove, or what is left is still under its Object Lock (removed
+        once that ends)."""
         backup = self.backup_storage(record.family, record.instance, record.id)
         lease.confirm()
         fenced = record.fenced
@@ -427,8 +458,7 @@ class Repository:
                 fenced = record.fenced
         if record.cleared:
             return False
-        backup.remove_tree(keep=None if time.time() - fenced > FENCE_KEEP else MANIFEST_NAME)
-        return True
+        return not backup.remove_tree(keep=None if time.time() - fenced > FENCE_KEEP else MANIFEST_NAME)
 
     def source_backups(self, family: str, instance: str) -> list[BackupRecord]:
         """Every backup of one source, as found (in no particular order); a fence whose leftovers are gone is

@@ -165,11 +165,11 @@ def read_info(storage: Storage) -> dict | None:
     return info
 
 
-def ensure_info(storage: Storage, now: str, version: str) -> dict:
-    """The repository's info, created on first use."""
+def ensure_info(storage: Storage, now: str, version: str, settings: dict | None = None) -> dict:
+    """The repository's info, created on first use with its `settings` (e.g. "lock": its Object Lock)."""
     info = read_info(storage)
     if info is None:
-        info = {"format": REPO_FORMAT, "created": now, "created_by": f"walvault {version}"}
+        info = {"format": REPO_FORMAT, "created": now, "created_by": f"walvault {version}", **(settings or {})}
         save_checked(storage, INFO_NAME, info)
     return info
 

@@ -7,6 +7,10 @@ the root is ever read or written, whatever a manifest says; `sub(prefix)` is a s
 callers build no paths. Writes are atomic: locally `fsutil.write_atomic` (a temporary file, fsync, rename, a
 directory fsync); on an object store one PUT (an object appears whole or not at all), aborted on error.
 
+On S3 with Object Lock (`ObjectLock`, set from the repository's settings), every object its `applies` names is
+written with a retention period, and `remove` reads an object's lock before deleting it: a plain delete of a locked
+object would only hide it behind a delete marker, so a locked one is refused (ObjectLocked), never hidden.
+
 Credentials come from the options or the environment and are never printed: every error leaving this
 module passes through `redact`.
 """
@@ -21,7 +25,7 @@ import os
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -34,6 +38,14 @@ class RepositoryError(RuntimeError):
 
 class UnsafeName(RepositoryError):
     """A name that would leave the repository root (`..`, absolute, a symlink out)."""
+
+
+class ObjectLocked(RepositoryError):
+    """An object still under its Object Lock retention: it cannot be deleted before `until` (Unix time)."""
+
+    def __init__(self, message: str, until: float):
+        super().__init__(message)
+        self.until = until
 
 
 _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key", re.I)
@@ -131,6 +143,29 @@ class Capabilities:
     local_paths: bool  # names are paths of this host's file system (a symlink may lead out: each is resolved)
 
 
+LOCK_MODES = ("governance", "compliance")
+# A lock is taken to hold this much past its end: a host's clock ahead of the store's by up to this never deletes a
+# locked object (a plain delete would not fail: it would hide the object behind a delete marker).
+LOCK_SKEW = 300.0
+
+
+@dataclass(frozen=True)
+class ObjectLock:
+    """S3 Object Lock as a repository sets it: each object `applies` names (by its name from the repository root)
+    is written retained in `mode` (GOVERNANCE or COMPLIANCE) for `days` from its write."""
+
+    mode: str
+    days: int
+    applies: Callable[[str], bool]
+
+    def retention(self) -> dict:
+        """The PUT's parameters: the retention of an object written now."""
+        import datetime
+
+        until = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=self.days)
+        return {"ObjectLockMode": self.mode.upper(), "ObjectLockRetainUntilDate": until}
+
+
 def open_storage(url: str, options: dict | None = None) -> Storage:
     """The storage at `url`, through the driver its protocol needs."""
     import fsspec
@@ -147,6 +182,7 @@ class Storage(ABC):
     caps: Capabilities
     fs: object
     root: str  # the repository root in `fs`'s terms; a `sub` storage's names start at `prefix` below it
+    lock: ObjectLock | None = None  # the repository's Object Lock: which objects are written retained
 
     def __init__(self, url: str, options: dict | None):
         self.url = url
@@ -259,6 +295,14 @@ class Storage(ABC):
         """Seconds since the object was last written (OSError when it is gone)."""
         return time.time() - self.fs.modified(self.full(name)).timestamp()
 
+    def lock_enabled(self) -> bool:
+        """Whether the store can retain objects (S3: the bucket has Object Lock enabled)."""
+        return False
+
+    def locked_until(self, name: str) -> float | None:
+        """Until when (Unix time) the object is retained by its Object Lock; None when it is not (or not found)."""
+        return None
+
     def list(self, prefix: str | None = None) -> list[str]:
         """Every object name under a directory prefix (or this storage's root for None), recursive, relative to
         this storage's root, sorted."""
@@ -338,6 +382,12 @@ class Storage(ABC):
         """Write `new` over the object, or remove it for None, if it is still at `version`."""
 
     def remove(self, name: str) -> None:
+        """Delete an object (gone already: nothing to do); ObjectLocked when its retention holds it still."""
+        if self.lock is not None and self.lock.applies(self.repo_name(name)) \
+                and (until := self.locked_until(name)) is not None and until + LOCK_SKEW > time.time():
+            raise ObjectLocked(f"{self.repo_name(name)} in repository {self.display} is locked until "
+                               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))} (S3 Object Lock): not "
+                               "deleted", until)
         try:
             self.fs.rm_file(self.full(name))
         except FileNotFoundError:
@@ -352,12 +402,18 @@ class Storage(ABC):
         prefix (or right at the root for None); a driver without `caps.atomic_rename` leaves none."""
         return []
 
-    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> None:
+    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> list[str]:
         """Remove every object under a prefix (or this storage's root for None: a backup's leftovers), but the one
-        named `keep` (a fence)."""
+        named `keep` (a fence); returns those left because their Object Lock holds them still (removed once it
+        ends)."""
+        locked = []
         for name in self.list(prefix):
             if name != keep:
-                self.remove(name)
+                try:
+                    self.remove(name)
+                except ObjectLocked:
+                    locked.append(name)
+        return locked
 
 
 class LocalStorage(Storage):
@@ -463,8 +519,8 @@ class LocalStorage(Storage):
                 continue  # gone meanwhile
         return removed
 
-    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> None:
-        super().remove_tree(prefix, keep)
+    def remove_tree(self, prefix: str | None = None, keep: str | None = None) -> list[str]:
+        locked = super().remove_tree(prefix, keep)
         full = self._base(prefix)
         for root, dirs, _files in os.walk(full, topdown=False):
             for d in dirs:
@@ -477,6 +533,7 @@ class LocalStorage(Storage):
         except OSError as e:
             if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
                 raise self.error(f"cannot remove {os.path.relpath(full, self.root)}", e) from None
+        return locked
 
 
 class FsspecStorage(Storage):
@@ -497,11 +554,16 @@ class FsspecStorage(Storage):
         self.caps = Capabilities(conditional_update="if-match" if hasattr(self.fs, "call_s3") else "",
                                  atomic_rename=False, consistent_listing=False, fork_safe=False, local_paths=False)
 
+    def _retention(self, name: str) -> dict:
+        """The parameters that retain an object written now under `name`, where the repository locks it."""
+        return self.lock.retention() if self.lock is not None and self.lock.applies(self.repo_name(name)) else {}
+
     def write(self, name: str, chunks: Iterable[bytes]) -> int:
         full = self.full(name)
         written = 0
+        retention = self._retention(name)
         try:
-            f = self.fs.open(full, "wb")
+            f = self.fs.open(full, "wb", **retention)
         except Exception as e:
             raise self._failed("cannot write", name, e) from None
         try:
@@ -518,6 +580,12 @@ class FsspecStorage(Storage):
             raise
         try:
             f.close()
+            if retention and getattr(f, "mpu", None):
+                # a multipart upload's retention, given again on the object it made: not every store applies the
+                # one given when the upload began (moto does not)
+                bucket, key, _ = self.fs.split_path(full)
+                self.fs.call_s3("put_object_retention", Bucket=bucket, Key=key, Retention={
+                    "Mode": retention["ObjectLockMode"], "RetainUntilDate": retention["ObjectLockRetainUntilDate"]})
         except Exception as e:
             raise self._failed("cannot write", name, e) from None
         return written
@@ -525,7 +593,7 @@ class FsspecStorage(Storage):
     def create(self, name: str, data: bytes) -> bool:
         full = self.full(name)
         try:
-            self.fs.pipe_file(full, data, mode="create")
+            self.fs.pipe_file(full, data, mode="create", **self._retention(name))
         except FileExistsError:
             return False
         except Exception as e:
@@ -533,6 +601,32 @@ class FsspecStorage(Storage):
                 return False
             raise self._failed("cannot create", name, e) from None
         return True
+
+    def lock_enabled(self) -> bool:
+        if not hasattr(self.fs, "call_s3"):
+            return False
+        bucket = self.fs.split_path(self.root)[0]
+        try:
+            found = self.fs.call_s3("get_object_lock_configuration", Bucket=bucket)
+        except Exception as e:
+            if "ObjectLockConfigurationNotFound" in str(e) or "Object Lock configuration does not exist" in str(e):
+                return False
+            raise self.error("cannot read the bucket's Object Lock configuration", e) from None
+        return found.get("ObjectLockConfiguration", {}).get("ObjectLockEnabled") == "Enabled"
+
+    def locked_until(self, name: str) -> float | None:
+        """Read from head_object (the retention API itself is not answered by every store: moto 5.2.5's fails)."""
+        if not hasattr(self.fs, "call_s3"):
+            return None
+        bucket, key, _ = self.fs.split_path(self.full(name))
+        try:
+            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise self._failed("cannot read the Object Lock of", name, e) from None
+        until = head.get("ObjectLockRetainUntilDate")
+        return until.timestamp() if until is not None else None
 
     def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
         """The ETag is of exactly the bytes read: s3fs makes the read conditional on the ETag it looked up."""
