@@ -251,9 +251,9 @@ def _backup_records(repo: Repository, family: str, instance: str) -> list:
 
 def plan_source(repo: Repository, family: str, instance: str, window_start: float, keep_full: int = 0, *,
                 as_of: float | None = None) -> SourcePlan:
-    """The plan of one instance, as of `as_of` (None: now). Its backups are judged per source identity (family, instance, host, source path):
-    a copy of a data dir beside the original shares the instance, and one's backup must never become the other's
-    anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
+    """The plan of one instance, as of `as_of` (None: now). Its backups are judged per source identity (family,
+    instance, host, source path): a copy of a data dir beside the original shares the instance, and one's backup
+    must never become the other's anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
     identity backs it up. `keep_full`: the newest full backups of each source identity kept (with their chains)."""
     plan = SourcePlan(family, instance)
     fam = family_named(family)
