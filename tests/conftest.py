@@ -241,7 +241,7 @@ def spark_class_archive(request, tmp_path_factory):
     archive = root / "spark-classes.jsa"
     os.environ["SPARK_SUBMIT_OPTS"] = f"{SPARK_JVM_OPTS} -XX:SharedArchiveFile={archive}"
     try:
-        os.close(os.open(root / "spark-classes.lock", os.O_CREAT | os.O_EXCL))
+        os.close(os.open(root / "spark-classes.lock", os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:  # another worker makes it
         yield archive
         return
