@@ -94,8 +94,16 @@ def _verify_result(request: rq.VerifyRequest, runner, show=lambda report: None):
     from .command.verify import verify_sources
 
     if _of_repository(request):
-        return verify_backups(_repository(request), request.backup, runner=runner, full=request.full,
-                              progress=request.progress, show=show)
+        from .repository.encrypted import KeyMissing
+
+        try:
+            repo = _repository(request)
+        except KeyMissing:  # an encrypted repository without its key: what can be checked is every object's bytes
+            from .command.repo_verify import verify_stored_bytes
+
+            return verify_stored_bytes(request.repo, request.repo_options, show=show)
+        return verify_backups(repo, request.backup, runner=runner, full=request.full, progress=request.progress,
+                              show=show)
     return verify_sources(request, runner=runner, show=show)
 
 
@@ -248,15 +256,34 @@ def _batches(rows, size: int = 4096):
 def _init(request: rq.InitRequest, runner) -> int:
     from .repository import Repository
 
-    repo, created = Repository.init(request.repo, request.repo_options)
+    repo, created = Repository.init(request.repo, request.repo_options, encrypt=request.encrypt)
     if request.json:
         print_json({"repository": repo.display, "created": created, "format": repo.info.get("format"),
-                    "since": repo.info.get("created")})
+                    "since": repo.info.get("created"), "encrypted": repo.encrypted})
     elif created:
-        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})")
+        print(f"created the {'encrypted ' if repo.encrypted else ''}walvault repository {repo.display} (format "
+              f"{repo.info.get('format')})")
     else:
         print(f"{repo.display} is a walvault repository already (format {repo.info.get('format')}, created "
               f"{repo.info.get('created')}): nothing changed")
+    return EXIT_OK
+
+
+def _key(request: rq.KeyRequest, runner) -> int:
+    from .repository.encrypted import KEY_NAME, NEW_KEY_ENV, passphrase, rotate
+    from .repository.manifest import read_info
+    from .repository.storage import RepositoryError, open_storage
+
+    storage = open_storage(request.repo, request.repo_options)
+    info = read_info(storage)
+    if info is None or not info.get("encryption"):
+        raise RepositoryError(f"{storage.display} is not an encrypted walvault repository: it has no key to rotate")
+    done = rotate(storage, passphrase(), os.environ.get(NEW_KEY_ENV) or None)
+    if request.json:
+        print_json({"repository": storage.display, "rotated": done})
+    else:
+        print(f"{storage.display}: {KEY_NAME} {'rotated' if done == 'rotated' else 'was rotated already'}: the new "
+              "key opens it, the old one no longer does")
     return EXIT_OK
 
 
@@ -588,7 +615,7 @@ def _stream_until_stopped(request: rq.StreamRequest, repo, stop) -> int:
 COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequest: _rotate,
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
-            rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
+            rq.PolicyRequest: _policy, rq.KeyRequest: _key, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
             rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,
            rq.SnapshotRequest: _snapshot_result, rq.ExpireRequest: _expire_result, rq.DrillRequest: _drill_result,

@@ -244,6 +244,14 @@ class _RepoRequest(Request):
 @dataclass(kw_only=True)
 class InitRequest(_RepoRequest):
     command, not_done = "init", "no repository made"
+    encrypt: bool = False
+
+
+@dataclass(kw_only=True)
+class KeyRequest(_RepoRequest):
+    """`walvault key rotate`: the key of an encrypted repository (the keys themselves come from the environment)."""
+    command, not_done = "key", "key not rotated"
+    action: str = "rotate"
 
 
 @dataclass(kw_only=True)

@@ -137,10 +137,10 @@ def check_instance(instance: str) -> str:
 
 
 class Repository:
-    def __init__(self, url: str, options: dict | None = None, *, create: bool = False):
+    def __init__(self, url: str, options: dict | None = None, *, create: bool = False, key: str | None = None):
+        """`key`: the passphrase of an encrypted repository (default: $WALVAULT_KEY; encrypted.py)."""
         self.storage = open_storage(url, options)
         self.display = self.storage.display
-        self.locks = self.storage.sub("locks")
         if create:
             self.info = ensure_info(self.storage, utc_now(), walvault_version())
         else:
@@ -148,27 +148,49 @@ class Repository:
             if self.info is None:
                 raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): create one "
                                       f"with `walvault init --repo {self.display}`")
+        if self.encrypted:
+            from .encrypted import EncryptedStorage, open_keyring, passphrase
+
+            self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, passphrase(key)))
+        self.locks = self.storage.sub("locks")
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.info.get("encryption"))
 
     @classmethod
-    def init(cls, url: str, options: dict | None = None) -> tuple[Repository, bool]:
+    def init(cls, url: str, options: dict | None = None, *, encrypt: bool = False,
+             key: str | None = None) -> tuple[Repository, bool]:
         """`walvault init`: the repository at `url`, made there when the location is missing or empty; (it, whether
         it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
-        a directory of other things into a repository."""
+        a directory of other things into a repository. `encrypt`: an encrypted one, under `key` (encrypted.py)."""
+        from .encrypted import KEY_NAME, create_key_file, passphrase
+
         storage = open_storage(url, options)
         if storage.caps.local_paths and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
             raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
-        if read_info(storage) is not None:
-            return cls(url, options), False
+        if (info := read_info(storage)) is not None:
+            if encrypt and not info.get("encryption"):
+                raise RepositoryError(f"{storage.display} is a walvault repository already, not encrypted: an "
+                                      "encrypted one is made in a new or empty location")
+            return cls(url, options, key=key), False
         try:
             held = storage.fs.ls(storage.root, detail=False)
         except FileNotFoundError:
             held = []
         except Exception as e:
             raise storage.error("cannot list the location", e) from None
-        if held:
+        # a key file alone: an encrypted init stopped before its commit point (walvault.repo)
+        if [h for h in held if h.rstrip("/").rsplit("/", 1)[-1] != KEY_NAME]:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
-        return cls(url, options, create=True), True
+        if encrypt:
+            if (key := passphrase(key)) is None:
+                raise RepositoryError("an encrypted repository needs a key: give it in WALVAULT_KEY or --key-file")
+            create_key_file(storage, key)
+            ensure_info(storage, utc_now(), walvault_version(), encryption={"cipher": "AES-256-GCM",
+                                                                             "key_file": KEY_NAME})
+        return cls(url, options, create=True, key=key), True
 
     # -- names
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from .storage import RepositoryError, Storage, check_name
 
 REPO_FORMAT = 1
+ENCRYPTED_FORMAT = 2  # walvault.repo of an encrypted repository: older walvaults refuse it
 INFO_NAME = "walvault.repo"
 MANIFEST_NAME = "backup.manifest"
 POLICY_NAME = "walvault.policy"
@@ -158,17 +159,20 @@ def read_info(storage: Storage) -> dict | None:
     fmt = info.get("format")
     if not isinstance(fmt, int):
         raise ManifestError(f"{INFO_NAME} has no format version")
-    if fmt > REPO_FORMAT:
+    if fmt > REPO_FORMAT and not (fmt == ENCRYPTED_FORMAT and info.get("encryption")):
         raise ManifestError(f"the repository {storage.display} has format {fmt}, newer than this walvault reads "
                             f"({REPO_FORMAT}): use a newer walvault")
     return info
 
 
-def ensure_info(storage: Storage, now: str, version: str) -> dict:
-    """The repository's info, created on first use."""
+def ensure_info(storage: Storage, now: str, version: str, encryption: dict | None = None) -> dict:
+    """The repository's info, created on first use; an encrypted repository's says how (`encryption`) and has a
+    format of its own, which a walvault that does not encrypt refuses."""
     info = read_info(storage)
     if info is None:
         info = {"format": REPO_FORMAT, "created": now, "created_by": f"walvault {version}"}
+        if encryption:
+            info.update(format=ENCRYPTED_FORMAT, encryption=encryption)
         save_checked(storage, INFO_NAME, info)
     return info
 
