@@ -301,11 +301,11 @@ def _keys_to_environment(args: argparse.Namespace) -> None:
     in this process and the workers and jobs it starts."""
     import os
 
-    from .repository.encrypted import KEY_ENV, NEW_KEY_ENV, read_key_file
+    from .repository.encrypted import KEY_ENV, NEW_KEY_ENV
 
     for option, env in (("key_file", KEY_ENV), ("new_key_file", NEW_KEY_ENV)):
         if (path := getattr(args, option, None)) is not None:
-            os.environ[env] = read_key_file(path)
+            os.environ[env] = rq.secret_file_line(path, f"--{option.replace('_', '-')}")
 
 
 def _connect_uri(request) -> str:

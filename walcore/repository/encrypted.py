@@ -41,20 +41,6 @@ def passphrase(given: str | None = None) -> str | None:
     return given if given is not None else os.environ.get(KEY_ENV) or None
 
 
-def read_key_file(path) -> str:
-    """The first line of a key file (--key-file, --new-key-file); ValueError naming the file, never its content."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            line = f.readline().rstrip("\r\n")
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    if not line:
-        raise ValueError(f"{path}: its first line is empty")
-    return line
-
-
 def open_keyring(storage: Storage, key: str | None) -> Keyring:
     """The keyring of the repository at `storage`: RepositoryError (exit 2) when the key is missing or wrong."""
     if key is None:

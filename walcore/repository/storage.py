@@ -37,7 +37,8 @@ class UnsafeName(RepositoryError):
 
 
 _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key", re.I)
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING")
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING",
+               "WALVAULT_KEY", "WALVAULT_NEW_KEY")  # the last two: an encrypted repository's (encrypted.py)
 # Shorter values are not searched for: replacing them would garble the rest of a message.
 _MIN_SECRET = 6
 # Reads of a small object that was replaced while read (a renewed lease), before its error is reported.
