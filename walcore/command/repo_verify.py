@@ -137,7 +137,9 @@ def stored_findings(storage, keyring) -> list[dict]:
 
     findings = []
     for name in storage.list():
-        if name not in CLEAR_NAMES and (problem := check_object(storage, name, keyring)):
+        if name in CLEAR_NAMES or name.endswith(".walvault-tmp"):  # a killed write's temporary is no object
+            continue
+        if problem := check_object(storage, name, keyring):
             findings.append({"code": "object_unauthentic", "path": name, "message": problem})
     return findings
 

@@ -39,7 +39,7 @@ from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
                        decode_checked, encode_checked, ensure_info, load_checked, read_info, save_checked)
-from .storage import RepositoryError, Storage, UnsafeName, check_name, open_storage
+from .storage import ObjectDamaged, RepositoryError, Storage, UnsafeName, check_name, open_storage
 
 FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -68,10 +68,6 @@ def stamp_seconds(stamp: str) -> float:
     import calendar
 
     return float(calendar.timegm(time.strptime(stamp, STAMP)))
-
-
-class ObjectDamaged(RepositoryError):
-    """A stored object whose bytes do not match what its manifest or record says."""
 
 
 class SourceUnreadable(RepositoryError):

@@ -15,11 +15,10 @@ import copy
 import os
 from collections.abc import Iterable, Iterator
 
-from . import ObjectDamaged
 from .envelope import (CHUNK, HEADER_BYTES, TAG_BYTES, TRAILER_BYTES, Keyring, Unauthentic, WrongKey, check_stored,
                        seal, unseal)
 from .manifest import INFO_NAME, ManifestError
-from .storage import RepositoryError, Storage
+from .storage import ObjectDamaged, RepositoryError, Storage
 
 KEY_ENV = "WALVAULT_KEY"
 NEW_KEY_ENV = "WALVAULT_NEW_KEY"

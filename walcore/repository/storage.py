@@ -32,6 +32,11 @@ class RepositoryError(RuntimeError):
     """The repository cannot be used as asked; the message names why (with secrets removed)."""
 
 
+class ObjectDamaged(RepositoryError):
+    """A stored object whose bytes do not match what its manifest or record says (or, encrypted, do not
+    authenticate)."""
+
+
 class UnsafeName(RepositoryError):
     """A name that would leave the repository root (`..`, absolute, a symlink out)."""
 
