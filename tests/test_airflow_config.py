@@ -276,18 +276,18 @@ def test_the_hook_opens_an_encrypted_repository_with_the_connections_passphrase(
     from walcore.repository import Repository
     from walvault_provider.hooks.walvault import WalvaultRepoHook
 
-    monkeypatch.setenv("WALVAULT_KEY", "Jv3 the connection's passphrase Lp5")
+    key = "Jv3 the connection's passphrase Lp5"
+    monkeypatch.setenv("WALVAULT_KEY", key)
     Repository.init(str(tmp_path / "repo"), encrypt=True)
     monkeypatch.delenv("WALVAULT_KEY")
-    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo"),
-                                                                      "passphrase": "Jv3 the wrong one Lp5"}})
+    url = str(tmp_path / "repo")
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": url, "passphrase": "Jv3 wrong Lp5"}})
     ok, message = WalvaultRepoHook().test_connection()
     assert not ok and "does not open" in message and "Jv3" not in message
-    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": str(tmp_path / "repo"),
-                                                                      "passphrase": "Jv3 the connection's passphrase Lp5"}})
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": url, "passphrase": key}})
     assert WalvaultRepoHook().repository().encrypted
     assert "passphrase" not in repr(WalvaultRepoHook().target()) and WalvaultRepoHook().target().options == {}
-    assert os.environ["WALVAULT_KEY"] == "Jv3 the connection's passphrase Lp5"
+    assert os.environ["WALVAULT_KEY"] == key
 
 
 def test_the_hook_takes_storage_options_as_json_text(monkeypatch, tmp_path):

@@ -15,7 +15,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import tarantool_real as tr
 from conftest import ENCRYPTION_KEY, REPO, require_tarantool, run_cli, walvault_command
 

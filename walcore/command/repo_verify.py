@@ -133,13 +133,13 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
 def stored_findings(storage, keyring) -> list[dict]:
     """An encrypted repository's objects (but the two in clear), each checked against its trailer's SHA-256 and,
     with the `keyring`, authenticated (encrypted.py): a finding `object_unauthentic` names each that fails."""
-    from ..repository.encrypted import CLEAR_NAMES, check_object
+    from ..repository.encrypted import CLEAR_NAMES, object_problem
 
     findings = []
     for name in storage.list():
         if name in CLEAR_NAMES or name.endswith(".walvault-tmp"):  # a killed write's temporary is no object
             continue
-        if problem := check_object(storage, name, keyring):
+        if problem := object_problem(storage, name, keyring):
             findings.append({"code": "object_unauthentic", "path": name, "message": problem})
     return findings
 

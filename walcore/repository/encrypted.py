@@ -105,7 +105,7 @@ def plain_size(stored: int, chunk: int = CHUNK) -> int:
     return max(0, body - chunks * TAG_BYTES)
 
 
-def check_object(storage: Storage, name: str, keyring: Keyring | None) -> str | None:
+def object_problem(storage: Storage, name: str, keyring: Keyring | None) -> str | None:
     """What is wrong with one stored object of an encrypted repository (None: nothing): without the keyring its
     bytes against their trailer's SHA-256, with it every chunk authenticated too."""
     try:
