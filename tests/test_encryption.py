@@ -183,6 +183,21 @@ def test_a_key_file_and_a_wrong_one_are_named_never_shown(tmp_path, monkeypatch)
     assert open_storage(str(repo)).redact(f"a {ENCRYPTION_KEY} and a {NEW_KEY}") == "a *** and a ***"
 
 
+def test_a_damaged_key_file_is_named_with_the_key_and_without(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    repo = tmp_path / "repo"
+    _ok(run_cli("init", "--repo", repo, "--encrypt"))
+    data = (repo / "walvault.key").read_bytes()
+    at = data.index(b'"salt": "') + 12
+    (repo / "walvault.key").write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
+    proc = run_cli("verify", "--repo", repo)
+    _refused(proc, ENCRYPTION_KEY)
+    assert "walvault.key" in proc.stderr and "damaged" in proc.stderr
+    monkeypatch.delenv("WALVAULT_KEY")
+    proc = run_cli("verify", "--repo", repo)
+    assert proc.returncode == 1 and "key_file_damaged" in proc.stdout, (proc.stdout, proc.stderr)
+
+
 def _opens(target, key: str) -> bool:
     from walcore.repository import Repository, RepositoryError
 

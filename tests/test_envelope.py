@@ -117,6 +117,11 @@ def test_the_key_file_opens_with_its_passphrase_only_and_says_nothing_of_it():
     assert "passphras" not in str(wrong.value)
     with pytest.raises(ValueError, match="not a walvault key file"):
         Keyring.open(data[:-20], "first passphrase")
+    sealed_at = data.index(b'"sealed": "') + 20  # a damaged keyring is told from a wrong key: its checksum
+    damaged = data[:sealed_at] + (b"A" if data[sealed_at:sealed_at + 1] != b"A" else b"B") + data[sealed_at + 1:]
+    with pytest.raises(ValueError, match="checksum") as told:
+        Keyring.open(damaged, "first passphrase")
+    assert not isinstance(told.value, WrongKey)
 
 
 def test_a_rotated_keyring_keeps_every_key_and_adds_the_newest():

@@ -131,11 +131,14 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
 
 
 def stored_findings(storage, keyring) -> list[dict]:
-    """An encrypted repository's objects (but the two in clear), each checked against its trailer's SHA-256 and,
-    with the `keyring`, authenticated (encrypted.py): a finding `object_unauthentic` names each that fails."""
-    from ..repository.encrypted import CLEAR_NAMES, object_problem
+    """An encrypted repository's objects, each checked against its trailer's SHA-256 and, with the `keyring`,
+    authenticated (encrypted.py): a finding `object_unauthentic` names each that fails; its key file against its
+    checksum (`key_file_damaged`)."""
+    from ..repository.encrypted import CLEAR_NAMES, KEY_NAME, key_file_problem, object_problem
 
     findings = []
+    if problem := key_file_problem(storage):
+        findings.append({"code": "key_file_damaged", "path": KEY_NAME, "message": problem})
     for name in storage.list():
         if name in CLEAR_NAMES or name.endswith(".walvault-tmp"):  # a killed write's temporary is no object
             continue
@@ -151,7 +154,8 @@ def verify_stored_bytes(url: str, options: dict, *, show) -> RepoReport:
 
     storage = open_storage(url, options)
     report = RepoReport()
-    report.repository["findings"] = stored_findings(storage, None)
+    report.repository["findings"] = [{"code": f"info_{p.state}", "path": p.path, "message": p.message}
+                                     for p in inspect_pair(storage, INFO_NAME).problems] + stored_findings(storage, None)
     sizes = storage.sizes()
     report.objects, report.bytes = len(sizes), sum(sizes.values())
     show(report)

@@ -15,8 +15,8 @@ import copy
 import os
 from collections.abc import Iterable, Iterator
 
-from .envelope import (CHUNK, HEADER_BYTES, TAG_BYTES, TRAILER_BYTES, Keyring, Unauthentic, WrongKey, check_stored,
-                       seal, unseal)
+from .envelope import (CHUNK, HEADER_BYTES, TAG_BYTES, TRAILER_BYTES, Keyring, Unauthentic, WrongKey, check_key_file,
+                       check_stored, seal, unseal)
 from .manifest import INFO_NAME, ManifestError
 from .storage import ObjectDamaged, RepositoryError, Storage
 
@@ -96,6 +96,17 @@ def rotate(storage: Storage, old: str | None, new: str | None) -> str:
         if storage.update(KEY_NAME, change) or outcome == ["done already"]:
             return outcome[0]
     raise RepositoryError(f"{KEY_NAME} kept changing while it was rotated: is another rotation running?")
+
+
+def key_file_problem(storage: Storage) -> str | None:
+    """What is wrong with the repository's key file, checked without the key (None: nothing)."""
+    try:
+        check_key_file(storage.read_bytes(KEY_NAME))
+    except FileNotFoundError:
+        return f"{KEY_NAME} is missing: no object of the repository can be opened"
+    except ValueError as e:
+        return f"{KEY_NAME}: {e}"
+    return None
 
 
 def plain_size(stored: int, chunk: int = CHUNK) -> int:

@@ -217,31 +217,47 @@ class Keyring:
         return self.keys[-1]
 
     def key_file(self, passphrase: str, params: dict | None = None) -> bytes:
-        """The key file's bytes: this keyring under the key `passphrase` gives with a new salt."""
+        """The key file's bytes: this keyring under the key `passphrase` gives with a new salt, and a checksum of
+        the rest (damage is told from a wrong key, also without the key: `check_key_file`)."""
         params = dict(params or SCRYPT)
         salt, nonce = os.urandom(16), os.urandom(NONCE_BYTES)
         plain = json.dumps({"keys": [[_b64(i), _b64(k)] for i, k in self.keys]}).encode()
         sealed = AESGCM(derive(passphrase, salt, params)).encrypt(nonce, plain, _KEYRING_AAD)
-        return json.dumps({"format": KEYFILE_FORMAT, "cipher": "AES-256-GCM",
-                           "kdf": {"name": "scrypt", **params, "salt": _b64(salt)},
-                           "keyring": {"nonce": _b64(nonce), "sealed": _b64(sealed)}}, indent=1).encode() + b"\n"
+        doc = {"format": KEYFILE_FORMAT, "cipher": "AES-256-GCM", "kdf": {"name": "scrypt", **params,
+                                                                          "salt": _b64(salt)},
+               "keyring": {"nonce": _b64(nonce), "sealed": _b64(sealed)}}
+        return json.dumps({**doc, "checksum": _checksum(doc)}, indent=1, sort_keys=True).encode() + b"\n"
 
     @classmethod
     def open(cls, key_file: bytes, passphrase: str) -> Keyring:
         """The keyring of a key file; WrongKey when the passphrase does not open it, ValueError when the file is
-        no key file."""
-        try:
-            doc = json.loads(key_file)
-            kdf, ring = doc["kdf"], doc["keyring"]
-            if doc["format"] != KEYFILE_FORMAT or kdf["name"] != "scrypt":
-                raise ValueError(f"key file format {doc['format']} / {kdf['name']} is not one this walvault reads")
-            params = {k: int(kdf[k]) for k in ("n", "r", "p")}
-            salt, nonce, sealed = _unb64(kdf["salt"]), _unb64(ring["nonce"]), _unb64(ring["sealed"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"not a walvault key file ({type(e).__name__})") from None
+        damaged or no key file."""
+        params, salt, nonce, sealed = check_key_file(key_file)
         try:
             plain = AESGCM(derive(passphrase, salt, params)).decrypt(nonce, sealed, _KEYRING_AAD)
         except InvalidTag:
             raise WrongKey("the key does not open this repository's key file") from None
         keys = [(_unb64(i), _unb64(k)) for i, k in json.loads(plain)["keys"]]
         return cls(keys)
+
+
+def _checksum(doc: dict) -> str:
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_key_file(key_file: bytes) -> tuple[dict, bytes, bytes, bytes]:
+    """A key file's scrypt parameters, salt, nonce and sealed keyring; ValueError when it is damaged (its checksum)
+    or no key file this walvault reads."""
+    try:
+        doc = json.loads(key_file)
+        kdf, ring = doc["kdf"], doc["keyring"]
+        if doc["format"] != KEYFILE_FORMAT or kdf["name"] != "scrypt":
+            raise ValueError(f"key file format {doc['format']} / {kdf['name']} is not one this walvault reads")
+        params = {k: int(kdf[k]) for k in ("n", "r", "p")}
+        salt, nonce, sealed = _unb64(kdf["salt"]), _unb64(ring["nonce"]), _unb64(ring["sealed"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not a walvault key file ({type(e).__name__})") from None
+    if doc.get("checksum") != _checksum(doc):
+        raise ValueError("it does not match its checksum: it was changed or damaged")
+    return params, salt, nonce, sealed
