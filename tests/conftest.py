@@ -334,12 +334,18 @@ class RepoTarget:
 
     def __init__(self, kind: str, url: str, options: dict, encrypted: bool = False):
         self.kind, self.url, self.options, self.encrypted = kind, url, options, encrypted
+        self._opened = None
 
     def storage(self):
-        """The repository's storage as walvault reads it: an encrypted one's objects opened."""
+        """The repository's storage as walvault reads it: an encrypted one's objects opened (its key derived once:
+        a test polling the storage must not wait for scrypt at each look)."""
         from walcore.repository.storage import open_storage
 
-        return self.repository(create=False).storage if self.encrypted else open_storage(self.url, self.options)
+        if not self.encrypted:
+            return open_storage(self.url, self.options)
+        if self._opened is None:
+            self._opened = self.repository(create=False).storage
+        return self._opened
 
     @property
     def cli(self) -> list[str]:
