@@ -12,7 +12,8 @@ zstd blocks), warms the page cache, then, every round, in this order:
   b. `walvault archive` of the data dir into a fresh repository (it verifies every sealed file, stores
      it and records each verdict in the ledger by SHA-256), then `walvault backup` (full) into that same
      repository: the sealed files' verdicts come from the ledger, only the newest (open) xlog is scanned
-  c. `walvault backup` (full) into a fresh repository: every file is verified
+  c. `walvault backup` (full) into a fresh repository: every file is verified; then the same into a fresh
+     encrypted repository (docs/encryption.md): the cost of encryption, side by side (target <= 1.10x)
   d. ~1% new data (--grow-percent): the newest xlog grows and is sealed, a new open xlog follows it
      (as Tarantool rotates its log); `walvault backup --type incremental` into repository (b)
   e. `walvault restore latest` from repository (b) (the incremental over the full) into an empty
@@ -70,6 +71,7 @@ STEPS = {
     "archive": "walvault archive (verify + store)",
     "ledger": "walvault backup, ledger on record",
     "full": "walvault backup, verification included",
+    "encrypted": "walvault backup, encrypted repository",
     "incremental": "walvault backup --type incremental",
     "restore": "walvault restore (incremental + full)",
 }
@@ -199,9 +201,9 @@ def tree_bytes(root: Path) -> int:
 # --------------------------------------------------------------------------- one timed subprocess
 
 
-def init(repo: Path) -> Path:
+def init(repo: Path, *extra: str) -> Path:
     """`walvault init --repo REPO` (untimed: no other command creates a repository)."""
-    subprocess.run([str(WALVAULT), "init", "--repo", str(repo)], check=True, capture_output=True)
+    subprocess.run([str(WALVAULT), "init", "--repo", str(repo), *extra], check=True, capture_output=True)
     return repo
 
 
@@ -333,6 +335,12 @@ class Round:
         shutil.rmtree(self.repo_b)
         return result
 
+    def encrypted(self) -> dict:
+        repo = init(self.scratch / "repo-encrypted", "--encrypt")
+        result = self._backup("full, encrypted repository", repo)
+        shutil.rmtree(repo)
+        return result
+
     def incremental(self) -> dict:
         self.grown = grow(self.data, self.newest, self.grow_bytes)
         self.nbytes_grown = sum(p.stat().st_size for p in self.data.iterdir())
@@ -399,6 +407,7 @@ def main() -> int:
     if ZSTD is None:
         print("!! the zstd command is not installed (apt-get install zstd)")
         return 2
+    os.environ["WALVAULT_KEY"] = "walvault bench passphrase"  # the encrypted repository's; the commands inherit it
 
     t_start = time.perf_counter()
     root = args.dir.resolve()
@@ -429,13 +438,15 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
 
     by = {r["step"]: r for r in results}
-    zstd_r, ledger, full, inc = (by[STEPS[k]] for k in ("zstd", "ledger", "full", "incremental"))
+    zstd_r, ledger, full, enc, inc = (by[STEPS[k]] for k in ("zstd", "ledger", "full", "encrypted", "incremental"))
     ratios = {
         "ledger_x_zstd": ledger["x_zstd"], "ledger_x_zstd_median": ledger["median_x_zstd"],
         "ledger_x_zstd_synced": min(zstd["synced_runs"]) / ledger["best_s"],
         "ledger_x_zstd_cpu": zstd_r["cpu_s"] / ledger["cpu_s"],
         "full_x_zstd": full["x_zstd"], "full_x_zstd_median": full["median_x_zstd"],
         "full_x_zstd_cpu": zstd_r["cpu_s"] / full["cpu_s"],
+        "encrypted_over_plain": enc["best_s"] / full["best_s"],
+        "encrypted_over_plain_median": common.median_ratio(enc["runs"], full["runs"]),
         "incremental_over_full": inc["best_s"] / ledger["best_s"],
         "incremental_over_full_median": statistics.median(
             i / f for i, f in zip(inc["runs"], ledger["runs"], strict=True)),
@@ -452,6 +463,8 @@ def main() -> int:
           f"{ratios['ledger_x_zstd_cpu']:.2f}x")
     print(f"backup with verification / zstd -3 -T0: {ratios['full_x_zstd']:.2f}x best, "
           f"{ratios['full_x_zstd_median']:.2f}x median of rounds; by CPU time: {ratios['full_x_zstd_cpu']:.2f}x")
+    print(f"encrypted backup / plain backup (both verifying every file): {ratios['encrypted_over_plain']:.3f}x best, "
+          f"{ratios['encrypted_over_plain_median']:.3f}x median of rounds (target <= 1.10)")
     print(f"incremental / full (ledger): {100 * ratios['incremental_over_full']:.1f}% best, "
           f"{100 * ratios['incremental_over_full_median']:.1f}% median of rounds (target <= 5%)")
     print(f"MB = 10**6 bytes; {args.rounds} rounds; MB/s of source bytes (restore: bytes restored); "

@@ -381,10 +381,23 @@ def s3_endpoint() -> str:
 
 
 class RepoTarget:
-    """Where a test's repository lives: `url` and `options` for Repository, `cli` for walvault's arguments."""
+    """Where a test's repository lives: `url` and `options` for Repository, `cli` for walvault's arguments;
+    `encrypted`: made by `init --encrypt` (its key in WALVAULT_KEY, which subprocesses inherit)."""
 
-    def __init__(self, kind: str, url: str, options: dict):
-        self.kind, self.url, self.options = kind, url, options
+    def __init__(self, kind: str, url: str, options: dict, encrypted: bool = False):
+        self.kind, self.url, self.options, self.encrypted = kind, url, options, encrypted
+        self._opened = None
+
+    def storage(self):
+        """The repository's storage as walvault reads it: an encrypted one's objects opened (its key derived once:
+        a test polling the storage must not wait for scrypt at each look)."""
+        from walcore.repository.storage import open_storage
+
+        if not self.encrypted:
+            return open_storage(self.url, self.options)
+        if self._opened is None:
+            self._opened = self.repository(create=False).storage
+        return self._opened
 
     @property
     def cli(self) -> list[str]:
@@ -413,6 +426,24 @@ def repo_target(request, tmp_path) -> RepoTarget:
     bucket = f"walvault-{os.getpid()}-{next(_bucket_counter)}"
     s3fs.S3FileSystem(endpoint_url=endpoint).mkdir(bucket)
     return RepoTarget("s3", f"s3://{bucket}/repo", {"endpoint_url": endpoint})
+
+
+ENCRYPTION_KEY = "Xq7 test passphrase, not a real one Zr9"
+
+
+def encrypted_target(target: RepoTarget, monkeypatch) -> RepoTarget:
+    """`target` made an encrypted repository (init --encrypt), its key in WALVAULT_KEY for this test."""
+    from walcore.repository import Repository
+
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    Repository.init(target.url, target.options, encrypt=True)
+    return RepoTarget(target.kind, target.url, target.options, encrypted=True)
+
+
+@pytest.fixture(params=["plain", "encrypted"])
+def encryption(request) -> str:
+    """Runs a test on a plain repository and on an encrypted one (with `encrypted_target`)."""
+    return request.param
 
 
 @pytest.fixture(params=["compiled", "pure"])
@@ -454,6 +485,8 @@ FILE_TIERS = {
     "test_dags_faults.py": "system",
     "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",
+    "test_encryption.py": "integration",  # moto's S3, real Tarantool, walvault killed in a loop
+    "test_envelope.py": "unit",
     "test_freshness.py": "unit",  # an SMTP server in this process; the DAG runs' test is `system` (TEST_TIERS)
     "test_inputs.py": "integration",
     "test_lease_fencing.py": "integration",

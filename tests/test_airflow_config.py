@@ -281,6 +281,26 @@ def test_the_hook_opens_a_local_repository(monkeypatch, tmp_path):
         WalvaultRepoHook("empty").target()
 
 
+def test_the_hook_opens_an_encrypted_repository_with_the_connections_passphrase(monkeypatch, tmp_path):
+    """The key is the connection's extra `passphrase` (masked by Airflow): it reaches walvault as WALVAULT_KEY, for
+    the commands the task runs, never in the storage options or a request."""
+    from walcore.repository import Repository
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
+
+    key = "Jv3 the connection's passphrase Lp5"
+    monkeypatch.setenv("WALVAULT_KEY", key)
+    Repository.init(str(tmp_path / "repo"), encrypt=True)
+    monkeypatch.delenv("WALVAULT_KEY")
+    url = str(tmp_path / "repo")
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": url, "passphrase": "Jv3 wrong Lp5"}})
+    ok, message = WalvaultRepoHook().test_connection()
+    assert not ok and "does not open" in message and "Jv3" not in message
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": url, "passphrase": key}})
+    assert WalvaultRepoHook().repository().encrypted
+    assert "passphrase" not in repr(WalvaultRepoHook().target()) and WalvaultRepoHook().target().options == {}
+    assert os.environ["WALVAULT_KEY"] == key
+
+
 def test_the_hook_takes_storage_options_as_json_text(monkeypatch, tmp_path):
     """The UI's form may keep the options as the JSON text typed in: read as the mapping it says; anything else is
     refused, naming the connection."""

@@ -68,6 +68,7 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     steps = {r["step"]: r for r in report["results"]}
     assert set(steps) == {"zstd -3 -T0", "zstd -3 -T0, then sync of its output", "walvault archive (verify + store)",
                           "walvault backup, ledger on record", "walvault backup, verification included",
+                          "walvault backup, encrypted repository",
                           "walvault backup --type incremental", "walvault restore (incremental + full)"}
     for name, r in steps.items():
         assert len(r["runs"]) == 2 and r["exit_codes"] == [0, 0], name
@@ -83,6 +84,10 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     assert ledger["files"] == full["files"] == files
     assert ledger["checked_by"] == {"ledger": files - 1, "scan": 1} and full["checked_by"] == {"scan": files}
     assert ledger["own_files"] == full["own_files"] == files
+    # the same backup into an encrypted repository, beside it: same files, same checks
+    encrypted = steps["walvault backup, encrypted repository"]
+    assert encrypted["files"] == files and encrypted["checked_by"] == {"scan": files}
+    assert report["ratios"]["encrypted_over_plain"] > 0
     # the incremental stores the grown xlog and the new one, and refers to the rest
     inc = steps["walvault backup --type incremental"]
     assert inc["own_files"] == 2 and inc["referenced_files"] == files - 1

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import tarantool_real as tr
-from conftest import REPO, copy_tree, require_tarantool, run_cli, run_main, walvault_command
+from conftest import REPO, copy_tree, encrypted_target, require_tarantool, run_cli, run_main, walvault_command
 
 from walcore.repository.lease import acquire
-from walcore.repository.storage import Storage, open_storage
+from walcore.repository.storage import Storage
 
 pytestmark = require_tarantool
 
@@ -31,8 +31,15 @@ def src(real_instance, tmp_path) -> Path:
     return copy_tree(real_instance, tmp_path / "src")
 
 
+@pytest.fixture
+def repo_target(repo_target, encryption, monkeypatch):
+    """Every lease test on a plain repository and on an encrypted one: the encryption layer keeps leases
+    conditional (read, open, change, seal, conditional replace)."""
+    return encrypted_target(repo_target, monkeypatch) if encryption == "encrypted" else repo_target
+
+
 def _storage(target) -> Storage:
-    storage = open_storage(target.url, target.options)
+    storage = target.storage()
     if not storage.caps.consistent_listing:
         storage.fs.invalidate_cache()
     return storage

@@ -1,7 +1,8 @@
 """The repository layer (walcore.repository) over a local directory and over S3 (moto's server on 127.0.0.1).
 
 Every test takes `repo_target`, so it runs on both, unless its name says `local_only` / `s3_only` (a symlink
-exists only on a posix path; a client that fails to connect only on S3) or it tests a pure function.
+exists only on a posix path; a client that fails to connect only on S3) or it tests a pure function; those taking
+`plain_or_encrypted` run on an encrypted repository too (docs/encryption.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from conftest import RepoTarget, tree_snapshot
+from conftest import RepoTarget, encrypted_target, tree_snapshot
 from walcore.repository import ObjectDamaged, Repository, RepositoryError, SourceChanged
 from walcore.repository.lease import LeaseBusy, LeaseUnreadable, acquire
 from walcore.repository.manifest import (ManifestError, decode_checked, encode_checked, load_checked,
@@ -32,7 +33,15 @@ S3_PART = 5 << 20  # the smallest part S3 accepts: a multi-part upload within a 
 
 
 def storage_of(target: RepoTarget, **extra) -> Storage:
-    return open_storage(target.url, {**target.options, **extra})
+    options = {**target.options, **extra}
+    return Repository(target.url, options).storage if target.encrypted else open_storage(target.url, options)
+
+
+@pytest.fixture
+def plain_or_encrypted(repo_target, encryption, monkeypatch) -> RepoTarget:
+    """`repo_target`, then an encrypted repository there: for what the encryption layer must keep as it is (reads,
+    writes, exclusive creates, conditional updates, leases, objects, backups)."""
+    return encrypted_target(repo_target, monkeypatch) if encryption == "encrypted" else repo_target
 
 
 def everything(storage: Storage) -> list:
@@ -144,8 +153,8 @@ def test_write_failing_half_way_leaves_nothing(repo_target):
         assert os.listdir(Path(storage.root) / "objects") == ["kept"]
 
 
-def test_write_reads_back_identical(repo_target):
-    storage = storage_of(repo_target)
+def test_write_reads_back_identical(plain_or_encrypted):
+    storage = storage_of(plain_or_encrypted)
     for name, chunks in (("small", [b"a", b"", b"bc"]), ("empty", []), ("deep/er/name", [bytes(range(256))])):
         data = b"".join(chunks)
         assert storage.write(name, chunks) == len(data)
@@ -156,11 +165,11 @@ def test_write_reads_back_identical(repo_target):
     assert storage.list_dirs("deep") == ["er"]
 
 
-def test_multi_mib_write_in_parts(repo_target):
+def test_multi_mib_write_in_parts(plain_or_encrypted):
     """On S3 with 5 MiB parts: a three-part upload, read back whole; one failing after two parts leaves neither an
     object nor an unfinished upload."""
-    storage = storage_of(repo_target, default_block_size=S3_PART) if repo_target.kind == "s3" \
-        else storage_of(repo_target)
+    storage = storage_of(plain_or_encrypted, default_block_size=S3_PART) if plain_or_encrypted.kind == "s3" \
+        else storage_of(plain_or_encrypted)
     data = os.urandom(3 * S3_PART - 12345)
     mib = 1 << 20
     assert storage.write("big/object", (data[i:i + mib] for i in range(0, len(data), mib))) == len(data)
@@ -175,7 +184,7 @@ def test_multi_mib_write_in_parts(repo_target):
     with pytest.raises(ValueError, match="two parts"):
         storage.write("big/failed", failing())
     assert storage.list("big") == ["big/object"]
-    if repo_target.kind == "s3":
+    if plain_or_encrypted.kind == "s3":
         bucket, key = storage.full("big/object").split("/", 1)
         etag = storage.fs.call_s3("head_object", Bucket=bucket, Key=key)["ETag"]
         assert etag.strip('"').endswith("-3"), f"not a three-part upload: ETag {etag}"
@@ -185,16 +194,16 @@ def test_multi_mib_write_in_parts(repo_target):
 # -- 3. exclusive create
 
 
-def test_create_is_exclusive(repo_target):
-    storage = storage_of(repo_target)
+def test_create_is_exclusive(plain_or_encrypted):
+    storage = storage_of(plain_or_encrypted)
     assert storage.create("locks/one", b"first")
     assert not storage.create("locks/one", b"second")
     assert storage.read_bytes("locks/one") == b"first"
 
 
-def test_create_has_one_winner_among_racers(repo_target):
+def test_create_has_one_winner_among_racers(plain_or_encrypted):
     """Exclusivity comes from the store (O_EXCL; S3's conditional PUT), not from a look before the write."""
-    storage = storage_of(repo_target)
+    storage = storage_of(plain_or_encrypted)
     racers = 8
     start = threading.Barrier(racers)
     won = [None] * racers
@@ -361,8 +370,8 @@ def read_all(repo: Repository, name: str, stored, got: list | None = None) -> by
     return b"".join(got)
 
 
-def test_put_and_read_object(repo_target, tmp_path):
-    repo = repo_target.repository()
+def test_put_and_read_object(plain_or_encrypted, tmp_path):
+    repo = plain_or_encrypted.repository()
     source = source_file(tmp_path / "00000000000000000000.xlog", 3 * (1 << 20) + 17)
     data = source.read_bytes()
     stored = repo.put_object("objects/a.zst", source)
@@ -462,8 +471,8 @@ def hand_lease(repo: Repository, **fields) -> None:
                                                 **fields}).encode())
 
 
-def test_lease_is_exclusive_until_released(repo_target):
-    repo = repo_target.repository()
+def test_lease_is_exclusive_until_released(plain_or_encrypted):
+    repo = plain_or_encrypted.repository()
     lease = repo.lease("tarantool", "inst", "backup")
     try:
         assert lease.broke is None
@@ -479,8 +488,8 @@ def test_lease_is_exclusive_until_released(repo_target):
     assert not repo.storage.exists(LEASE)
 
 
-def test_expired_lease_is_broken(repo_target):
-    repo = repo_target.repository()
+def test_expired_lease_is_broken(plain_or_encrypted):
+    repo = plain_or_encrypted.repository()
     hand_lease(repo, expires=time.time() - 100)
     with repo.lease("tarantool", "inst", "backup") as lease:
         assert "old-backup" in lease.broke and "pid 4242 on elsewhere" in lease.broke
@@ -522,10 +531,10 @@ def test_an_expired_lease_of_this_host_without_a_start_time_is_judged_by_its_age
         assert f"pid {os.getpid()} on {socket.gethostname()}" in lease.broke
 
 
-def test_young_empty_lease_holds_junk_one_is_named(repo_target):
+def test_young_empty_lease_holds_junk_one_is_named(plain_or_encrypted):
     """An empty lease (a create seen before its write, by an older walvault) is judged by its age: a young one
     holds. Anything else that is not a lease stops with its name, whatever its age."""
-    repo = repo_target.repository()
+    repo = plain_or_encrypted.repository()
     repo.storage.write_bytes(LEASE, b"")
     with pytest.raises(LeaseBusy):
         repo.lease("tarantool", "inst", "backup")
@@ -535,8 +544,8 @@ def test_young_empty_lease_holds_junk_one_is_named(repo_target):
             repo.lease("tarantool", "inst", "backup")
 
 
-def test_lease_wait_for_a_holder_that_releases(repo_target):
-    repo = repo_target.repository()
+def test_lease_wait_for_a_holder_that_releases(plain_or_encrypted):
+    repo = plain_or_encrypted.repository()
     holder = repo.lease("tarantool", "inst", "backup")
     release = threading.Timer(0.5, holder.release)
     release.start()
@@ -548,8 +557,8 @@ def test_lease_wait_for_a_holder_that_releases(repo_target):
         release.join()
 
 
-def test_lease_is_renewed_while_held(repo_target):
-    repo = repo_target.repository()
+def test_lease_is_renewed_while_held(plain_or_encrypted):
+    repo = plain_or_encrypted.repository()
     with repo.lease("tarantool", "inst", "backup", ttl=1.0) as lease:
         time.sleep(2.5)  # well past its first expiry
         with pytest.raises(LeaseBusy):
@@ -626,8 +635,8 @@ def hand_manifest(repo: Repository, backup_id: str, *, parent: str | None = None
     return obj
 
 
-def test_backups_find_and_chain(repo_target):
-    repo = repo_target.repository()
+def test_backups_find_and_chain(plain_or_encrypted):
+    repo = plain_or_encrypted.repository()
     hand_manifest(repo, FULL)
     hand_manifest(repo, INCR, parent=FULL, finished="2026-01-02T12:05:00Z")
     records = repo.backups()

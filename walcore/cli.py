@@ -53,8 +53,11 @@ PROGRESS = Arg("--progress", action=argparse.BooleanOptionalAction,
 LEVEL = Arg("--level", type=int, metavar="N", help="zstd level, 1..19 (default 3)")
 REPO_OPTION = Arg("--repo-option", action="append", metavar="KEY=VALUE",
                   help="an fsspec storage option (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+KEY_FILE = Arg("--key-file", type=Path, metavar="FILE",
+               help="an encrypted repository's key (passphrase): the file's first line (default: the environment "
+               "variable WALVAULT_KEY); never give it on the command line")
 REPO = (Arg("--repo", required=True, metavar="URL", help="the repository: a path, s3://bucket/prefix, or any fsspec "
-            "URL"), REPO_OPTION)
+            "URL"), REPO_OPTION, KEY_FILE)
 PASSWORD_FILE = Arg("--password-file", type=Path, metavar="FILE",
                     help=f"the password of --connect's user: the file's first line (default: the environment "
                     f"variable {rq.PASSWORD_ENV}); never give it on the command line, where every local user sees it")
@@ -104,7 +107,7 @@ COMMANDS = (
                  help="files or directories; with --repo and no PATH: every backup and the archive; with --repo and "
                  "a backup id (or latest): that backup"),
              Arg("--repo", metavar="URL", help="the repository: a path, s3://bucket/prefix, or any fsspec URL"),
-             REPO_OPTION,
+             REPO_OPTION, KEY_FILE,
              Arg("--full", action="store_true",
                  help="with --repo: scan every file, also those the ledger knows as verified"),
              SPARK, JSON, JOBS, PROGRESS), build=_verify_request),
@@ -131,10 +134,20 @@ COMMANDS = (
             "one)", (*REPO, Arg("--lock-days", type=int, metavar="N", help="S3 with Object Lock: write every backup "
                                 "object, manifest and archived file retained N days (expire keeps them until then)"),
                      Arg("--lock-mode", choices=("governance", "compliance"),
-                         help="the Object Lock mode with --lock-days (default governance)"), JSON),
+                         help="the Object Lock mode with --lock-days (default governance)"),
+                     Arg("--encrypt", action="store_true", help="an encrypted repository, under the key of "
+                         "WALVAULT_KEY or --key-file"), JSON),
             description="Create the repository (walvault.repo and its copy) at --repo URL. A "
             "location holding a repository already is left as it is; one holding anything else is refused (exit 2), "
             "as is --lock-days on storage without Object Lock enabled."),
+    Command("key", rq.KeyRequest, "rotate the key of an encrypted repository (its data is not re-encrypted)",
+            (Arg("action", choices=("rotate",)), *REPO,
+             Arg("--new-key-file", type=Path, metavar="FILE", help="the new key: the file's first line (default: "
+                 "the environment variable WALVAULT_NEW_KEY)"), JSON),
+            description="Add a key-encryption key for future objects and put the repository's whole keyring under "
+            "the new key (WALVAULT_NEW_KEY or --new-key-file), in one atomic replacement of walvault.key; the "
+            "current key comes from WALVAULT_KEY or --key-file. A rotation that was killed is finished by running it "
+            "again."),
     Command("archive", rq.ArchiveRequest, "copy the sealed files of sources into the repository, each verified first",
             (Arg("paths", nargs="+", type=Path, metavar="SOURCE", help="Tarantool data dirs, limestone dirs"), *REPO,
              *WORK)),
@@ -248,6 +261,9 @@ COMMANDS = (
              Arg("--to", dest="to_repo", required=True, metavar="URL",
                  help="the repository to copy into (walvault init made it)"),
              Arg("--to-option", action="append", metavar="KEY=VALUE", help="an fsspec storage option of --to"),
+             KEY_FILE, Arg("--to-key-file", type=Path, metavar="FILE", help="an encrypted --to's key when it is not "
+                           "--from's: the file's first line (default: the environment variable WALVAULT_TO_KEY, else "
+                           "--from's key)"),
              Arg("--archive", action="store_true", help="also the archive (and stream segments) of their sources, "
                  "of every source with --all"),
              wait("wait this long for a backup, copy or expiry of a source at the destination to finish"), JSON),
@@ -292,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"walvault: {e}", file=sys.stderr)
             return EXIT_CANNOT_CHECK
+    try:
+        _keys_to_environment(args)
+    except ValueError as e:
+        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_CHECK
     from .repository import RepositoryError
 
     try:
@@ -326,6 +347,18 @@ def _storage_options(request: rq.Request, pairs: list[str]) -> rq.Request:
     from .repository.storage import parse_options
 
     return dataclasses.replace(request, repo_options=parse_options(pairs))
+
+
+def _keys_to_environment(args: argparse.Namespace) -> None:
+    """--key-file, --new-key-file and --to-key-file as WALVAULT_KEY, WALVAULT_NEW_KEY and WALVAULT_TO_KEY: where the
+    repositories take their keys from, in this process and the workers and jobs it starts."""
+    import os
+
+    from .repository.encrypted import KEY_ENV, NEW_KEY_ENV, TO_KEY_ENV
+
+    for option, env in (("key_file", KEY_ENV), ("new_key_file", NEW_KEY_ENV), ("to_key_file", TO_KEY_ENV)):
+        if (path := getattr(args, option, None)) is not None:
+            os.environ[env] = rq.secret_file_line(path, f"--{option.replace('_', '-')}")
 
 
 def _connect_uri(request) -> str:

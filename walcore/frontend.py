@@ -94,8 +94,16 @@ def _verify_result(request: rq.VerifyRequest, runner, show=lambda report: None):
     from .command.verify import verify_sources
 
     if _of_repository(request):
-        return verify_backups(_repository(request), request.backup, runner=runner, full=request.full,
-                              progress=request.progress, show=show)
+        from .repository.encrypted import KeyMissing
+
+        try:
+            repo = _repository(request)
+        except KeyMissing:  # an encrypted repository without its key: what can be checked is every object's bytes
+            from .command.repo_verify import verify_stored_bytes
+
+            return verify_stored_bytes(request.repo, request.repo_options, show=show)
+        return verify_backups(repo, request.backup, runner=runner, full=request.full, progress=request.progress,
+                              show=show)
     return verify_sources(request, runner=runner, show=show)
 
 
@@ -249,17 +257,35 @@ def _init(request: rq.InitRequest, runner) -> int:
     from .repository import Repository
 
     repo, created = Repository.init(request.repo, request.repo_options, lock_days=request.lock_days,
-                                    lock_mode=request.lock_mode)
+                                    lock_mode=request.lock_mode, encrypt=request.encrypt)
     lock = repo.info.get("lock")
     if request.json:
         print_json({"repository": repo.display, "created": created, "format": repo.info.get("format"),
-                    "since": repo.info.get("created"), "lock": lock})
+                    "since": repo.info.get("created"), "lock": lock, "encrypted": repo.encrypted})
     elif created:
-        print(f"created the walvault repository {repo.display} (format {repo.info.get('format')})"
-              + (f"; objects locked {lock['days']} days ({lock['mode']})" if lock else ""))
+        print(f"created the {'encrypted ' if repo.encrypted else ''}walvault repository {repo.display} (format "
+              f"{repo.info.get('format')})" + (f"; objects locked {lock['days']} days ({lock['mode']})" if lock else ""))
     else:
         print(f"{repo.display} is a walvault repository already (format {repo.info.get('format')}, created "
               f"{repo.info.get('created')}): nothing changed")
+    return EXIT_OK
+
+
+def _key(request: rq.KeyRequest, runner) -> int:
+    from .repository.encrypted import KEY_NAME, NEW_KEY_ENV, passphrase, rotate
+    from .repository.manifest import read_info
+    from .repository.storage import RepositoryError, open_storage
+
+    storage = open_storage(request.repo, request.repo_options)
+    info = read_info(storage)
+    if info is None or not info.get("encryption"):
+        raise RepositoryError(f"{storage.display} is not an encrypted walvault repository: it has no key to rotate")
+    done = rotate(storage, passphrase(), os.environ.get(NEW_KEY_ENV) or None)
+    if request.json:
+        print_json({"repository": storage.display, "rotated": done})
+    else:
+        print(f"{storage.display}: {KEY_NAME} {'rotated' if done == 'rotated' else 'was rotated already'}: the new "
+              "key opens it, the old one no longer does")
     return EXIT_OK
 
 
@@ -507,8 +533,10 @@ def _copy_result(request: rq.CopyRequest, runner):
     from .findings import Refused
     from .repository import Repository
 
+    from .repository.encrypted import TO_KEY_ENV
+
     source = Repository(request.from_repo, request.from_options)
-    destination = Repository(request.to_repo, request.to_options)
+    destination = Repository(request.to_repo, request.to_options, key=os.environ.get(TO_KEY_ENV) or None)
     if source.storage.caps.local_paths and destination.storage.caps.local_paths \
             and os.path.realpath(source.storage.root) == os.path.realpath(destination.storage.root):
         raise Refused("--from and --to name the same repository", "cannot_check")
@@ -674,7 +702,7 @@ def _stream_until_stopped(request: rq.StreamRequest, repo, stop) -> int:
 COMMANDS = {rq.InspectRequest: _verify, rq.VerifyRequest: _verify, rq.RotateRequest: _rotate,
             rq.RepairRequest: _repair, rq.StateRequest: _state, rq.InitRequest: _init, rq.ArchiveRequest: _archive,
             rq.BackupRequest: _backup, rq.SnapshotRequest: _snapshot, rq.ExpireRequest: _expire,
-            rq.PolicyRequest: _policy, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
+            rq.PolicyRequest: _policy, rq.KeyRequest: _key, rq.DrillRequest: _drill, rq.BackupsRequest: _backups,
             rq.RestoreRequest: _restore, rq.StatusRequest: _status, rq.StreamRequest: _stream, rq.CopyRequest: _copy,
             rq.PinRequest: _pin, rq.UnpinRequest: _pin}
 RESULTS = {rq.VerifyRequest: _verify_result, rq.RotateRequest: _rotate_result, rq.ArchiveRequest: _archive_result,

@@ -151,6 +151,22 @@ def names_backup(paths: list) -> bool:
     return len(paths) >= 1 and all(str(p) == "latest" or is_backup_id(str(p)) for p in paths[:1])
 
 
+def secret_file_line(path: Path, option: str) -> str:
+    """The first line of a file holding a secret (a password, a key), given as `option`; ValueError names the file,
+    never its content."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline()
+    except OSError as e:
+        raise ValueError(f"{option} {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{option} {path}: not UTF-8 text") from None
+    secret = line.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise ValueError(f"{option} {path}: its first line is empty")
+    return secret
+
+
 def connect_with_password(connect: str, password_file: Path | None) -> str:
     """A --connect URI with its user's password: its own, the first line of `password_file`, or $WALVAULT_PASSWORD.
     The result is kept in memory only; ValueError says what is wrong (never the password)."""
@@ -164,16 +180,7 @@ def connect_with_password(connect: str, password_file: Path | None) -> str:
     if password_file is not None:
         if "@" not in bare:
             raise ValueError("--password-file: --connect names no user (user@host:port)")
-        try:
-            with open(password_file, encoding="utf-8") as f:
-                line = f.readline()
-        except OSError as e:
-            raise ValueError(f"--password-file {password_file}: cannot read it ({e.strerror or e})") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"--password-file {password_file}: not UTF-8 text") from None
-        password = line.removesuffix("\n").removesuffix("\r")
-        if not password:
-            raise ValueError(f"--password-file {password_file}: its first line is empty")
+        password = secret_file_line(password_file, "--password-file")
     else:
         password = os.environ.get(PASSWORD_ENV)
     if password is None or "@" not in bare:  # a user-less URI (guest) takes no password
@@ -260,6 +267,7 @@ class _RepoRequest(Request):
 @dataclass(kw_only=True)
 class InitRequest(_RepoRequest):
     command, not_done = "init", "no repository made"
+    encrypt: bool = False
     lock_days: int | None = None  # S3 Object Lock: immutable objects retained this many days; None: no lock
     lock_mode: str = "governance"
 
@@ -271,6 +279,13 @@ class InitRequest(_RepoRequest):
                       f"--lock-mode is one of {', '.join(LOCK_MODES)}" if self.lock_mode not in LOCK_MODES else None,
                       "--lock-mode goes with --lock-days" if self.lock_days is None and self.lock_mode != "governance"
                       else None, super().problem())
+
+
+@dataclass(kw_only=True)
+class KeyRequest(_RepoRequest):
+    """`walvault key rotate`: the key of an encrypted repository (the keys themselves come from the environment)."""
+    command, not_done = "key", "key not rotated"
+    action: str = "rotate"
 
 
 @dataclass(kw_only=True)

@@ -60,7 +60,7 @@ def children(config, spool_root: Path, walvault: str = "walvault") -> list[Child
     if not streamed:
         return []
     target = WalvaultRepoHook(config.repository_connection).target()
-    repo_args, repo_env = ["--repo", target.url], {}
+    repo_args, repo_env = ["--repo", target.url], {"WALVAULT_KEY": target.passphrase} if target.passphrase else {}
     for key, value in sorted(target.options.items()):
         if key in _SECRET_OPTIONS:
             repo_env[_SECRET_OPTIONS[key]] = str(value)

@@ -55,6 +55,8 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
     report = RepoReport()
     report.repository["findings"] = (redundancy_findings(repo, INFO_NAME, "info")
                                      + redundancy_findings(repo, POLICY_NAME, "policy"))
+    if repo.encrypted and backup_id is None:  # every object authenticated, also those no manifest or record names
+        report.repository["findings"] += stored_findings(repo.storage.inner, repo.storage.keyring)
     records = repo.backups()
     if backup_id is not None:
         # The backup asked for, also when it cannot be used (reported as damaged, not as a repository error).
@@ -127,6 +129,38 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
         report.backups.append(out)
     for (family, instance), (names, found) in archived.items():
         report.archive.append(_verify_archive(family, instance, names, found, checked, scans))
+    return report
+
+
+def stored_findings(storage, keyring) -> list[dict]:
+    """An encrypted repository's objects, each checked against its trailer's SHA-256 and, with the `keyring`,
+    authenticated (encrypted.py): a finding `object_unauthentic` names each that fails; its key file against its
+    checksum (`key_file_damaged`)."""
+    from ..repository.encrypted import CLEAR_NAMES, KEY_NAME, key_file_problem, object_problem
+
+    findings = []
+    if problem := key_file_problem(storage):
+        findings.append({"code": "key_file_damaged", "path": KEY_NAME, "message": problem})
+    for name in storage.list():
+        if name in CLEAR_NAMES or name.endswith(".walvault-tmp"):  # a killed write's temporary is no object
+            continue
+        if problem := object_problem(storage, name, keyring):
+            findings.append({"code": "object_unauthentic", "path": name, "message": problem})
+    return findings
+
+
+def verify_stored_bytes(url: str, options: dict, *, show) -> RepoReport:
+    """`verify --repo` of an encrypted repository without its key: every object's stored bytes against their
+    SHA-256 (nothing is written: a report would need the key)."""
+    from ..repository.storage import open_storage
+
+    storage = open_storage(url, options)
+    report = RepoReport()
+    report.repository["findings"] = [{"code": f"info_{p.state}", "path": p.path, "message": p.message}
+                                     for p in inspect_pair(storage, INFO_NAME).problems] + stored_findings(storage, None)
+    sizes = storage.sizes()
+    report.objects, report.bytes = len(sizes), sum(sizes.values())
+    show(report)
     return report
 
 

@@ -42,7 +42,7 @@ from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
                        decode_checked, encode_checked, ensure_info, load_checked, read_info, save_checked)
-from .storage import ObjectLock, RepositoryError, Storage, UnsafeName, check_name, open_storage
+from .storage import ObjectDamaged, ObjectLock, RepositoryError, Storage, UnsafeName, check_name, open_storage
 
 FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -71,10 +71,6 @@ def stamp_seconds(stamp: str) -> float:
     import calendar
 
     return float(calendar.timegm(time.strptime(stamp, STAMP)))
-
-
-class ObjectDamaged(RepositoryError):
-    """A stored object whose bytes do not match what its manifest or record says."""
 
 
 class SourceUnreadable(RepositoryError):
@@ -154,8 +150,10 @@ def check_instance(instance: str) -> str:
 
 
 class Repository:
-    def __init__(self, url: str, options: dict | None = None, *, create: bool = False, settings: dict | None = None):
-        """`settings`: what a repository created now keeps in walvault.repo (`init`'s "lock")."""
+    def __init__(self, url: str, options: dict | None = None, *, create: bool = False, settings: dict | None = None,
+                 key: str | None = None):
+        """`settings`: what a repository created now keeps in walvault.repo (`init`'s "lock" and "encryption");
+        `key`: the passphrase of an encrypted repository (default: $WALVAULT_KEY; encrypted.py)."""
         self.storage = open_storage(url, options)
         self.display = self.storage.display
         if create:
@@ -165,29 +163,42 @@ class Repository:
             if self.info is None:
                 raise RepositoryError(f"{self.display} is not a walvault repository (no walvault.repo): create one "
                                       f"with `walvault init --repo {self.display}`")
-        if lock := self.info.get("lock"):
+        if lock := self.info.get("lock"):  # set on the driver that writes: under the encryption
             self.storage.lock = ObjectLock(lock["mode"], lock["days"], is_immutable)
+        if self.encrypted:
+            from .encrypted import EncryptedStorage, open_keyring, passphrase
+
+            self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, passphrase(key)))
         self.locks = self.storage.sub("locks")
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.info.get("encryption"))
 
     @classmethod
     def init(cls, url: str, options: dict | None = None, *, lock_days: int | None = None,
-             lock_mode: str = "governance") -> tuple[Repository, bool]:
+             lock_mode: str = "governance", encrypt: bool = False, key: str | None = None) -> tuple[Repository, bool]:
         """`walvault init`: the repository at `url`, made there when the location is missing or empty; (it, whether
         it was made now). A location holding anything but a repository is refused: a mistyped path must not turn
         a directory of other things into a repository. `lock_days`: every immutable object is written under S3
         Object Lock (`lock_mode`) for that many days; refused where the store has no Object Lock enabled, and on
-        a repository made without it (or with another)."""
+        a repository made without it (or with another). `encrypt`: an encrypted one, under `key` (encrypted.py)."""
+        from .encrypted import KEY_NAME, create_key_file, passphrase
+
         storage = open_storage(url, options)
         if storage.caps.local_paths and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
             raise RepositoryError(f"{storage.display} exists and is not a directory: not made a repository")
         lock = {"mode": lock_mode, "days": lock_days} if lock_days is not None else None
-        if info := read_info(storage):
+        if (info := read_info(storage)) is not None:
             if lock is not None and info.get("lock") != lock:
                 raise RepositoryError(f"{storage.display} is a walvault repository already, with "
                                       + (f"Object Lock {info['lock']['mode']} for {info['lock']['days']} days"
                                          if info.get("lock") else "no Object Lock")
                                       + ": init changes no repository's settings")
-            return cls(url, options), False
+            if encrypt and not info.get("encryption"):
+                raise RepositoryError(f"{storage.display} is a walvault repository already, not encrypted: an "
+                                      "encrypted one is made in a new or empty location")
+            return cls(url, options, key=key), False
         if lock is not None and not storage.lock_enabled():
             raise RepositoryError(f"--lock-days: {storage.display} cannot lock objects (only S3 with Object Lock "
                                   "enabled on the bucket can): not made a repository")
@@ -197,10 +208,17 @@ class Repository:
             held = []
         except Exception as e:
             raise storage.error("cannot list the location", e) from None
-        if held:
+        # a key file alone: an encrypted init stopped before its commit point (walvault.repo)
+        if [h for h in held if h.rstrip("/").rsplit("/", 1)[-1] != KEY_NAME]:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
-        return cls(url, options, create=True, settings={"lock": lock} if lock is not None else None), True
+        settings = {"lock": lock} if lock is not None else {}
+        if encrypt:
+            if (key := passphrase(key)) is None:
+                raise RepositoryError("an encrypted repository needs a key: give it in WALVAULT_KEY or --key-file")
+            create_key_file(storage, key)  # before walvault.repo, the commit point, says the repository is encrypted
+            settings["encryption"] = {"cipher": "AES-256-GCM", "key_file": KEY_NAME}
+        return cls(url, options, create=True, settings=settings, key=key), True
 
     # -- names
 

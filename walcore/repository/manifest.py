@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from .storage import RepositoryError, Storage, check_name
 
 REPO_FORMAT = 1
+ENCRYPTED_FORMAT = 2  # walvault.repo of an encrypted repository: older walvaults refuse it
 INFO_NAME = "walvault.repo"
 MANIFEST_NAME = "backup.manifest"
 POLICY_NAME = "walvault.policy"
@@ -159,17 +160,20 @@ def read_info(storage: Storage) -> dict | None:
     fmt = info.get("format")
     if not isinstance(fmt, int):
         raise ManifestError(f"{INFO_NAME} has no format version")
-    if fmt > REPO_FORMAT:
+    if fmt > REPO_FORMAT and not (fmt == ENCRYPTED_FORMAT and info.get("encryption")):
         raise ManifestError(f"the repository {storage.display} has format {fmt}, newer than this walvault reads "
                             f"({REPO_FORMAT}): use a newer walvault")
     return info
 
 
 def ensure_info(storage: Storage, now: str, version: str, settings: dict | None = None) -> dict:
-    """The repository's info, created on first use with its `settings` (e.g. "lock": its Object Lock)."""
+    """The repository's info, created on first use with its `settings` ("lock": its Object Lock; "encryption": how
+    it is encrypted, which gives it a format of its own, refused by a walvault that does not encrypt)."""
     info = read_info(storage)
     if info is None:
         info = {"format": REPO_FORMAT, "created": now, "created_by": f"walvault {version}", **(settings or {})}
+        if info.get("encryption"):
+            info["format"] = ENCRYPTED_FORMAT
         save_checked(storage, INFO_NAME, info)
     return info
 

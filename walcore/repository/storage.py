@@ -36,6 +36,11 @@ class RepositoryError(RuntimeError):
     """The repository cannot be used as asked; the message names why (with secrets removed)."""
 
 
+class ObjectDamaged(RepositoryError):
+    """A stored object whose bytes do not match what its manifest or record says (or, encrypted, do not
+    authenticate)."""
+
+
 class UnsafeName(RepositoryError):
     """A name that would leave the repository root (`..`, absolute, a symlink out)."""
 
@@ -49,7 +54,9 @@ class ObjectLocked(RepositoryError):
 
 
 _SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|key", re.I)
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING")
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING",
+               "WALVAULT_KEY", "WALVAULT_NEW_KEY", "WALVAULT_TO_KEY")  # the last three: encrypted repositories' keys
+# (encrypted.py)
 # Shorter values are not searched for: replacing them would garble the rest of a message.
 _MIN_SECRET = 6
 # Reads of a small object that was replaced while read (a renewed lease), before its error is reported.

@@ -6,10 +6,13 @@ The connection holds what the configuration file must not: where the repository 
   {"endpoint_url": "http://127.0.0.1:9000"}, or their JSON text); without `url`, `host` is the path.
 - For S3, `login` and `password` are the access key id and the secret; they go to the storage options, which
   reach a Spark job only through its plan file (mode 0600, removed by the job once read), never a command line.
+- An encrypted repository's key (docs/encryption.md): `extra` {"passphrase": "..."} (Airflow masks a field of
+  that name); it reaches walvault as WALVAULT_KEY, never in options, requests or command lines.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from airflow.sdk import BaseHook
@@ -25,6 +28,7 @@ class RepositoryMissing(AirflowFailException):
 class RepoTarget:
     url: str
     options: dict = field(default_factory=dict)  # fsspec storage options, credentials included
+    passphrase: str | None = field(default=None, repr=False)  # an encrypted repository's key
 
 
 def _storage_options(conn_id: str, options) -> dict:
@@ -60,7 +64,7 @@ class WalvaultRepoHook(BaseHook):
         options = _storage_options(self.walvault_conn_id, extra.get("options"))
         if str(url).startswith("s3://") and conn.login:
             options.update({"key": conn.login, "secret": conn.password or ""})
-        return RepoTarget(str(url), options)
+        return RepoTarget(str(url), options, extra.get("passphrase") or None)
 
     def repository(self, *, create: bool = False):
         """The walcore Repository the connection names; with `create` (the configuration's `repository.create`)
@@ -75,7 +79,11 @@ class WalvaultRepoHook(BaseHook):
         from walcore.repository.manifest import read_info
         from walcore.repository.storage import open_storage
 
+        from walcore.repository.encrypted import KEY_ENV
+
         target = self.target()
+        if target.passphrase:  # the commands this task runs, and the processes they start, take the key from there
+            os.environ[KEY_ENV] = target.passphrase
         storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
