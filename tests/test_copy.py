@@ -255,3 +255,31 @@ def test_a_limestone_archive_is_copied_whole_and_restores_to_its_end_alike(tmp_p
     first, copied = tmp_path / "from-first", tmp_path / "from-second"
     assert {p.relative_to(first): p.read_bytes() for p in first.rglob("*") if p.is_file()} == \
         {p.relative_to(copied): p.read_bytes() for p in copied.rglob("*") if p.is_file()}
+
+
+def test_copies_between_plain_and_encrypted_repositories_restore_alike(source, tmp_path, monkeypatch):
+    """A plain repository copied into an encrypted one (its key given as --to-key-file), and that one into another
+    encrypted under another key (--key-file opens the source, --to-key-file seals the destination): each restores
+    what the source does, and the encrypted destinations hold none of the source's bytes in clear."""
+    for env in ("WALVAULT_KEY", "WALVAULT_TO_KEY"):
+        monkeypatch.setenv(env, "")  # the --key-file options set them in this process: undone after the test
+    keys = {}
+    for name in ("first", "second"):
+        keys[name] = tmp_path / f"{name}.key"
+        keys[name].write_text(f"a passphrase for the {name} copy\n")
+        assert run_main("init", "--repo", tmp_path / name, "--encrypt", "--key-file", keys[name]).returncode == 0
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    copied = _json(run_main("copy", source["incr"], "--from", source["repo"], "--to", first, "--to-key-file",
+                            keys["first"], "--json"))
+    assert copied["copied"] == [source["full"], source["incr"]]
+    again = _json(run_main("copy", source["incr"], "--from", first, "--key-file", keys["first"], "--to", second,
+                           "--to-key-file", keys["second"], "--json"))
+    assert again["copied"] == [source["full"], source["incr"]]
+    stored = [p for p in (source["repo"]).rglob("*.zst") if p.stat().st_size > 64]
+    for repo, key in ((first, keys["first"]), (second, keys["second"])):
+        held = b"".join(p.read_bytes() for p in (tmp_path / repo).rglob("*") if p.is_file())
+        assert not any(p.read_bytes()[:64] in held for p in stored), f"{repo} holds bytes of the source in clear"
+        monkeypatch.setenv("WALVAULT_KEY", key.read_text().strip())
+        assert _restored(["--repo", repo], source["incr"], tmp_path / f"restored-{key.stem}") == source["dump_b"]
+    monkeypatch.setenv("WALVAULT_KEY", keys["first"].read_text().strip())
+    assert run_main("verify", "--repo", second).returncode == 2, "the second copy's key is another"
