@@ -283,3 +283,34 @@ def test_copies_between_plain_and_encrypted_repositories_restore_alike(source, t
         assert _restored(["--repo", repo], source["incr"], tmp_path / f"restored-{key.stem}") == source["dump_b"]
     monkeypatch.setenv("WALVAULT_KEY", keys["first"].read_text().strip())
     assert run_main("verify", "--repo", second).returncode == 2, "the second copy's key is another"
+
+
+def test_a_damaged_source_object_is_never_left_locked_at_a_locked_destination(source, s3_endpoint, tmp_path):
+    """Into a repository with Object Lock, damaged bytes once written could not be removed for the lock's days: the
+    copy checks the source object's SHA-256 before it writes anything, and the finding is the source's damage."""
+    import boto3
+
+    from walcore.repository import Repository
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(source["repo"], damaged)
+    incr = Repository(str(damaged)).find(source["incr"]).manifest
+    own = next(e for e in incr.files if e.reference is None)
+    data = bytearray((damaged / own.stored).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (damaged / own.stored).write_bytes(bytes(data))
+    bucket = f"walvault-copy-lock-{time.time_ns()}"
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    to = ["--to", f"s3://{bucket}/repo", "--to-option", f"endpoint_url={s3_endpoint}"]
+    assert run_main("init", "--repo", f"s3://{bucket}/repo", "--repo-option", f"endpoint_url={s3_endpoint}",
+                    "--lock-days", "1").returncode == 0
+    proc = run_main("copy", "--all", "--from", damaged, *to, "--json")
+    assert "Traceback" not in proc.stderr and proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["copied"] == [source["full"]]
+    assert [f["code"] for f in result["findings"]] == ["object_not_copied"]
+    assert "do not match their SHA-256" in result["findings"][0]["message"]
+    versions = client.list_object_versions(Bucket=bucket)
+    keys = {v["Key"] for v in versions.get("Versions", []) + versions.get("DeleteMarkers", [])}
+    assert f"repo/{own.stored}" not in keys, "no damaged version (nor a delete marker) at the destination"
