@@ -164,7 +164,8 @@ def test_other_bytes_at_the_destination_are_never_overwritten(source, tmp_path):
     assert _manifests(str(second)) == {}, "nothing committed"
 
 
-def test_a_damaged_source_object_is_not_copied(source, tmp_path):
+def _with_a_damaged_object(source, tmp_path):
+    """A copy of the source repository with one object of the incremental's own damaged: (its root, that entry)."""
     from walcore.repository import Repository
 
     damaged = tmp_path / "damaged"
@@ -174,6 +175,11 @@ def test_a_damaged_source_object_is_not_copied(source, tmp_path):
     data = bytearray((damaged / own.stored).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (damaged / own.stored).write_bytes(bytes(data))
+    return damaged, own
+
+
+def test_a_damaged_source_object_is_not_copied(source, tmp_path):
+    damaged, own = _with_a_damaged_object(source, tmp_path)
     second = new_repository(tmp_path / "second")
     proc = run_main("copy", "--all", "--from", damaged, "--to", second, "--json")
     assert proc.returncode == 1, proc.stderr
@@ -290,15 +296,7 @@ def test_a_damaged_source_object_is_never_left_locked_at_a_locked_destination(so
     copy checks the source object's SHA-256 before it writes anything, and the finding is the source's damage."""
     import boto3
 
-    from walcore.repository import Repository
-
-    damaged = tmp_path / "damaged"
-    shutil.copytree(source["repo"], damaged)
-    incr = Repository(str(damaged)).find(source["incr"]).manifest
-    own = next(e for e in incr.files if e.reference is None)
-    data = bytearray((damaged / own.stored).read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (damaged / own.stored).write_bytes(bytes(data))
+    damaged, own = _with_a_damaged_object(source, tmp_path)
     bucket = f"walvault-copy-lock-{time.time_ns()}"
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
