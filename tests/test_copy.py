@@ -164,7 +164,8 @@ def test_other_bytes_at_the_destination_are_never_overwritten(source, tmp_path):
     assert _manifests(str(second)) == {}, "nothing committed"
 
 
-def test_a_damaged_source_object_is_not_copied(source, tmp_path):
+def _with_a_damaged_object(source, tmp_path):
+    """A copy of the source repository with one object of the incremental's own damaged: (its root, that entry)."""
     from walcore.repository import Repository
 
     damaged = tmp_path / "damaged"
@@ -174,6 +175,11 @@ def test_a_damaged_source_object_is_not_copied(source, tmp_path):
     data = bytearray((damaged / own.stored).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (damaged / own.stored).write_bytes(bytes(data))
+    return damaged, own
+
+
+def test_a_damaged_source_object_is_not_copied(source, tmp_path):
+    damaged, own = _with_a_damaged_object(source, tmp_path)
     second = new_repository(tmp_path / "second")
     proc = run_main("copy", "--all", "--from", damaged, "--to", second, "--json")
     assert proc.returncode == 1, proc.stderr
@@ -283,3 +289,26 @@ def test_copies_between_plain_and_encrypted_repositories_restore_alike(source, t
         assert _restored(["--repo", repo], source["incr"], tmp_path / f"restored-{key.stem}") == source["dump_b"]
     monkeypatch.setenv("WALVAULT_KEY", keys["first"].read_text().strip())
     assert run_main("verify", "--repo", second).returncode == 2, "the second copy's key is another"
+
+
+def test_a_damaged_source_object_is_never_left_locked_at_a_locked_destination(source, s3_endpoint, tmp_path):
+    """Into a repository with Object Lock, damaged bytes once written could not be removed for the lock's days: the
+    copy checks the source object's SHA-256 before it writes anything, and the finding is the source's damage."""
+    import boto3
+
+    damaged, own = _with_a_damaged_object(source, tmp_path)
+    bucket = f"walvault-copy-lock-{time.time_ns()}"
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+    to = ["--to", f"s3://{bucket}/repo", "--to-option", f"endpoint_url={s3_endpoint}"]
+    assert run_main("init", "--repo", f"s3://{bucket}/repo", "--repo-option", f"endpoint_url={s3_endpoint}",
+                    "--lock-days", "1").returncode == 0
+    proc = run_main("copy", "--all", "--from", damaged, *to, "--json")
+    assert "Traceback" not in proc.stderr and proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["copied"] == [source["full"]]
+    assert [f["code"] for f in result["findings"]] == ["object_not_copied"]
+    assert "do not match their SHA-256" in result["findings"][0]["message"]
+    versions = client.list_object_versions(Bucket=bucket)
+    keys = {v["Key"] for v in versions.get("Versions", []) + versions.get("DeleteMarkers", [])}
+    assert f"repo/{own.stored}" not in keys, "no damaged version (nor a delete marker) at the destination"

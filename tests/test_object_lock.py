@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TARANTOOL_FIXTURES, copy_tree, run_main
+from conftest import TARANTOOL_FIXTURES, copy_tree, run_cli_at, run_main
 from walcore.repository import Repository, is_immutable
 from walcore.repository.storage import ObjectLocked
 
@@ -184,6 +184,22 @@ def test_expire_keeps_what_is_locked_whole_and_says_until_when(locked_history, s
     later = _json(run_main("expire", *repo, "--days", "1", "--as-of", _iso(time.time() + 2 * DAY), "--json"))
     deleted = {d["path"].rsplit("/", 1)[-1] for d in later["sources"][0]["delete"]}
     assert deleted == set(locked), (deleted, set(locked))
+
+
+def test_a_host_clock_ahead_of_the_store_never_hides_a_locked_object(locked_history, s3_endpoint):
+    """An expiry on a host whose clock runs a day and an hour ahead of the store's judges the locks ended: the store
+    holds them still, and a plain delete would hide each object behind a delete marker. The version read is what is
+    deleted: the store refuses it while it is locked, and nothing is hidden."""
+    bucket, repo, (old, new) = locked_history["bucket"], locked_history["repo"], locked_history["ids"]
+    before = {k: h["ETag"] for k, h in _objects(s3_endpoint, bucket).items() if is_immutable(k.removeprefix("repo/"))}
+    proc = run_cli_at(time.time() + DAY + 3600, "expire", *repo, "--days", "1", "--apply", "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (source,) = json.loads(proc.stdout)["sources"]
+    assert source["stopped"] and "locked" in source["stopped"], source
+    assert _hidden(s3_endpoint, bucket) == []
+    after = {k: h["ETag"] for k, h in _objects(s3_endpoint, bucket).items() if is_immutable(k.removeprefix("repo/"))}
+    assert after == before
+    assert {b["id"] for b in _json(run_main("backups", *repo, "--json"))["backups"]} == {old, new}
 
 
 def test_a_repository_without_a_lock_plans_as_before(s3_endpoint, tmp_path):

@@ -150,6 +150,12 @@ def _copy_object(source: Repository, destination: Repository, entry: FileEntry, 
         return None
     if held is not None:
         return f"{name}: {destination.display} holds other bytes under this name: not overwritten"
+    damaged = f"{name}: its bytes in {source.display} do not match their SHA-256 (damaged): not copied"
+    lock = destination.storage.lock
+    if lock is not None and lock.applies(destination.storage.repo_name(name)):
+        # written there, damaged bytes could not be removed until their Object Lock ends: checked before the write
+        if (found := _stored_sha256(source, name)) != want:
+            return f"{name}: missing in {source.display}" if found is None else damaged
     digest, counted = hashlib.sha256(), [0]
     read = source.storage.iter_bytes(name)
     try:  # opened before the write: a source object that is gone is the source's, not a failed write
@@ -166,7 +172,7 @@ def _copy_object(source: Repository, destination: Repository, entry: FileEntry, 
     destination.storage.write(name, chunks())
     if digest.hexdigest() != want:
         destination.storage.remove(name)
-        return f"{name}: its bytes in {source.display} do not match their SHA-256 (damaged): not copied"
+        return damaged
     if _stored_sha256(destination, name) != want:
         destination.storage.remove(name)
         return f"{name}: read back from {destination.display}, its bytes do not match their SHA-256: removed"

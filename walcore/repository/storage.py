@@ -392,9 +392,7 @@ class Storage(ABC):
         """Delete an object (gone already: nothing to do); ObjectLocked when its retention holds it still."""
         if self.lock is not None and self.lock.applies(self.repo_name(name)) \
                 and (until := self.locked_until(name)) is not None and until + LOCK_SKEW > time.time():
-            raise ObjectLocked(f"{self.repo_name(name)} in repository {self.display} is locked until "
-                               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))} (S3 Object Lock): not "
-                               "deleted", until)
+            raise self._locked(name, until)
         try:
             self.fs.rm_file(self.full(name))
         except FileNotFoundError:
@@ -403,6 +401,11 @@ class Storage(ABC):
             raise
         except Exception as e:
             raise self._failed("cannot remove", name, e) from None
+
+    def _locked(self, name: str, until: float, why: str = "") -> ObjectLocked:
+        return ObjectLocked(f"{self.repo_name(name)} in repository {self.display} is locked until "
+                            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(until))} (S3 Object Lock){why}: not "
+                            "deleted", until)
 
     def remove_stale_temporaries(self, prefix: str | None, older_than: float) -> list[str]:
         """Remove the temporary files of writes killed before their rename, older than `older_than` seconds, under a
@@ -623,17 +626,49 @@ class FsspecStorage(Storage):
 
     def locked_until(self, name: str) -> float | None:
         """Read from head_object (the retention API itself is not answered by every store: moto 5.2.5's fails)."""
+        head = self._head(name)
+        until = head.get("ObjectLockRetainUntilDate") if head is not None else None
+        return until.timestamp() if until is not None else None
+
+    def _head(self, name: str) -> dict | None:
+        """An S3 object's head (its version, its lock); None when it is gone, or the store is no S3."""
         if not hasattr(self.fs, "call_s3"):
             return None
         bucket, key, _ = self.fs.split_path(self.full(name))
         try:
-            head = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            return self.fs.call_s3("head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
         except Exception as e:
             raise self._failed("cannot read the Object Lock of", name, e) from None
-        until = head.get("ObjectLockRetainUntilDate")
-        return until.timestamp() if until is not None else None
+
+    def remove(self, name: str) -> None:
+        """A locked repository's immutable object: the version read is what is deleted. A store whose clock is
+        behind this host's holds a lock this host judges ended: it refuses the delete of that version, where a plain
+        delete would hide the object behind a delete marker."""
+        if self.lock is None or not self.lock.applies(self.repo_name(name)) or not hasattr(self.fs, "call_s3"):
+            return super().remove(name)
+        head = self._head(name)
+        if head is None:
+            return None  # gone already
+        until = head["ObjectLockRetainUntilDate"].timestamp() if head.get("ObjectLockRetainUntilDate") else None
+        if until is not None and until + LOCK_SKEW > time.time():
+            raise self._locked(name, until)
+        full = self.full(name)
+        bucket, key, _ = self.fs.split_path(full)
+        try:
+            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, **({"VersionId": head["VersionId"]}
+                                                                       if head.get("VersionId") else {}))
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            if until is not None and isinstance(e, PermissionError):  # s3fs's AccessDenied
+                raise self._locked(name, until, " by the store's clock, ahead of this host's (or the store "
+                                   "grants no s3:DeleteObjectVersion)") from None
+            raise self._failed("cannot remove", name, e) from None
+        finally:
+            self.fs.invalidate_cache(full)
+        return None
 
     def _read_tagged(self, name: str, full: str) -> tuple[bytes | None, str | None]:
         """The ETag is of exactly the bytes read: s3fs makes the read conditional on the ETag it looked up."""
