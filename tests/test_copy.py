@@ -55,16 +55,20 @@ def _manifests(url: str, options: dict | None = None) -> dict:
     return {r.id: r.manifest.to_json() for r in repo.backups() if r.manifest is not None}
 
 
+KILLS = 12  # killed runs at most, before one is left to finish
+
+
 def _copy_killed_until_done(args: list[str], check, seed: int) -> int:
     """Run `walvault copy ARGS` killed by SIGKILL after a random delay, again and again, `check()` after each kill,
-    until a run finishes; the delays grow, so that one does. Returns how many runs were killed."""
+    until a run finishes; the delays grow, and past KILLS runs the copy is left to finish (on a loaded machine a
+    whole run may outlast every delay). Returns how many runs were killed."""
     rng = random.Random(seed)
     killed = 0
-    for attempt in range(40):
+    for attempt in range(KILLS + 1):
         proc = subprocess.Popen([*walvault_command(), "copy", *args], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         try:
-            out, err = proc.communicate(timeout=rng.uniform(0.3, 1.0 + attempt * 0.3))
+            out, err = proc.communicate(timeout=rng.uniform(0.3, 1.0 + attempt * 0.3) if attempt < KILLS else 600)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.communicate()
