@@ -1,0 +1,34 @@
+"""Encryption at rest attacked (docs/encryption.md): a key that is no UTF-8 text is refused as such, never taken
+for a damaged key file nor shown in part."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import ENCRYPTION_KEY, REPO, run_cli, walvault_command
+
+
+def _run(env_key: str, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WALVAULT_KEY": env_key}
+    return subprocess.run([*walvault_command(), *map(str, args)], capture_output=True, text=True, env=env, cwd=REPO,
+                          stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_a_key_that_is_no_utf8_text_is_refused_as_such_and_nothing_of_it_is_shown(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    repo = tmp_path / "repo"
+    assert run_cli("init", "--repo", repo, "--encrypt").returncode == 0
+    before = sorted(p.name for p in repo.iterdir())
+    not_text = "Kx9\udcffsecret"  # the bytes b"Kx9\xffsecret" in the environment: no UTF-8
+    for args in (("backups", "--repo", repo), ("verify", "--repo", repo),
+                 ("init", "--repo", tmp_path / "other", "--encrypt")):
+        proc = _run(not_text, *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr and "damaged" not in proc.stderr, proc.stderr
+        assert "WALVAULT_KEY" in proc.stderr and "UTF-8" in proc.stderr, proc.stderr
+        for hint in ("\\udcff", "\\xff", "position", "Kx9", "secret"):
+            assert hint not in proc.stderr + proc.stdout, (hint, proc.stderr)
+    assert sorted(p.name for p in repo.iterdir()) == before
+    assert not (tmp_path / "other").exists()
+
