@@ -1,5 +1,6 @@
 """Encryption at rest attacked (docs/encryption.md): a key that is no UTF-8 text is refused as such, never taken
-for a damaged key file nor shown in part."""
+for a damaged key file nor shown in part; a writer of the bucket who rewrites the clear walvault.repo to say
+"plain" gets no backup written in clear."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import os
 import subprocess
 
 from conftest import ENCRYPTION_KEY, REPO, run_cli, walvault_command
+
+from walcore.repository.manifest import INFO_NAME, encode_checked
+from walcore.repository.storage import open_storage
+
+SAMPLES = REPO / "samples"
 
 
 def _run(env_key: str, *args) -> subprocess.CompletedProcess:
@@ -32,3 +38,18 @@ def test_a_key_that_is_no_utf8_text_is_refused_as_such_and_nothing_of_it_is_show
     assert sorted(p.name for p in repo.iterdir()) == before
     assert not (tmp_path / "other").exists()
 
+
+def test_walvault_repo_rewritten_to_plain_is_refused_and_nothing_is_written_in_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    repo = tmp_path / "repo"
+    assert run_cli("init", "--repo", repo, "--encrypt").returncode == 0
+    # a writer of the storage without the key: walvault.repo and its copy are in clear and carry a plain checksum
+    storage = open_storage(str(repo))
+    plain = encode_checked({"format": 1, "created": "2026-01-01T00:00:00Z", "created_by": "walvault 0.1.0"})
+    for name in (INFO_NAME, INFO_NAME + ".copy"):
+        storage.write_bytes(name, plain)
+    before = {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+    proc = run_cli("backup", SAMPLES / "tarantool" / "features", "--repo", repo)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "walvault.key" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
