@@ -1,6 +1,6 @@
 """Encryption at rest attacked (docs/encryption.md): a key that is no UTF-8 text is refused as such, never taken
 for a damaged key file nor shown in part; a writer of the bucket who rewrites the clear walvault.repo to say
-"plain" gets no backup written in clear."""
+"plain" gets no backup written in clear; the Airflow copy task opens each repository with its own key."""
 
 from __future__ import annotations
 
@@ -53,3 +53,36 @@ def test_walvault_repo_rewritten_to_plain_is_refused_and_nothing_is_written_in_c
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "walvault.key" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert {p: p.read_bytes() for p in repo.rglob("*") if p.is_file()} == before
+
+
+def test_the_airflow_copy_task_opens_each_encrypted_repository_with_its_own_connections_passphrase(tmp_path,
+                                                                                                    monkeypatch):
+    """The source's and the destination's connections each give their passphrase: the copy takes each repository's
+    own (the destination's must not stand in for the source's)."""
+    import json
+
+    from walcore.repository import Repository
+    from walvault_provider.operators.walvault import WalvaultCopyOperator
+
+    source, first, second = SAMPLES / "tarantool" / "features", tmp_path / "first", tmp_path / "second"
+    keys = {first: "Hd4 the first repository's passphrase Tn2", second: "Wm8 the second one's Ks1"}
+    monkeypatch.delenv("WALVAULT_TO_KEY", raising=False)  # the hook sets it: put back as it was after the test
+    for repo, key in keys.items():
+        monkeypatch.setenv("WALVAULT_KEY", key)
+        Repository.init(str(repo), encrypt=True)
+    monkeypatch.setenv("WALVAULT_KEY", keys[first])
+    assert run_cli("backup", source, "--repo", first).returncode == 0
+    (record,) = json.loads(run_cli("backups", "--repo", first, "--json").stdout)["backups"]
+    monkeypatch.delenv("WALVAULT_KEY")
+    for conn_id, repo in (("walvault_repo", first), ("walvault_repo_copy", second)):
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
+            {"conn_type": "walvault_repo", "extra": {"url": str(repo), "passphrase": keys[repo]}}))
+    config = tmp_path / "walvault.yaml"
+    config.write_text(f"sources:\n  - {{name: tt, family: tarantool, path: {source}}}\n"
+                      "copy_to: walvault_repo_copy\n")
+    task = WalvaultCopyOperator(task_id="copy", config_path=str(config),
+                                backup_id={"id": record["id"], "source": {"path": str(source.resolve())}})
+    assert task.work({})["copied"] == [record["id"]]
+    monkeypatch.setenv("WALVAULT_KEY", keys[second])
+    assert run_cli("verify", "--repo", second).returncode == 0
+    assert run_cli("restore", record["id"], tmp_path / "restored", "--repo", second).returncode == 0
