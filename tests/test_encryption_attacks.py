@@ -86,3 +86,24 @@ def test_the_airflow_copy_task_opens_each_encrypted_repository_with_its_own_conn
     monkeypatch.setenv("WALVAULT_KEY", keys[second])
     assert run_cli("verify", "--repo", second).returncode == 0
     assert run_cli("restore", record["id"], tmp_path / "restored", "--repo", second).returncode == 0
+
+
+def test_a_key_file_whose_scrypt_cost_was_raised_is_refused_as_damaged_not_derived(tmp_path, monkeypatch):
+    """A writer of the bucket can rewrite walvault.key's scrypt parameters (its checksum is no secret): a cost no
+    walvault writes (here hours of CPU) is refused at once as damage, not derived."""
+    import json
+
+    from walcore.repository.envelope import _checksum
+
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    repo = tmp_path / "repo"
+    assert run_cli("init", "--repo", repo, "--encrypt").returncode == 0
+    doc = json.loads((repo / "walvault.key").read_text())
+    doc["kdf"]["p"] = 1 << 20
+    doc["checksum"] = _checksum(doc)
+    (repo / "walvault.key").write_text(json.dumps(doc))
+    proc = run_cli("backups", "--repo", repo, timeout=30)
+    assert proc.returncode == 2 and "walvault.key" in proc.stderr and "damaged" in proc.stderr, proc.stderr
+    monkeypatch.delenv("WALVAULT_KEY")
+    proc = run_cli("verify", "--repo", repo, timeout=30)
+    assert proc.returncode == 1 and "key_file_damaged" in proc.stdout, (proc.stdout, proc.stderr)
