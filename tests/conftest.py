@@ -486,6 +486,7 @@ FILE_TIERS = {
     "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",
     "test_encryption.py": "integration",  # moto's S3, real Tarantool, walvault killed in a loop
+    "test_encryption_attacks.py": "integration",  # many subprocesses
     "test_envelope.py": "unit",
     "test_freshness.py": "unit",  # an SMTP server in this process; the DAG runs' test is `system` (TEST_TIERS)
     "test_inputs.py": "integration",

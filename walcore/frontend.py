@@ -280,7 +280,7 @@ def _key(request: rq.KeyRequest, runner) -> int:
     info = read_info(storage)
     if info is None or not info.get("encryption"):
         raise RepositoryError(f"{storage.display} is not an encrypted walvault repository: it has no key to rotate")
-    done = rotate(storage, passphrase(), os.environ.get(NEW_KEY_ENV) or None)
+    done = rotate(storage, passphrase(), passphrase(env=NEW_KEY_ENV))
     if request.json:
         print_json({"repository": storage.display, "rotated": done})
     else:
@@ -533,10 +533,10 @@ def _copy_result(request: rq.CopyRequest, runner):
     from .findings import Refused
     from .repository import Repository
 
-    from .repository.encrypted import TO_KEY_ENV
+    from .repository.encrypted import TO_KEY_ENV, passphrase
 
     source = Repository(request.from_repo, request.from_options)
-    destination = Repository(request.to_repo, request.to_options, key=os.environ.get(TO_KEY_ENV) or None)
+    destination = Repository(request.to_repo, request.to_options, key=passphrase(env=TO_KEY_ENV))
     if source.storage.caps.local_paths and destination.storage.caps.local_paths \
             and os.path.realpath(source.storage.root) == os.path.realpath(destination.storage.root):
         raise Refused("--from and --to name the same repository", "cannot_check")

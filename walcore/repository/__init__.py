@@ -165,10 +165,16 @@ class Repository:
                                       f"with `walvault init --repo {self.display}`")
         if lock := self.info.get("lock"):  # set on the driver that writes: under the encryption
             self.storage.lock = ObjectLock(lock["mode"], lock["days"], is_immutable)
-        if self.encrypted:
-            from .encrypted import EncryptedStorage, open_keyring, passphrase
+        from .encrypted import KEY_NAME, EncryptedStorage, open_keyring, passphrase
 
+        if self.encrypted:
             self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, passphrase(key)))
+        elif self.storage.exists(KEY_NAME):
+            # walvault.repo is in clear: whoever can write the bucket could make it say "plain" so that backups are
+            # written in clear; a repository made encrypted is never made plain, so its key file gives it away
+            raise RepositoryError(f"{self.display}: walvault.repo says the repository is not encrypted, but it holds "
+                                  f"an encrypted repository's key file {KEY_NAME}: walvault.repo was changed; refused "
+                                  "(nothing is written in clear)")
         self.locks = self.storage.sub("locks")
 
     @property
@@ -208,8 +214,9 @@ class Repository:
             held = []
         except Exception as e:
             raise storage.error("cannot list the location", e) from None
-        # a key file alone: an encrypted init stopped before its commit point (walvault.repo)
-        if [h for h in held if h.rstrip("/").rsplit("/", 1)[-1] != KEY_NAME]:
+        # a key file alone: an encrypted init stopped before its commit point (walvault.repo), which only an
+        # encrypted init takes over (a plain repository holding a key file is refused as a changed walvault.repo)
+        if [h for h in held if not encrypt or h.rstrip("/").rsplit("/", 1)[-1] != KEY_NAME]:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
         settings = {"lock": lock} if lock is not None else {}

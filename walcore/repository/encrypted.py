@@ -36,9 +36,16 @@ class Tampered(ManifestError, ObjectDamaged):
     """An object that does not authenticate: a manifest or record read from it is damaged, a stored file too."""
 
 
-def passphrase(given: str | None = None) -> str | None:
-    """The key: `given` (a front end read it), else $WALVAULT_KEY; None when neither is there."""
-    return given if given is not None else os.environ.get(KEY_ENV) or None
+def passphrase(given: str | None = None, env: str = KEY_ENV) -> str | None:
+    """The key: `given` (a front end read it), else $`env`; None when neither is there. RepositoryError (exit 2)
+    when it is no UTF-8 text (bytes the environment could not decode): said as such, nothing of it shown."""
+    key = given if given is not None else os.environ.get(env) or None
+    if key is not None:
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            raise RepositoryError(f"the key given ({env} or its file) is not UTF-8 text") from None
+    return key
 
 
 def open_keyring(storage: Storage, key: str | None) -> Keyring:

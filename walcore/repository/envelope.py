@@ -37,6 +37,9 @@ HEADER_BYTES = _FIXED.size + NONCE_BYTES + KEY_BYTES + TAG_BYTES
 TRAILER_BYTES = len(TRAILER_MAGIC) + 32
 # scrypt at 2**15 x 8: 32 MiB and about 0.1 s per derivation (once per command); the key file holds what it used.
 SCRYPT = {"n": 1 << 15, "r": 8, "p": 1}
+# What a key file read may ask for (its parameters are in clear, its checksum no secret: a writer of the storage could
+# raise them): up to 32 times SCRYPT's work, 1 GiB at most, beyond which deriving is a denial of service.
+SCRYPT_MAX = {"n": 1 << 20, "r": 32, "p": 16}
 KEYFILE_FORMAT = 1
 _KEYRING_AAD = b"walvault keyring 1"
 
@@ -260,4 +263,8 @@ def check_key_file(key_file: bytes) -> tuple[dict, bytes, bytes, bytes]:
         raise ValueError(f"not a walvault key file ({type(e).__name__})") from None
     if doc.get("checksum") != _checksum(doc):
         raise ValueError("it does not match its checksum: it was changed or damaged")
+    if any(not 1 <= params[k] <= SCRYPT_MAX[k] for k in params) or params["n"] & (params["n"] - 1) \
+            or params["n"] * params["r"] * params["p"] > SCRYPT["n"] * SCRYPT["r"] * SCRYPT["p"] * 32:
+        raise ValueError(f"its scrypt parameters {params} are beyond what walvault derives (at most {SCRYPT_MAX}, "
+                         "32 times the default work): it was changed")
     return params, salt, nonce, sealed

@@ -72,9 +72,10 @@ class WalvaultRepoHook(BaseHook):
         empty repository)."""
         return self.opened(create=create)[1]
 
-    def opened(self, *, create: bool = False):
+    def opened(self, *, create: bool = False, key_env: str | None = None):
         """The connection's target (what a request names the repository by: its url and options) and its
-        Repository, as `repository` opens it."""
+        Repository, as `repository` opens it. Its passphrase goes into `key_env` (default WALVAULT_KEY;
+        WALVAULT_TO_KEY for a copy's destination, whose key must not stand in for the source's)."""
         from walcore.repository import Repository
         from walcore.repository.manifest import read_info
         from walcore.repository.storage import open_storage
@@ -83,13 +84,13 @@ class WalvaultRepoHook(BaseHook):
 
         target = self.target()
         if target.passphrase:  # the commands this task runs, and the processes they start, take the key from there
-            os.environ[KEY_ENV] = target.passphrase
+            os.environ[key_env or KEY_ENV] = target.passphrase
         storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
                                     f"repository: create it with `walvault init --repo {storage.display}`, or set "
                                     "`repository.create: true` in the walvault configuration")
-        return target, Repository(target.url, target.options, create=create)
+        return target, Repository(target.url, target.options, create=create, key=target.passphrase)
 
     def test_connection(self) -> tuple[bool, str]:
         try:

@@ -377,6 +377,7 @@ class WalvaultCopyOperator(_WalvaultOperator):
 
     def work(self, context):
         from walcore.frontend import outcome
+        from walcore.repository.encrypted import TO_KEY_ENV
         from walcore.requests import CopyRequest
         from walcore.runner import LocalRunner
 
@@ -388,7 +389,7 @@ class WalvaultCopyOperator(_WalvaultOperator):
         if source is None or source.copy_to is None:
             raise AirflowSkipException(f"no second repository configured (copy_to) for {record['source']['path']}")
         repo, names_repo = self.repository(config)
-        target, destination = WalvaultRepoHook(source.copy_to).opened()
+        target, destination = WalvaultRepoHook(source.copy_to).opened(key_env=TO_KEY_ENV)
         result = outcome(CopyRequest(from_repo=names_repo["repo"], from_options=names_repo["repo_options"],
                                      to_repo=target.url, to_options=target.options, backups=[record["id"]]),
                          LocalRunner())
