@@ -1385,17 +1385,19 @@ class Schedule:
             Repository(self.copy_url, {}, create=True)
         op = Op("copy")
         proc, args, info = self.start(op)
-        killed = False
-        if step.fault == "kill":
-            time.sleep(step.delay)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed = True
-                self.fault("copy_kill")
-            else:
-                self.note("    (kill missed: the copy had ended)")
+        killed = step.fault == "kill" and self.kill_at(proc, step.delay, "copy_kill", "the copy")
         self.finish(op, proc, args, info, killed)
         self.check_copy(restore=step.fault is None)
+
+    def kill_at(self, proc: subprocess.Popen, delay: float, fault: str, what: str) -> bool:
+        """SIGKILL `proc` `delay` seconds from now; False when it had ended by then."""
+        time.sleep(delay)
+        if proc.poll() is not None:
+            self.note(f"    (kill missed: {what} had ended)")
+            return False
+        os.killpg(proc.pid, signal.SIGKILL)
+        self.fault(fault)
+        return True
 
     def check_copy(self, restore: bool) -> None:
         """The destination lists every backup `ok` (or an interrupted copy's leftovers), verifies, and (`restore`)
@@ -1452,15 +1454,7 @@ class Schedule:
         op = Op("key_rotate")
         proc = self.start_key_rotate()
         procs_b = self.start(step.b) if step.b is not None else None
-        killed = False
-        if step.fault == "kill":
-            time.sleep(step.delay)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                killed = True
-                self.fault("key_kill")
-            else:
-                self.note("    (kill missed: the rotation had ended)")
+        killed = step.fault == "kill" and self.kill_at(proc, step.delay, "key_kill", "the rotation")
         done = self.finish(op, proc, proc.args[len(self.env.walvault):], {}, killed)
         if procs_b is not None:
             self._mark_suspect(self.finish(step.b, *procs_b, killed=False))
