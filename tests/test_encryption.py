@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import tarantool_real as tr
 from conftest import ENCRYPTION_KEY, REPO, require_tarantool, run_cli, walvault_command
@@ -155,6 +156,30 @@ def test_an_encrypted_repository_hides_restores_refuses_rotates_and_names_damage
     monkeypatch.setenv("WALVAULT_KEY", NEW_KEY)
     _ok(run_cli("backup", source, *repo_target.cli, "--type", "incremental"))
     assert "INTACT" in _ok(run_cli("verify", *repo_target.cli))
+
+
+@require_tarantool
+def test_a_damaged_copy_of_a_checked_pair_is_named_by_verify_with_the_key(tmp_path, monkeypatch):
+    """A manifest's or the policy's redundant copy that does not authenticate is damage to name (exit 1), as on a
+    plain repository, not a reason to stop checking (found by the nemesis suite, seeds 1036 and 1018)."""
+    source = _marked_instance(tmp_path / "src")
+    repo = tmp_path / "repo"
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    _ok(run_cli("init", "--repo", repo, "--encrypt"))
+    _ok(run_cli("backup", source, "--repo", repo))
+    _ok(run_cli("policy", "--repo", repo, "--days", "3"))
+    local = SimpleNamespace(url=str(repo), options={})
+    stored = _stored(local)
+    copies = [n for n in sorted(stored) if n.endswith("backup.manifest.copy") or n == "walvault.policy.copy"]
+    assert len(copies) == 2
+    for name in copies:
+        original = _flip(local, name, len(stored[name]) // 2)
+        try:
+            proc = run_cli("verify", "--repo", repo)
+            assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
+            assert name in proc.stdout, (name, proc.stdout)
+        finally:
+            open_storage(local.url, local.options).write_bytes(name, original)
 
 
 def test_init_encrypt_without_a_key_writes_nothing(tmp_path, monkeypatch):

@@ -82,13 +82,11 @@ def load_checked(storage: Storage, name: str) -> Loaded:
     problems = []
     for candidate in (name, name + COPY_SUFFIX):
         shown = storage.repo_name(candidate)
-        try:
-            data = storage.read_bytes(candidate)
+        try:  # an encrypted repository's object that does not authenticate fails its read (Tampered)
+            obj = decode_checked(storage.read_bytes(candidate), shown)
         except FileNotFoundError:
             problems.append(f"{shown} is missing")
             continue
-        try:
-            obj = decode_checked(data, shown)
         except ManifestError as e:
             problems.append(str(e))
             continue
@@ -131,13 +129,10 @@ def inspect_pair(storage: Storage, name: str) -> PairState:
     problems = []
     for side, path in (("main", name), ("copy", name + COPY_SUFFIX)):
         bodies[side] = None
-        try:
-            data = storage.read_bytes(path)
+        try:  # an encrypted repository's object that does not authenticate fails its read (Tampered)
+            bodies[side] = decode_checked(storage.read_bytes(path), path)
         except FileNotFoundError:
             problems.append(PairProblem(path, side, "missing", f"{path} is missing"))
-            continue
-        try:
-            bodies[side] = decode_checked(data, path)
         except ManifestError as e:
             problems.append(PairProblem(path, side, "damaged", str(e)))
     if len(problems) == 2 and all(p.state == "missing" for p in problems):
