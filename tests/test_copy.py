@@ -316,3 +316,18 @@ def test_a_damaged_source_object_is_never_left_locked_at_a_locked_destination(so
     versions = client.list_object_versions(Bucket=bucket)
     keys = {v["Key"] for v in versions.get("Versions", []) + versions.get("DeleteMarkers", [])}
     assert f"repo/{own.stored}" not in keys, "no damaged version (nor a delete marker) at the destination"
+
+
+def test_a_copy_killed_between_its_commit_and_its_record_is_recorded_by_the_next_run(source, tmp_path):
+    """The destination committed the backup, the source's copies.json was never written (the copy killed in
+    between): the next run finds the backup there already and records it."""
+    second = new_repository(tmp_path / "second")
+    assert run_main("copy", source["full"], "--from", source["repo"], "--to", second).returncode == 0
+    records = list(source["repo"].glob(f"*/*/backups/{source['full']}/copies.json"))
+    assert records
+    for record in records:
+        record.unlink()
+    again = _json(run_main("copy", source["full"], "--from", source["repo"], "--to", second, "--json"))
+    assert again["already"] == [source["full"]]
+    listed = {b["id"]: b for b in _json(run_main("backups", "--repo", source["repo"], "--json"))["backups"]}
+    assert str((tmp_path / "second").resolve()) in [c["to"] for c in listed[source["full"]]["copies"]]

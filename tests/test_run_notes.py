@@ -214,7 +214,7 @@ def test_each_operator_documents_itself_and_names_its_templated_fields():
     operators = [cls for module in (walvault, spark) for cls in vars(module).values()
                  if inspect.isclass(cls) and issubclass(cls, BaseOperator) and cls.__module__ == module.__name__
                  and not cls.__name__.startswith("_")]
-    assert len(operators) == 9
+    assert len(operators) == 10
     for cls in operators:
         doc = inspect.getdoc(cls)
         assert "\nTemplated: " in doc, cls.__name__

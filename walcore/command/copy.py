@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..repository import Repository, RepositoryError
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, complete_name
-from ..repository.copies import record_copy
+from ..repository.copies import copies_of, record_copy
 from ..repository.lease import Lease, LeaseLost
 from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked, \
     decode_checked
@@ -112,6 +112,9 @@ def _copy_backup(source: Repository, destination: Repository, manifest: BackupMa
     if found.manifest is not None:
         if found.manifest.to_json() == manifest.to_json():
             result.already.append(manifest.id)
+            where = _location(destination)
+            if where not in {c["to"] for c in copies_of(source, manifest.family, manifest.instance, manifest.id)}:
+                _record(source, manifest, where, result)  # a copy killed between its commit and its record
             return None
         return refuse("conflict", f"{destination.display} holds another backup under this id: not overwritten")
     if found.fenced is not None:
@@ -129,11 +132,15 @@ def _copy_backup(source: Repository, destination: Repository, manifest: BackupMa
         raise LeaseLost(f"lease {lease.name} was lost: the copy of backup {manifest.id} was fenced by a backup of the "
                         "source at the destination, which judged this copy dead; it is not committed")
     result.copied.append(manifest.id)
+    _record(source, manifest, _location(destination), result)
+    return None
+
+
+def _record(source: Repository, manifest: BackupManifest, where: str, result: CopyResult) -> None:
     try:
-        record_copy(source, manifest.family, manifest.instance, manifest.id, _location(destination))
+        record_copy(source, manifest.family, manifest.instance, manifest.id, where)
     except RepositoryError as e:  # a source this copy may only read: the copy stands, unrecorded there
         result.warnings.append(f"the copy of backup {manifest.id} is not recorded in {source.display}: {e}")
-    return None
 
 
 def _location(repo: Repository) -> str:
