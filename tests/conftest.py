@@ -98,6 +98,7 @@ def run_main(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
     stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)  # as sys.stderr
     stdin = sys.stdin
     sys.stdin = io.StringIO()
+    environment = dict(os.environ)  # what the command sets there (--key-file's key) ends with it, as with a process
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), contextlib.chdir(cwd or REPO):
             try:
@@ -106,6 +107,9 @@ def run_main(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
                 code = e.code
     finally:
         sys.stdin = stdin
+        if os.environ != environment:
+            os.environ.clear()
+            os.environ.update(environment)
     text = [b.getvalue().decode().replace("\r\n", "\n").replace("\r", "\n") for b in (out, err)]
     return subprocess.CompletedProcess(["walvault", *map(str, args)], code, *text)
 

@@ -107,9 +107,11 @@ def test_an_encrypted_repository_hides_restores_refuses_rotates_and_names_damage
     # a plain repository of the same source would show the marker: the check above can fail
     if repo_target.kind == "local":
         plain = tmp_path / "plain"
+        monkeypatch.delenv("WALVAULT_KEY")  # a plain repository takes no key
         _ok(run_cli("init", "--repo", plain))
         _ok(run_cli("backup", source, "--repo", plain))
         assert any(MARKER in p.read_bytes() for p in plain.rglob("*.zst"))
+        monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
 
     _ok(run_cli("restore", "latest", tmp_path / "restored", *repo_target.cli))
     _same_files(tmp_path / "restored", source)
@@ -188,6 +190,46 @@ def test_init_encrypt_without_a_key_writes_nothing(tmp_path, monkeypatch):
     _refused(proc)
     assert "WALVAULT_KEY" in proc.stderr
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+@require_tarantool
+def test_a_key_given_for_a_plain_repository_is_refused_and_copy_takes_each_sides_key_apart(tmp_path, monkeypatch):
+    """Whoever gives a key believes the repository encrypted: `init` without --encrypt, and a backup into a plain
+    repository, given one are refused (exit 2, nothing written). `copy` opens the source with its key and the
+    destination with --to-key-file only: an encrypted source copies into a plain destination, and an encrypted
+    destination without its own key is refused, naming WALVAULT_TO_KEY (the source's key never stands in)."""
+    source = _marked_instance(tmp_path / "src")
+    monkeypatch.delenv("WALVAULT_TO_KEY", raising=False)
+    monkeypatch.delenv("WALVAULT_KEY", raising=False)
+    plain = tmp_path / "plain"
+    _ok(run_cli("init", "--repo", plain))
+    made = tmp_path / "made"
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    proc = run_cli("init", "--repo", made)
+    _refused(proc, ENCRYPTION_KEY)
+    assert "--encrypt" in proc.stderr
+    assert not made.exists()
+    before = sorted(p.relative_to(plain) for p in plain.rglob("*"))
+    proc = run_cli("backup", source, "--repo", plain)
+    _refused(proc, ENCRYPTION_KEY)
+    assert "not encrypted" in proc.stderr and "WALVAULT_KEY" in proc.stderr
+    assert sorted(p.relative_to(plain) for p in plain.rglob("*")) == before
+
+    sealed, again = tmp_path / "sealed", tmp_path / "again"
+    _ok(run_cli("init", "--repo", sealed, "--encrypt"))
+    _ok(run_cli("init", "--repo", again, "--encrypt"))
+    _ok(run_cli("backup", source, "--repo", sealed))
+    _ok(run_cli("copy", "latest", "--from", sealed, "--to", plain))  # WALVAULT_KEY opens the source only
+    monkeypatch.delenv("WALVAULT_KEY")
+    _ok(run_cli("restore", "latest", tmp_path / "restored", "--repo", plain))
+    _same_files(tmp_path / "restored", source)
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    proc = run_cli("copy", "latest", "--from", sealed, "--to", again)
+    _refused(proc, ENCRYPTION_KEY)
+    assert "WALVAULT_TO_KEY" in proc.stderr
+    assert not [p for p in again.rglob("*.manifest")]
+    monkeypatch.setenv("WALVAULT_TO_KEY", ENCRYPTION_KEY)
+    _ok(run_cli("copy", "latest", "--from", sealed, "--to", again))
 
 
 def test_a_key_file_and_a_wrong_one_are_named_never_shown(tmp_path, monkeypatch):

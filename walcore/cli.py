@@ -261,9 +261,8 @@ COMMANDS = (
              Arg("--to", dest="to_repo", required=True, metavar="URL",
                  help="the repository to copy into (walvault init made it)"),
              Arg("--to-option", action="append", metavar="KEY=VALUE", help="an fsspec storage option of --to"),
-             KEY_FILE, Arg("--to-key-file", type=Path, metavar="FILE", help="an encrypted --to's key when it is not "
-                           "--from's: the file's first line (default: the environment variable WALVAULT_TO_KEY, else "
-                           "--from's key)"),
+             KEY_FILE, Arg("--to-key-file", type=Path, metavar="FILE", help="an encrypted --to's key: the file's first "
+                           "line (default: the environment variable WALVAULT_TO_KEY; --from's key never stands in)"),
              Arg("--archive", action="store_true", help="also the archive (and stream segments) of their sources, "
                  "of every source with --all"),
              wait("wait this long for a backup, copy or expiry of a source at the destination to finish"), JSON),

@@ -533,10 +533,10 @@ def _copy_result(request: rq.CopyRequest, runner):
     from .findings import Refused
     from .repository import Repository
 
-    from .repository.encrypted import TO_KEY_ENV, passphrase
+    from .repository.encrypted import TO_KEY_ENV
 
     source = Repository(request.from_repo, request.from_options)
-    destination = Repository(request.to_repo, request.to_options, key=passphrase(env=TO_KEY_ENV))
+    destination = Repository(request.to_repo, request.to_options, key_env=TO_KEY_ENV)
     if source.storage.caps.local_paths and destination.storage.caps.local_paths \
             and os.path.realpath(source.storage.root) == os.path.realpath(destination.storage.root):
         raise Refused("--from and --to name the same repository", "cannot_check")

@@ -151,9 +151,10 @@ def check_instance(instance: str) -> str:
 
 class Repository:
     def __init__(self, url: str, options: dict | None = None, *, create: bool = False, settings: dict | None = None,
-                 key: str | None = None):
+                 key: str | None = None, key_env: str | None = None):
         """`settings`: what a repository created now keeps in walvault.repo (`init`'s "lock" and "encryption");
-        `key`: the passphrase of an encrypted repository (default: $WALVAULT_KEY; encrypted.py)."""
+        `key`: the passphrase of an encrypted repository (default: $`key_env`, which is WALVAULT_KEY unless said;
+        encrypted.py). A key given for a plain repository is refused: whoever gives one means it encrypted."""
         self.storage = open_storage(url, options)
         self.display = self.storage.display
         if create:
@@ -165,16 +166,23 @@ class Repository:
                                       f"with `walvault init --repo {self.display}`")
         if lock := self.info.get("lock"):  # set on the driver that writes: under the encryption
             self.storage.lock = ObjectLock(lock["mode"], lock["days"], is_immutable)
-        from .encrypted import KEY_NAME, EncryptedStorage, open_keyring, passphrase
+        from .encrypted import KEY_ENV, KEY_NAME, EncryptedStorage, key_source, open_keyring, passphrase
 
+        key_env = key_env or KEY_ENV
+        key = passphrase(key, key_env)
         if self.encrypted:
-            self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, passphrase(key)))
+            self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, key, key_env))
         elif self.storage.exists(KEY_NAME):
             # walvault.repo is in clear: whoever can write the bucket could make it say "plain" so that backups are
             # written in clear; a repository made encrypted is never made plain, so its key file gives it away
             raise RepositoryError(f"{self.display}: walvault.repo says the repository is not encrypted, but it holds "
                                   f"an encrypted repository's key file {KEY_NAME}: walvault.repo was changed; refused "
                                   "(nothing is written in clear)")
+        elif key is not None:
+            # a key given means the operator believes the repository encrypted: writing in clear would betray that
+            raise RepositoryError(f"{self.display} is not encrypted, but a key was given ({key_source(key_env)}): "
+                                  "refused, lest what is meant to be sealed be written in clear (a plain repository "
+                                  "takes no key)")
         self.locks = self.storage.sub("locks")
 
     @property
@@ -189,7 +197,7 @@ class Repository:
         a directory of other things into a repository. `lock_days`: every immutable object is written under S3
         Object Lock (`lock_mode`) for that many days; refused where the store has no Object Lock enabled, and on
         a repository made without it (or with another). `encrypt`: an encrypted one, under `key` (encrypted.py)."""
-        from .encrypted import KEY_NAME, create_key_file, passphrase
+        from .encrypted import KEY_ENV, KEY_NAME, create_key_file, key_source, passphrase
 
         storage = open_storage(url, options)
         if storage.caps.local_paths and os.path.lexists(storage.root) and not os.path.isdir(storage.root):
@@ -220,9 +228,13 @@ class Repository:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
         settings = {"lock": lock} if lock is not None else {}
+        key = passphrase(key)
+        if not encrypt and key is not None:
+            raise RepositoryError(f"a key was given ({key_source(KEY_ENV)}) but not --encrypt: not made a "
+                                  "repository (an encrypted one needs --encrypt; a plain one takes no key)")
         if encrypt:
-            if (key := passphrase(key)) is None:
-                raise RepositoryError("an encrypted repository needs a key: give it in WALVAULT_KEY or --key-file")
+            if key is None:
+                raise RepositoryError(f"an encrypted repository needs a key: give it in {key_source(KEY_ENV)}")
             create_key_file(storage, key)  # before walvault.repo, the commit point, says the repository is encrypted
             settings["encryption"] = {"cipher": "AES-256-GCM", "key_file": KEY_NAME}
         return cls(url, options, create=True, settings=settings, key=key), True

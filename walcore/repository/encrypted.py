@@ -22,7 +22,8 @@ from .storage import ObjectDamaged, RepositoryError, Storage
 
 KEY_ENV = "WALVAULT_KEY"
 NEW_KEY_ENV = "WALVAULT_NEW_KEY"
-TO_KEY_ENV = "WALVAULT_TO_KEY"  # `copy`: the destination's key where it is not the source's
+TO_KEY_ENV = "WALVAULT_TO_KEY"  # `copy`: the destination's key (never the source's: each side's key is given)
+KEY_OPTIONS = {KEY_ENV: "--key-file", NEW_KEY_ENV: "--new-key-file", TO_KEY_ENV: "--to-key-file"}
 KEY_NAME = "walvault.key"
 CLEAR_NAMES = (INFO_NAME, INFO_NAME + ".copy", KEY_NAME)  # the objects of an encrypted repository stored unsealed
 CIPHER = "AES-256-GCM"
@@ -48,10 +49,16 @@ def passphrase(given: str | None = None, env: str = KEY_ENV) -> str | None:
     return key
 
 
-def open_keyring(storage: Storage, key: str | None) -> Keyring:
-    """The keyring of the repository at `storage`: RepositoryError (exit 2) when the key is missing or wrong."""
+def key_source(env: str) -> str:
+    """Where a key is given: "WALVAULT_KEY or --key-file"."""
+    return f"{env} or {KEY_OPTIONS[env]}"
+
+
+def open_keyring(storage: Storage, key: str | None, env: str = KEY_ENV) -> Keyring:
+    """The keyring of the repository at `storage`: RepositoryError (exit 2) when the key (given in `env` or its
+    option) is missing or wrong."""
     if key is None:
-        raise KeyMissing(f"the repository {storage.display} is encrypted: give its key ({KEY_ENV} or --key-file)")
+        raise KeyMissing(f"the repository {storage.display} is encrypted: give its key ({key_source(env)})")
     try:
         data = storage.read_bytes(KEY_NAME)
     except FileNotFoundError:
@@ -75,9 +82,9 @@ def rotate(storage: Storage, old: str | None, new: str | None) -> str:
     `new`, in one conditional replacement of the key file (a killed rotation leaves it under one of the two keys).
     Returns what was done: "rotated", or "done already" when `new` opens it (a rotation that ended unseen)."""
     if new is None:
-        raise KeyMissing(f"the new key is missing: give it in {NEW_KEY_ENV} or --new-key-file")
+        raise KeyMissing(f"the new key is missing: give it in {key_source(NEW_KEY_ENV)}")
     if old is None:
-        raise KeyMissing(f"the repository {storage.display} is encrypted: give its key ({KEY_ENV} or --key-file)")
+        raise KeyMissing(f"the repository {storage.display} is encrypted: give its key ({key_source(KEY_ENV)})")
     if new == old:
         raise RepositoryError("the new key is the key given: a rotation needs another")
     outcome = []

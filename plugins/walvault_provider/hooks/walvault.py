@@ -90,7 +90,7 @@ class WalvaultRepoHook(BaseHook):
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
                                     f"repository: create it with `walvault init --repo {storage.display}`, or set "
                                     "`repository.create: true` in the walvault configuration")
-        return target, Repository(target.url, target.options, create=create, key=target.passphrase)
+        return target, Repository(target.url, target.options, create=create, key=target.passphrase, key_env=key_env)
 
     def test_connection(self) -> tuple[bool, str]:
         try:
