@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..repository import Repository, RepositoryError
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, complete_name
-from ..repository.copies import copies_of, record_copy
+from ..repository.copies import record_copy
 from ..repository.lease import Lease, LeaseLost
 from ..repository.manifest import MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked, \
     decode_checked
@@ -112,9 +112,7 @@ def _copy_backup(source: Repository, destination: Repository, manifest: BackupMa
     if found.manifest is not None:
         if found.manifest.to_json() == manifest.to_json():
             result.already.append(manifest.id)
-            where = _location(destination)
-            if where not in {c["to"] for c in copies_of(source, manifest.family, manifest.instance, manifest.id)}:
-                _record(source, manifest, where, result)  # a copy killed between its commit and its record
+            _record(source, manifest, _location(destination), result)  # a copy killed before its record: made now
             return None
         return refuse("conflict", f"{destination.display} holds another backup under this id: not overwritten")
     if found.fenced is not None:

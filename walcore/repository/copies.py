@@ -17,18 +17,24 @@ _UPDATE_ATTEMPTS = 10
 
 
 def record_copy(repo: Repository, family: str, instance: str, backup_id: str, destination: str) -> None:
-    """Add `destination` to the backup's copies, unless the backup's manifest is gone meanwhile (an expiry deleted
-    it: a record there would leave a directory of the backup behind)."""
+    """Add `destination` to the backup's copies, unless it is named there already (a copy run again, or killed
+    between its commit and this record before) or the backup's manifest is gone meanwhile (an expiry deleted it:
+    a record there would leave a directory of the backup behind)."""
     where = repo.backup_dir(family, instance, backup_id)
     if not repo.storage.exists(f"{where}/{MANIFEST_NAME}"):
         return
     entry = {"time": utc_now(), "by": f"walvault {walvault_version()}"}
+    named = []
 
-    def change(current: bytes | None) -> bytes:
-        return encode_checked({"copies": {**_copies(current, where), destination: entry}})
+    def change(current: bytes | None) -> bytes | bool:
+        copies = _copies(current, where)
+        if destination in copies:
+            named.append(destination)
+            return False
+        return encode_checked({"copies": {**copies, destination: entry}})
 
     for _attempt in range(_UPDATE_ATTEMPTS):  # another copy of the backup updated it in between: read it again
-        if repo.storage.update(f"{where}/{COPIES_NAME}", change):
+        if repo.storage.update(f"{where}/{COPIES_NAME}", change) or named:
             return
 
 
