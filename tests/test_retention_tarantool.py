@@ -414,7 +414,8 @@ def test_every_deletion_rechecks_its_conditions(repo, history):
 
     r = Repository(str(repo))
     (family, instance), = r.sources()
-    plan = plan_source(r, family, instance, history["done"] + DAY)
+    now = time.time()
+    plan = plan_source(r, family, instance, (now - history["done"]) / DAY - 1, 0, now)  # the window from done + 1 day
     archived = [i for i in plan.delete if i.record is not None]
     assert archived
     target = archived[0]

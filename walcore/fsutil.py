@@ -84,6 +84,11 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def host_name() -> str:
+    """This machine's name, as every record names the host that wrote it (a lease's holder is told local by it)."""
+    return os.uname().nodename
+
+
 def process_start(pid: int) -> str | None:
     """What tells a process of this host from a later one given the same pid: the boot's id and the process's
     start time (in clock ticks since boot, /proc/<pid>/stat field 22); None when it cannot be read."""

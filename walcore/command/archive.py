@@ -16,7 +16,6 @@ bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is r
 from __future__ import annotations
 
 import functools
-import socket
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from ..backup_common import ArchiveItem, Progress
 from ..family import family_named
-from ..fsutil import file_sha256
+from ..fsutil import file_sha256, host_name
 from ..repository import FAMILIES, Repository, SourceChanged
 from ..repository.archive import EXPIRED_SUFFIX, RECORD_SUFFIX, commit_record, load_record
 from ..repository.manifest import FileEntry, ManifestError, decode_checked
@@ -114,7 +113,7 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
                       stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
                       mutable=False, range=fam.archived_range(item), verification=verdict)
     lease.confirm()
-    origin = {"source": str(item.path), "host": socket.gethostname(), "source_dir": str(item.root.resolve())}
+    origin = {"source": str(item.path), "host": host_name(), "source_dir": str(item.root.resolve())}
     if problem := commit_record(repo, record_name, entry, origin):
         result.refused.append({"path": str(item.path), "findings": [{"code": "not_committed", "offset": None,
                                                                      "message": problem}]})

@@ -34,7 +34,6 @@ from __future__ import annotations
 import calendar
 import json
 import math
-import os
 import time
 import uuid
 from collections import Counter
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
+from ..fsutil import host_name
 from ..repository import Repository, RepositoryError, stamp_seconds, walvault_version
 from ..repository.archive import DIFFERS_SUFFIX, EXPIRED_SUFFIX, RECORD_SUFFIX, STREAM_DIR
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
@@ -169,7 +169,7 @@ def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | 
         result.warnings.append(f"{behind} (an --apply would be refused)")
     sources = [s for s in sources if only is None or s in only]
     if not apply:  # the plan alone writes nothing: no lease, no audit
-        result.sources = [plan_source(repo, f, i, as_of - days * DAY, keep_full, as_of=as_of) for f, i in sources]
+        result.sources = [plan_source(repo, f, i, days, keep_full, as_of) for f, i in sources]
         return result
     for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
         _backup_records(repo, family, instance)
@@ -180,8 +180,7 @@ def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | 
         try:
             with repo.lease(family, instance, "expire", wait=wait) as lease, \
                     repo.archive_lease(family, instance, "expire", wait=wait) as archive_lease:
-                plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full,  # pins read under the lease
-                                   as_of=as_of)
+                plan = plan_source(repo, family, instance, days, keep_full, as_of)  # pins read under the lease
                 _apply(repo, plan, (lease, archive_lease), run, seq, {"days": days, "as_of": iso(as_of)})
         except (LeaseBusy, LeaseLost) as e:  # another source's expiry goes on; this one is reported
             plan.stopped = f"not expired: {e}"
@@ -249,13 +248,14 @@ def _backup_records(repo: Repository, family: str, instance: str) -> list:
     return records
 
 
-def plan_source(repo: Repository, family: str, instance: str, window_start: float, keep_full: int = 0, *,
-                as_of: float | None = None) -> SourcePlan:
-    """The plan of one instance, as of `as_of` (None: now). Its backups are judged per source identity (family,
-    instance, host, source path): a copy of a data dir beside the original shares the instance, and one's backup
-    must never become the other's anchor, nor stand for it as its newest backup. The archive, per instance, expires only while one source
-    identity backs it up. `keep_full`: the newest full backups of each source identity kept (with their chains)."""
+def plan_source(repo: Repository, family: str, instance: str, days: float, keep_full: int, as_of: float) -> SourcePlan:
+    """The plan of one instance under the policy (`days`, `keep_full`), as of `as_of`. Its backups are judged per
+    source identity (family, instance, host, source path): a copy of a data dir beside the original shares the
+    instance, and one's backup must never become the other's anchor, nor stand for it as its newest backup. The
+    archive, per instance, expires only while one source identity backs it up. `keep_full`: the newest full
+    backups of each source identity kept (with their chains)."""
     plan = SourcePlan(family, instance)
+    window_start = as_of - days * DAY
     fam = family_named(family)
     records = _backup_records(repo, family, instance)
     manifests = [r.manifest for r in records if r.manifest is not None]
@@ -316,7 +316,7 @@ def plan_source(repo: Repository, family: str, instance: str, window_start: floa
     _plan_archive(repo, plan, shown if len(identities) <= 1 else None, window_start, shared, orphans=shown is not None)
     plan.delete.sort(key=lambda i: i.order)
     if repo.storage.lock is not None:
-        _keep_locked(repo, plan, {m.id: m for m in manifests}, referenced, max(as_of or 0.0, time.time()))
+        _keep_locked(repo, plan, {m.id: m for m in manifests}, referenced, max(as_of, time.time()))
     plan.referenced = referenced
     if plan.blocked:
         plan.keep += [{"path": i.path, "kind": i.kind, "reason": plan.blocked} for i in plan.delete]
@@ -510,7 +510,7 @@ def _apply(repo: Repository, plan: SourcePlan, leases: tuple, run: str, seq: lis
         seq[0] += 1
         repo.audit(run, seq[0], {"run": run, "seq": seq[0], "time": iso(time.time()), "policy": policy,
                                  "family": plan.family, "instance": plan.instance, **item.to_json(),
-                                 "by": f"walvault {walvault_version()}", "host": os.uname().nodename})
+                                 "by": f"walvault {walvault_version()}", "host": host_name()})
         _delete(repo, plan, item, leases[0])
         plan.deleted += 1
 
@@ -540,7 +540,7 @@ def confirm(repo: Repository, family: str, instance: str, days: float,
     anchor is intact, or there is none: plan.anchor says)."""
     as_of = time.time() if as_of is None else as_of
     days, keep_full, _ = resolve_policy(repo, days)
-    plan = plan_source(repo, family, instance, as_of - days * DAY, keep_full, as_of=as_of)
+    plan = plan_source(repo, family, instance, days, keep_full, as_of)
     return plan, _damaged_anchor_object(repo, plan) if plan.anchor else None
 
 

@@ -26,7 +26,6 @@ seconds and stored in the repository: a source that dies loses seconds of commit
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 import threading
 import time
@@ -34,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fsutil import file_sha256, write_atomic
+from ..fsutil import file_sha256, host_name, write_atomic
 from ..repository import Repository, utc_now
 from ..repository.archive import RECORD_SUFFIX, STREAM_DIR, commit_record, load_record, newest_segment_record
 from ..repository.manifest import FileEntry
@@ -479,7 +478,7 @@ class _SegmentStore:
                           reference=None, mutable=False, range=file_range(verdict, path),
                           verification={"status": "ok", "findings": [], "checked_by": "scan"})
         self.lease.confirm()
-        origin = {"host": socket.gethostname(), "connect": self.state.connect,
+        origin = {"host": host_name(), "connect": self.state.connect,
                   "last_commit": self.spool.last_time, **({} if spaces is None else {SYNC_SPACES: sorted(spaces)})}
         if problem := commit_record(self.repo, object_name + RECORD_SUFFIX, entry, origin):
             raise StreamBroken(problem)

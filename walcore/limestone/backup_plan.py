@@ -8,11 +8,11 @@ between their copies and the check, which reads the source after the copies were
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from ..backup_common import Candidate
 from ..findings import Refused
+from ..fsutil import host_name
 from ..repository import Repository
 from ..repository.manifest import BackupManifest, FileEntry
 
@@ -117,5 +117,5 @@ class LimestonePlan:
         return position.get("epoch", 0) >= parent.get("epoch", 0)
 
     def source_info(self) -> dict:
-        return {"instance": self.instance, "path": str(self.origin.resolve()), "host": socket.gethostname(),
+        return {"instance": self.instance, "path": str(self.origin.resolve()), "host": host_name(),
                 "live": False, "connect": None}

@@ -5,12 +5,12 @@ time, a restore is proven by limestone's own checks."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from ..backup_common import ArchiveItem
 from ..findings import Refused
+from ..fsutil import host_name
 from ..repository import Repository, stamp_seconds, utc_now
 from ..repository.archive import archive_complete, complete_name, load_record, segment_records, source_key
 from ..repository.manifest import BackupManifest, FileEntry, ManifestError, decode_checked, encode_checked
@@ -207,7 +207,7 @@ class Limestone:
                 before = {}
             epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
             per = dict(before.get("sources") or {}) if isinstance(before.get("sources"), dict) else {}
-            key = source_key(socket.gethostname(), str(root.resolve()))
+            key = source_key(host_name(), str(root.resolve()))
             if (epoch is not None and complete <= epoch) and isinstance(per.get(key), int) and complete <= per[key]:
                 continue
             per[key] = max(complete, per[key]) if isinstance(per.get(key), int) else complete

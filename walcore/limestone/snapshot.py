@@ -8,12 +8,11 @@ covers exactly the files it folded: limestone decides coverage by those names.""
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 
 from ..backup_common import BackupResult, NothingNew, Progress, store_set
 from ..findings import Refused
-from ..fsutil import owned_tempdir, write_atomic
+from ..fsutil import host_name, owned_tempdir, write_atomic
 from ..repository import Repository
 from ..repository.archive import source_archive
 from ..repository.manifest import BackupManifest, FileEntry
@@ -45,7 +44,7 @@ def build_snapshot(source: Path, repo: Repository, *, level: int, runner, progre
     manifest_bytes = (source / "limestone-manifest.json").read_bytes()
     with repo.lease("limestone", instance, "snapshot", wait=wait) as lease:
         # A copy of the directory shares the instance: only this directory's archived files and snapshots count.
-        origin = {"host": socket.gethostname(), "path": str(source.resolve())}
+        origin = {"host": host_name(), "path": str(source.resolve())}
         records = source_archive(repo, "limestone", instance, origin, source)
         if any(r is None for r in records):
             raise Refused(f"an archive record of limestone {instance} cannot be read: `walvault verify --repo` "

@@ -32,14 +32,13 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..findings import Refused
-from ..fsutil import owned_tempdir, write_atomic
+from ..fsutil import host_name, owned_tempdir, write_atomic
 from ..repository import Repository, utc_now
 from ..repository.archive import (RECORD_SUFFIX, STREAM_DIR, SegmentGone, commit_record, load_record,
                                   segment_records, stored_segments)
@@ -368,7 +367,7 @@ class _Follower:
                           verification={"status": "ok", "findings": [], "checked_by": "scan"})
         self.lease.confirm()
         if problem := commit_record(self.repo, object_name + RECORD_SUFFIX, entry,
-                                    {"host": socket.gethostname(), "source_dir": self.state.source}):
+                                    {"host": host_name(), "source_dir": self.state.source}):
             raise Refused(problem, "damaged")
         return entry
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..fsutil import pid_alive, process_start
+from ..fsutil import host_name, pid_alive, process_start
 from .storage import RepositoryError, Storage
 
 DEFAULT_TTL = 60.0
@@ -70,7 +69,7 @@ class Lease:
         now = time.time()
         pid = os.getpid()
         return json.dumps({"holder": self.holder, "generation": self.generation, "command": self.command,
-                           "host": socket.gethostname(), "pid": pid, "pid_start": process_start(pid), "taken": now,
+                           "host": host_name(), "pid": pid, "pid_start": process_start(pid), "taken": now,
                            "expires": now + self.ttl}).encode()
 
     def _ours(self, current: bytes | None) -> bool:
@@ -142,7 +141,7 @@ def stale(info: dict) -> bool:
     """A holder on this host is judged by its process alone, whatever the lease's age; another host's by its
     expiry. A live pid whose start time the lease does not hold (no /proc where it was taken, an older walvault's
     lease) is judged by expiry too: that pid alone may be a later process's."""
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+    if info.get("host") == host_name() and isinstance(info.get("pid"), int):
         pid = info["pid"]
         if not pid_alive(pid):
             return True

@@ -10,8 +10,7 @@ deletes, so a pin is either in the plan of an expiry or waits for (or is refused
 
 from __future__ import annotations
 
-import os
-
+from ..fsutil import host_name
 from . import Repository, utc_now, walvault_version
 from .manifest import ManifestError, check_note_text, decode_checked, encode_checked
 from .storage import RepositoryError
@@ -53,7 +52,7 @@ def _read(repo: Repository, name: str) -> dict | None:
 def write_pin(repo: Repository, family: str, instance: str, backup_id: str, note: str | None) -> dict:
     """Pin the backup (the caller holds the source's lease and has seen its manifest): a pin there already is
     replaced, its note with it."""
-    pin = {"pinned": utc_now(), "by": f"walvault {walvault_version()}", "host": os.uname().nodename, "note": note}
+    pin = {"pinned": utc_now(), "by": f"walvault {walvault_version()}", "host": host_name(), "note": note}
     name = f"{repo.backup_dir(family, instance, backup_id)}/{PIN_NAME}"
     data = encode_checked(pin)
     if not repo.storage.update(name, lambda current: data):

@@ -9,10 +9,10 @@ The summary is written after the Parquet file: a report directory without it is 
 from __future__ import annotations
 
 import io
-import os
 import time
 import uuid
 
+from ..fsutil import host_name
 from . import Repository, RepositoryError, utc_now, walvault_version
 from .manifest import encode_checked
 
@@ -57,7 +57,7 @@ def _write(repo: Repository, started: float, rows: list[dict], summary: dict) ->
     repo.storage.write_bytes(f"{where}/{FILES}", buffer.getvalue())
     summary = {"id": where.rsplit("/", 1)[1], "walvault": walvault_version(),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "finished": utc_now(),
-               "host": os.uname().nodename, "files_report": FILES, **summary}
+               "host": host_name(), "files_report": FILES, **summary}
     repo.storage.write_bytes(f"{where}/{SUMMARY}", encode_checked(summary))
     return where
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 from ..backup_common import LEDGER_VERDICTS, Candidate
 from ..findings import Refused
-from ..fsutil import owned_tempdir
+from ..fsutil import host_name, owned_tempdir
 from ..repository import Repository
 from ..repository.manifest import BackupManifest, FileEntry
 from .times import file_range, snapshot_time
@@ -163,7 +162,7 @@ class TarantoolPlan:
         return all(mine.get(k, 0) >= v for k, v in theirs.items())
 
     def source_info(self) -> dict:
-        return {"instance": self.instance, "path": str(self.root.resolve()), "host": socket.gethostname(),
+        return {"instance": self.instance, "path": str(self.root.resolve()), "host": host_name(),
                 "live": self.connect is not None, "connect": self._connect_display() or None}
 
 
