@@ -169,6 +169,34 @@ def test_a_pin_while_an_expiry_holds_the_source_is_refused_or_waits_never_lost(l
     assert h.ids["F1"] in h.listed()
 
 
+
+def test_a_pin_or_unpin_whose_lease_was_broken_meanwhile_changes_nothing(local, monkeypatch):
+    """A pin proves its lease right before it writes, as every commit point does: paused after it looked the backup
+    up, its lease broken by an expiry on another host (which planned without the pin and may delete the backup),
+    it must not write a pin nor say the backup is pinned (exit 1); an unpin likewise leaves the pin there."""
+    import walcore.command.pin as pin_command
+
+    h, lease = local, Path(local.target.url, "locks", f"tarantool-{INSTANCE}.lease")
+    looked_up = pin_command._still_there
+
+    def broken_meanwhile(repo, record):
+        looked_up(repo, record)
+        now = time.time()
+        lease.write_text(json.dumps({"holder": "another expiry", "command": "expire", "host": "elsewhere",
+                                     "pid": 4242, "taken": now, "expires": now + 3600}))
+
+    assert _json(h.run("pin", h.ids["F2"], "--json"))["pinned"]
+    before = tree_but_leases(Path(h.target.url))
+    monkeypatch.setattr(pin_command, "_still_there", broken_meanwhile)
+    for command, backup_id in (("pin", h.ids["F1"]), ("unpin", h.ids["F2"])):
+        _one_line_exit(h.run(command, backup_id), 1, "lost")
+        lease.unlink()
+    monkeypatch.undo()
+    assert tree_but_leases(Path(h.target.url)) == before
+    listed = h.listed()
+    assert listed[h.ids["F1"]]["pin"] is None and listed[h.ids["F2"]]["pin"] is not None
+
+
 # -- notes
 
 

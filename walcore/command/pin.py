@@ -31,16 +31,18 @@ class PinResult:
 def pin(repo: Repository, backup: str, note: str | None = None, *, wait: float = 0.0) -> PinResult:
     """Pin `backup` (an id, or latest) with an optional note (check_pin_note's)."""
     record = repo.find(backup)
-    with repo.lease(record.family, record.instance, "pin", wait=wait):
+    with repo.lease(record.family, record.instance, "pin", wait=wait) as lease:
         _still_there(repo, record)
+        lease.confirm()  # the commit point: an expiry that broke this lease planned without the pin
         kept = write_pin(repo, record.family, record.instance, record.id, note)
     return PinResult(record.id, record.family, record.instance, True, True, kept)
 
 
 def unpin(repo: Repository, backup: str, *, wait: float = 0.0) -> PinResult:
     record = repo.find(backup)
-    with repo.lease(record.family, record.instance, "unpin", wait=wait):
+    with repo.lease(record.family, record.instance, "unpin", wait=wait) as lease:
         _still_there(repo, record)
+        lease.confirm()
         removed = remove_pin(repo, record.family, record.instance, record.id)
     return PinResult(record.id, record.family, record.instance, False, removed)
 
