@@ -201,6 +201,9 @@ def tree_bytes(root: Path) -> int:
 # --------------------------------------------------------------------------- one timed subprocess
 
 
+BENCH_KEY = "walvault bench passphrase"
+
+
 def init(repo: Path, *extra: str) -> Path:
     """`walvault init --repo REPO` (untimed: no other command creates a repository)."""
     subprocess.run([str(WALVAULT), "init", "--repo", str(repo), *extra], check=True, capture_output=True)
@@ -264,9 +267,9 @@ def step_result(r: dict, nbytes: int, **extra) -> dict:
             "rss_runs_kib": [r["rss"]], **extra}
 
 
-def manifest_counts(repo: Path) -> dict:
+def manifest_counts(repo: Path, key: str | None = None) -> dict:
     """Of the latest backup in repo: files stored by it, referenced from its parent, and how each was checked."""
-    files = Repository(str(repo)).find("latest").manifest.files
+    files = Repository(str(repo), key=key).find("latest").manifest.files
     checked: dict[str, int] = {}
     for e in files:
         how = e.verification.get("checked_by", "?")
@@ -319,11 +322,11 @@ class Round:
         return step_result(r, self.nbytes, files=len(archived), stored_bytes=tree_bytes(self.repo_a),
                            not_sealed=tuple(Path(p).name for p in (r["out"] or {}).get("not_sealed", [])))
 
-    def _backup(self, name: str, repo: Path, *extra: str) -> dict:
+    def _backup(self, name: str, repo: Path, *extra: str, key: str | None = None) -> dict:
         r = run(walvault("backup", str(self.data), "--repo", str(repo), *extra), f"walvault backup {name}")
         self._check(name, r)
         out = r["out"] or {}
-        counts = manifest_counts(repo) if not r["rc"] else {}
+        counts = manifest_counts(repo, key) if not r["rc"] else {}
         return step_result(r, self.nbytes, files=out.get("files"), stored_bytes=out.get("stored_bytes"), **counts)
 
     def ledger(self) -> dict:
@@ -336,8 +339,10 @@ class Round:
         return result
 
     def encrypted(self) -> dict:
-        repo = init(self.scratch / "repo-encrypted", "--encrypt")
-        result = self._backup("full, encrypted repository", repo)
+        key_file = self.scratch / "bench.key"  # the encrypted repository's key; a plain one takes none
+        key_file.write_text(BENCH_KEY + "\n")
+        repo = init(self.scratch / "repo-encrypted", "--encrypt", "--key-file", str(key_file))
+        result = self._backup("full, encrypted repository", repo, "--key-file", str(key_file), key=BENCH_KEY)
         shutil.rmtree(repo)
         return result
 
@@ -407,8 +412,6 @@ def main() -> int:
     if ZSTD is None:
         print("!! the zstd command is not installed (apt-get install zstd)")
         return 2
-    os.environ["WALVAULT_KEY"] = "walvault bench passphrase"  # the encrypted repository's; the commands inherit it
-
     t_start = time.perf_counter()
     root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
