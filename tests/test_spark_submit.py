@@ -53,7 +53,7 @@ def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(
 
 def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path):
     source = tmp_path / "data"
-    generate_wal(source, target_bytes=120 << 20, file_bytes=16 << 20)  # a snapshot and xlogs
+    generate_wal(source, target_bytes=48 << 20, file_bytes=16 << 20)  # a snapshot and xlogs: seconds each at level 19
     repo = new_repository(tmp_path / "repo")
     env = {**os.environ, **SPARK_ENV}
     proc = subprocess.Popen([*walvault_command(), "backup", str(source), "--repo", str(repo), "--spark", "local[2]",
@@ -66,15 +66,15 @@ def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path)
     os.killpg(proc.pid, signal.SIGKILL)  # spark-submit, its JVM and the Python driver and workers with it
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, "the job ended before it was killed"
-    listed = json.loads(run_cli("backups", "--repo", str(repo), "--json").stdout)["backups"]
+    listed = json.loads(run_main("backups", "--repo", str(repo), "--json").stdout)["backups"]
     assert [b["status"] for b in listed] == ["incomplete"]
 
-    text = run_cli("backup", str(source), "--repo", str(repo), "--level", "1")
+    text = run_main("backup", str(source), "--repo", str(repo), "--level", "1")
     assert text.returncode == 0, text.stderr
     assert f"removed the leftovers of interrupted backup {listed[0]['id']}" in text.stdout
-    after = json.loads(run_cli("backups", "--repo", str(repo), "--json").stdout)["backups"]
+    after = json.loads(run_main("backups", "--repo", str(repo), "--json").stdout)["backups"]
     assert [b["status"] for b in after] == ["ok"]
-    assert run_cli("verify", "--repo", str(repo)).returncode == 0
+    assert run_main("verify", "--repo", str(repo)).returncode == 0
 
 
 def test_command_line_errors_are_said_before_spark_starts():
