@@ -311,6 +311,20 @@ def last_run(env: dict, dag_id: str) -> tuple[str, str | None, list[tuple[str, i
     return run_id, note, sorted(xcoms)
 
 
+def asset_events(env: dict) -> dict[str, list[dict]]:
+    """The metadata database's asset events by asset URI, oldest first: the DAG that made each, and its metadata."""
+    import json
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(Path(env["AIRFLOW_HOME"]) / "airflow.db")) as db:
+        rows = db.execute("SELECT asset.uri, asset_event.source_dag_id, asset_event.extra FROM asset_event "
+                          "JOIN asset ON asset.id = asset_event.asset_id ORDER BY asset_event.id").fetchall()
+    events: dict[str, list[dict]] = {}
+    for uri, dag_id, extra in rows:
+        events.setdefault(uri, []).append({"dag": dag_id, **json.loads(extra or "{}")})
+    return events
+
+
 def tree_snapshot(root: Path) -> dict:
     """Every path under root: kind, size, mode, mtime and (files) a hash of the bytes; equal
     snapshots taken before and after a command prove it wrote nothing there."""
@@ -485,7 +499,6 @@ FILE_TIERS = {
     "test_compose.py": "system",
     "test_copy.py": "integration",  # a real Tarantool, moto's S3 server, copies killed in subprocesses
     "test_dags.py": "system",
-    "test_dags_copy.py": "system",  # airflow dags test: the backup DAG's copy into a second repository
     "test_dags_faults.py": "system",
     "test_docs.py": "integration",  # the site built by mkdocs, the docs' commands run on a copy of samples/
     "test_drill.py": "integration",

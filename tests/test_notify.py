@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, airflow_sources, require_limestone, require_tarantool
+from conftest import REPO, airflow_sources, asset_events, last_run, require_limestone, require_tarantool
 from walvault_provider.config import ConfigError, load
 
 
@@ -177,7 +177,9 @@ notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [onca
 @require_limestone
 def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_path):
     """`airflow dags test` of walvault_backup: an incremental with no full under it fails the source's Spark
-    task (one mail, naming it); the full backup after it succeeds, and the DAG's previous run failed (one mail)."""
+    task (one mail, naming it; the task's last lines and the run's note say why, no asset is updated and the plan,
+    with the repository's options, is gone); the full backup after it succeeds, and the DAG's previous run failed
+    (one mail)."""
     from devenv import environment, migrate
     from forked_airflow import airflow
 
@@ -189,10 +191,18 @@ def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_pa
     migrate(env)
     env["AIRFLOW_CONN_SMTP_ONCALL"] = mailbox.connection()
 
+    before = asset_events(env)
     failed = airflow(env, "dags", "test", "walvault_backup", "--conf",
                      json.dumps({"source": "ls", "type": "incremental", "verify": True}))
     log = failed.stdout + failed.stderr
     assert "DagRun failed" in log, log[-3000:]
+    assert "AirflowFailException: walvault exited 1:" in log and "take a full backup first" in log, log[-3000:]
+    assert asset_events(env) == before, "a failed backup updates no asset"
+    assert not list((tmp_path / "work").rglob("plan.json"))
+    _run, note, _xcoms = last_run(env, "walvault_backup")  # the run's note: the failed task, by source, and why
+    assert note.startswith("**walvault** walvault_backup: the run failed"), note
+    noted = next(line for line in note.splitlines() if line.startswith("- FAILED backup_source.spark_backup [ls]: "))
+    assert "AirflowFailException: walvault exited 1:" in noted and "take a full backup first" in noted, note
     (message,) = mailbox.messages
     lines = failure_mail(message, "ls", "walvault_backup", "backup_source.spark_backup[0]",
                          "AirflowFailException: walvault exited 1: ")

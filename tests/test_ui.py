@@ -204,7 +204,7 @@ class Api:
             if time.monotonic() > deadline:
                 pytest.fail(f"run {run_id} still {run['state']} after {timeout} s\n"
                             f"{self.diagnose(dag_id, run_id, ('running', 'failed'))}")
-            time.sleep(2)
+            time.sleep(0.5)
         return run
 
     def wait_success(self, dag_id: str, run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
