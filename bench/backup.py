@@ -336,13 +336,8 @@ class Round:
         return result
 
     def encrypted(self) -> dict:
-        # the encrypted repository's key, for its own commands only: a plain repository refuses a key
-        os.environ["WALVAULT_KEY"] = "walvault bench passphrase"
-        try:
-            repo = init(self.scratch / "repo-encrypted", "--encrypt")
-            result = self._backup("full, encrypted repository", repo)
-        finally:
-            del os.environ["WALVAULT_KEY"]
+        repo = init(self.scratch / "repo-encrypted", "--encrypt")
+        result = self._backup("full, encrypted repository", repo)
         shutil.rmtree(repo)
         return result
 
@@ -412,6 +407,8 @@ def main() -> int:
     if ZSTD is None:
         print("!! the zstd command is not installed (apt-get install zstd)")
         return 2
+    os.environ["WALVAULT_KEY"] = "walvault bench passphrase"  # the encrypted repository's; the commands inherit it
+
     t_start = time.perf_counter()
     root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
