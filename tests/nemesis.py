@@ -1402,9 +1402,9 @@ class Schedule:
     def check_copy(self, restore: bool) -> None:
         """The destination lists every backup `ok` (or an interrupted copy's leftovers), verifies, and (`restore`)
         its backups listed ok restore to their source's rows: the newest and one other, sampled."""
-        copy_args = ["--repo", self.copy_url]
+        copy_args = ["--repo", self.copy_url]  # a plain repository: it takes no key (one given is refused)
         proc = subprocess.run([*self.env.walvault, "backups", *copy_args, "--json"], capture_output=True, text=True,
-                              env=self.run_env, timeout=OP_TIMEOUT)
+                              env=self.env.env, timeout=OP_TIMEOUT)
         self.out.operations += 1
         if proc.returncode != 0 or "Traceback (most recent call last)" in proc.stderr:
             self.violate("copy_backups_fails", f"`backups --json` of the copy exited {proc.returncode}: "
@@ -1424,7 +1424,7 @@ class Schedule:
             for backup_id in sample:
                 target = self.scratch("copy-check")
                 proc = subprocess.run([*self.env.walvault, "restore", backup_id, str(target), *copy_args, "--json"],
-                                      capture_output=True, text=True, env=self.run_env, timeout=OP_TIMEOUT)
+                                      capture_output=True, text=True, env=self.env.env, timeout=OP_TIMEOUT)
                 self.out.operations += 1
                 self.note(f"    restore {backup_id} from the copy: rc={proc.returncode} {proc.stderr.strip()[:200]}")
                 if proc.returncode != 0:
@@ -1437,7 +1437,7 @@ class Schedule:
                                     int(position["vclock"].get("1", 0)), f"backup {backup_id} restored from the copy")
                 shutil.rmtree(target, ignore_errors=True)
         proc = subprocess.run([*self.env.walvault, "verify", *copy_args], capture_output=True, text=True,
-                              env=self.run_env, timeout=OP_TIMEOUT)
+                              env=self.env.env, timeout=OP_TIMEOUT)
         self.out.operations += 1
         said = (proc.stdout + proc.stderr).strip()
         self.note(f"    verify --repo of the copy: rc={proc.returncode} {said.splitlines()[-1][:200] if said else ''}")

@@ -301,6 +301,33 @@ def test_the_hook_opens_an_encrypted_repository_with_the_connections_passphrase(
     assert os.environ["WALVAULT_KEY"] == key
 
 
+def test_one_connections_passphrase_does_not_reach_the_next_connection_the_process_opens(monkeypatch, tmp_path):
+    """`airflow dags test` runs every task in one process: the passphrase the hook put in the environment for one
+    connection (a copy's encrypted destination) must not become the key of a plain repository opened next (another
+    source's copy_to), which would refuse it; a key the environment held before the hook stays."""
+    from walcore.repository import Repository, RepositoryError
+    from walcore.repository.encrypted import TO_KEY_ENV
+    from walvault_provider.hooks.walvault import WalvaultRepoHook
+
+    key = "Jv3 the connection's passphrase Lp5"
+    monkeypatch.delenv("WALVAULT_KEY", raising=False)
+    monkeypatch.delenv(TO_KEY_ENV, raising=False)
+    sealed, plain = str(tmp_path / "sealed"), str(tmp_path / "plain")
+    Repository.init(sealed, encrypt=True, key=key)
+    Repository.init(plain)
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": sealed, "passphrase": key}}, "sealed")
+    _connection(monkeypatch, {"conn_type": "walvault_repo", "extra": {"url": plain}}, "plain")
+    for env in ("WALVAULT_KEY", TO_KEY_ENV):
+        assert WalvaultRepoHook("sealed").opened(key_env=env)[1].encrypted
+        assert os.environ[env] == key
+        assert not WalvaultRepoHook("plain").opened(key_env=env)[1].encrypted
+        assert env not in os.environ
+    monkeypatch.setenv("WALVAULT_KEY", "given to the worker")
+    with pytest.raises(RepositoryError, match="a key was given"):
+        WalvaultRepoHook("plain").opened()
+    assert os.environ["WALVAULT_KEY"] == "given to the worker"
+
+
 def test_the_hook_takes_storage_options_as_json_text(monkeypatch, tmp_path):
     """The UI's form may keep the options as the JSON text typed in: read as the mapping it says; anything else is
     refused, naming the connection."""

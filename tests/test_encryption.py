@@ -192,6 +192,20 @@ def test_init_encrypt_without_a_key_writes_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
 
 
+def test_a_key_given_where_a_repository_is_made_on_first_use_makes_no_plain_one(tmp_path, monkeypatch):
+    """A repository made on first use (the DAGs' `repository.create`) with a key given and no encryption asked for
+    is refused before anything is written: not a plain walvault.repo that every later run is refused on."""
+    import pytest
+
+    from walcore.repository import Repository, RepositoryError
+
+    monkeypatch.delenv("WALVAULT_KEY", raising=False)
+    with pytest.raises(RepositoryError, match="a key was given") as refused:
+        Repository(str(tmp_path / "repo"), create=True, key=ENCRYPTION_KEY)
+    assert ENCRYPTION_KEY[:6] not in str(refused.value)
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
 @require_tarantool
 def test_a_key_given_for_a_plain_repository_is_refused_and_copy_takes_each_sides_key_apart(tmp_path, monkeypatch):
     """Whoever gives a key believes the repository encrypted: `init` without --encrypt, and a backup into a plain

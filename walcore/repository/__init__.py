@@ -155,9 +155,18 @@ class Repository:
         """`settings`: what a repository created now keeps in walvault.repo (`init`'s "lock" and "encryption");
         `key`: the passphrase of an encrypted repository (default: $`key_env`, which is WALVAULT_KEY unless said;
         encrypted.py). A key given for a plain repository is refused: whoever gives one means it encrypted."""
+        from .encrypted import KEY_ENV, KEY_NAME, EncryptedStorage, key_source, open_keyring, passphrase
+
         self.storage = open_storage(url, options)
         self.display = self.storage.display
+        key_env = key_env or KEY_ENV
+        key = passphrase(key, key_env)
         if create:
+            if key is not None and not (settings or {}).get("encryption") and read_info(self.storage) is None:
+                # refused before walvault.repo is written: a plain repository made now would refuse the key forever
+                raise RepositoryError(f"{self.display} holds no repository and a key was given "
+                                      f"({key_source(key_env)}): not made a plain one (an encrypted one is made by "
+                                      f"`walvault init --repo {self.display} --encrypt`)")
             self.info = ensure_info(self.storage, utc_now(), walvault_version(), settings)
         else:
             self.info = read_info(self.storage)
@@ -166,10 +175,6 @@ class Repository:
                                       f"with `walvault init --repo {self.display}`")
         if lock := self.info.get("lock"):  # set on the driver that writes: under the encryption
             self.storage.lock = ObjectLock(lock["mode"], lock["days"], is_immutable)
-        from .encrypted import KEY_ENV, KEY_NAME, EncryptedStorage, key_source, open_keyring, passphrase
-
-        key_env = key_env or KEY_ENV
-        key = passphrase(key, key_env)
         if self.encrypted:
             self.storage = EncryptedStorage(self.storage, open_keyring(self.storage, key, key_env))
         elif self.storage.exists(KEY_NAME):

@@ -19,6 +19,10 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 
+# The passphrase `opened` put in each environment variable: a later connection without one takes it out again.
+_PUT: dict[str, str] = {}
+
+
 class RepositoryMissing(AirflowFailException):
     """The connection names a location holding no repository, and the configuration does not create one (not
     retried: someone must create it, or mend the connection)."""
@@ -82,9 +86,13 @@ class WalvaultRepoHook(BaseHook):
 
         from walcore.repository.encrypted import KEY_ENV
 
-        target = self.target()
+        target, env = self.target(), key_env or KEY_ENV
         if target.passphrase:  # the commands this task runs, and the processes they start, take the key from there
-            os.environ[key_env or KEY_ENV] = target.passphrase
+            os.environ[env] = _PUT[env] = target.passphrase
+        elif env in _PUT and os.environ.get(env) == _PUT.pop(env):
+            # another connection's, put there for an earlier task of this process (`airflow dags test` runs them
+            # all in one): not this repository's key (a key the environment held before the hook stays)
+            del os.environ[env]
         storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
