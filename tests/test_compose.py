@@ -374,19 +374,20 @@ def test_the_init_migrates_and_creates_the_admin_once(rendered, tmp_path):
         proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{attempt} start: {(proc.stdout + proc.stderr)[-3000:]}"
     assert "admin already exists" in proc.stdout, proc.stdout[-2000:]
-    proc = subprocess.run([str(bin_dir / "airflow"), "users", "list", "--output", "json"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    users = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("[{")))
-    assert [(u["username"], u["roles"]) for u in users] == [("admin", ["Admin"])], users
-    # the operator's password logs the admin in, as the UI's login form checks it; another does not
-    check = ("import sys\n"
+    # the users and their roles, as `airflow users list` reads them; and the operator's password logs the admin
+    # in, as the UI's login form checks it, another does not (one process: each Airflow start-up takes seconds)
+    check = ("import json, sys\n"
              "from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder\n"
              "with get_application_builder() as appbuilder, appbuilder.app.test_request_context():\n"
+             "    print(json.dumps([[u.username, [r.name for r in u.roles]] for u in appbuilder.sm.get_all_users()]))\n"
              "    print([appbuilder.sm.auth_user_db('admin', p) is not None for p in sys.argv[1:]])\n")
     proc = subprocess.run([sys.executable, "-c", check, OPERATOR_ENV["WALVAULT_ADMIN_PASSWORD"], "admin"], env=env,
                           capture_output=True, text=True, timeout=300)
-    # Airflow logs to stdout too: the answer is a line of its own
-    assert "[True, False]" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr[-2000:]
+    # Airflow logs to stdout too: each answer is a line of its own
+    lines = proc.stdout.splitlines()
+    users = json.loads(next((ln for ln in lines if ln.startswith("[[")), "null"))
+    assert users == [["admin", ["Admin"]]], proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[True, False]" in lines, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 # --- what the DAGs need ---------------------------------------------------------------------------------------

@@ -41,12 +41,19 @@ def _backup(src, repo, *extra) -> str:
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory):
+def generated(tmp_path_factory) -> Path:
+    """A real data dir (two checkpoints, small xlogs) written once: each history starts from a copy of it."""
+    return tr.generate_instance(tmp_path_factory.mktemp("generated") / "src", wal_max_size=16384, scale=1,
+                                snapshots=2)
+
+
+@pytest.fixture(scope="module")
+def history(generated, tmp_path_factory):
     """F1 (full), more writes with a checkpoint, I1 on F1, S1 (snapshot), [mid], more writes, F2, more writes, I2
     on F2; every sealed file archived along the way. `mid` is a time between S1 and F2."""
     root = tmp_path_factory.mktemp("retention")
     src, repo = root / "src", new_repository(root / "repo")
-    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    shutil.copytree(generated, src)
     ids = {}
     assert run_main("archive", src, "--repo", repo).returncode == 0
     ids["F1"] = _backup(src, repo)
@@ -425,8 +432,8 @@ def test_every_deletion_rechecks_its_conditions(repo, history):
         _apply(r, plan, (lease,), "20990101-000000-test0000", [0], {"days": 30})
     assert plan.stopped and target.record in plan.stopped
     assert (repo / target.path).exists() and (repo / target.record).exists()
-    changed = {k for k in set(before) | set(tree_snapshot(repo / family)) if before.get(k)
-               != tree_snapshot(repo / family).get(k)}
+    after = tree_snapshot(repo / family)
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert all(("backups" in k) for k in changed if not k.endswith(".lease")), \
         "only backups (ordered before the archive) could go before the changed record stopped it"
 
@@ -449,9 +456,9 @@ def test_expire_over_s3_matches_a_local_path(history, s3_endpoint, tmp_path):
     assert tr.dump_data_dir(tmp_path / "r") == history["end"]
 
 
-def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(tmp_path):
+def test_end_to_end_archive_snapshot_expire_then_restore_in_tarantool(generated, tmp_path):
     src, repo = tmp_path / "src", new_repository(tmp_path / "repo")
-    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    shutil.copytree(generated, src)
     assert run_main("archive", src, "--repo", repo).returncode == 0
     snap = _json(run_main("snapshot", src, "--repo", repo, "--json"))
     tr.write_more(src, rows=1500, snapshot=True, seed=7)
@@ -513,12 +520,12 @@ def test_a_damaged_anchor_confirms_nothing(repo, history):
     assert tree_but_leases(repo) == before
 
 
-def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(tmp_path):
+def test_another_history_under_an_expired_name_is_a_conflict_and_stops_expiry(generated, tmp_path):
     """A copy of the data dir that wrote on (a restore started again): its newest xlog takes the name of one
     retention deleted, with other bytes. It is kept as a conflict, and nothing of the archive expires while two
     histories share the instance (a vclock no longer says which one a file belongs to)."""
     src, fork, repo = tmp_path / "src", tmp_path / "fork", new_repository(tmp_path / "repo")
-    tr.generate_instance(src, wal_max_size=16384, scale=1, snapshots=2)
+    shutil.copytree(generated, src)
     shutil.copytree(src, fork)
     tr.write_more(src, rows=800, snapshot=True, seed=1)
     assert run_main("archive", src, "--repo", repo).returncode == 0

@@ -25,7 +25,7 @@ import pytest
 import tarantool
 
 import tarantool_real as tr
-from conftest import new_repository, require_tarantool, run_cli, walvault_command
+from conftest import new_repository, require_tarantool, run_main, walvault_command
 from test_tarantool_live import free_port
 from walcore.tarantool import iproto
 from walcore.tarantool.meta import vclock_from_json
@@ -363,16 +363,16 @@ def test_a_killed_instance_restores_to_its_last_commit_from_the_stream(instance,
     spans = _segments(repo)
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), "the segments are not one unbroken log"
     # status: the archive reaches as far as the stream, the stream's last commit is seconds old
-    status = json.loads(run_cli("status", "--repo", repo, "--json").stdout)
+    status = json.loads(run_main("status", "--repo", repo, "--json").stdout)
     (source,) = status["sources"]
     assert source["stream"]["segments"] == len(spans) and source["stream"]["age_seconds"] < 120, source
     assert source["archive"]["position"] == source["stream"]["position"], source
     assert source["stream"]["position"]["vclock"]["1"] == spans[-1][1][1], source
-    exposition = run_cli("status", "--repo", repo, "--prometheus").stdout
+    exposition = run_main("status", "--repo", repo, "--prometheus").stdout
     assert "walvault_stream_last_commit_timestamp_seconds{" in exposition
     # what the instance itself recovers from its own files, and the restore to the end: the same rows
     source = tr.dump_data_dir(instance.work_dir)
-    restored = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
+    restored = run_main("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
     assert restored.returncode == 0, restored.stderr
     point = json.loads(restored.stdout)
     assert point["point"]["segments"] >= 3, point
@@ -423,7 +423,7 @@ def test_segments_are_verified_and_expire_once_a_snapshot_covers_them(instance, 
     code, _out, err = streamer.stop()
     assert code == 0, err
     spans = _segments(repo)
-    verified = json.loads(run_cli("verify", "--repo", repo, "--json").stdout)
+    verified = json.loads(run_main("verify", "--repo", repo, "--json").stdout)
     (archive,) = verified["archive"]
     assert verified["intact"] and archive["files"] == len(spans) and archive["status"] == "ok", archive
     env = {**os.environ, "WALVAULT_PASSWORD": PASSWORD}
@@ -434,10 +434,10 @@ def test_segments_are_verified_and_expire_once_a_snapshot_covers_them(instance, 
     segment_objects = sorted(repo.glob("tarantool/*/stream/*.xlog.zst"))
     assert len(segment_objects) == len(spans)
     # within the window: kept; a day later (as of), past the window: deleted, each covered by the snapshot
-    now = run_cli("expire", "--repo", repo, "--days", "1", "--json")
+    now = run_main("expire", "--repo", repo, "--days", "1", "--json")
     assert not [d for d in json.loads(now.stdout)["sources"][0]["delete"] if "/stream/" in d["path"]]
     later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 2 * 86400))
-    planned = json.loads(run_cli("expire", "--repo", repo, "--days", "1", "--as-of", later, "--json").stdout)
+    planned = json.loads(run_main("expire", "--repo", repo, "--days", "1", "--as-of", later, "--json").stdout)
     deleted = sorted(d["path"] for d in planned["sources"][0]["delete"] if "/stream/" in d["path"])
     assert deleted == sorted(str(p.relative_to(repo)) for p in segment_objects), planned
     # a flipped byte in a segment is named by verify --repo
@@ -445,7 +445,7 @@ def test_segments_are_verified_and_expire_once_a_snapshot_covers_them(instance, 
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
-    damaged = run_cli("verify", "--repo", repo, "--json")
+    damaged = run_main("verify", "--repo", repo, "--json")
     assert damaged.returncode == 1
     (archive,) = json.loads(damaged.stdout)["archive"]
     assert archive["status"] == "damaged" and any(f["code"] == "object_damaged" for f in archive["findings"])
@@ -477,7 +477,7 @@ def test_a_backup_after_many_local_rows_does_not_take_the_stream_back(instance, 
     assert all(a[1].get(1) == b[0].get(1) for a, b in zip(spans, spans[1:])), \
         f"rows stored twice: {[(a[0].get(1), a[1].get(1)) for a in spans]}"
     # the segments after the restart start at the backup's component 0: restore --to end follows them all the same
-    restored = run_cli("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
+    restored = run_main("restore", "latest", tmp_path / "restored", "--repo", repo, "--to", "end", "--json")
     assert restored.returncode == 0, restored.stderr
     result = json.loads(restored.stdout)
     assert result["point"]["vclock"]["1"] == spans[-1][1][1] and not result["notes"], result
@@ -558,7 +558,7 @@ def test_a_backup_of_a_cleanly_stopped_instance_restores_through_the_stream(inst
     wal = sorted((instance.work_dir / "wal").glob("*.xlog"))
     stopped_at = tr.dump_data_dir(instance.work_dir)["vclock"][1]
     assert wal[-1].stat().st_size < 200, "the clean stop left no empty xlog: nothing here tests the collision"
-    backup = run_cli("backup", instance.work_dir, "--repo", repo, "--json")
+    backup = run_main("backup", instance.work_dir, "--repo", repo, "--json")
     assert backup.returncode == 0, backup.stderr
     instance.start()
     streamer = Streamer(instance, repo, tmp_path)
@@ -570,13 +570,13 @@ def test_a_backup_of_a_cleanly_stopped_instance_restores_through_the_stream(inst
     instance.kill()
     source = tr.dump_data_dir(instance.work_dir)
     assert source["vclock"][1] == written == _segments(repo)[-1][1][1]
-    restored = run_cli("restore", "latest", tmp_path / "end", "--repo", repo, "--to", "end", "--json")
+    restored = run_main("restore", "latest", tmp_path / "end", "--repo", repo, "--to", "end", "--json")
     assert restored.returncode == 0, restored.stderr
     dumped = tr.dump_data_dir(tmp_path / "end")
     assert dumped["vclock"][1] == written and dumped["spaces"]["mem"] == source["spaces"]["mem"]
     inside = stopped_at + 7
     point = f"1:{inside},0:{source['vclock'].get(0, 0)}"
-    restored = run_cli("restore", "latest", tmp_path / "inside", "--repo", repo, "--to", point, "--json")
+    restored = run_main("restore", "latest", tmp_path / "inside", "--repo", repo, "--to", point, "--json")
     assert restored.returncode == 0, restored.stderr
     assert tr.dump_data_dir(tmp_path / "inside")["vclock"][1] == inside
 
@@ -589,7 +589,7 @@ def test_a_snapshot_inside_the_streamed_range_restores_to_the_end(instance, tmp_
     local rows read and not one row of it replayed: exit 0 with the snapshot's rows for the end's (found by the
     nemesis suite)."""
     repo = new_repository(tmp_path / "repo")
-    backup = run_cli("backup", instance.work_dir, "--repo", repo, "--json")  # the archived log ends here
+    backup = run_main("backup", instance.work_dir, "--repo", repo, "--json")  # the archived log ends here
     assert backup.returncode == 0, backup.stderr
     streamer = Streamer(instance, repo, tmp_path)
     streamer.start()
@@ -606,7 +606,7 @@ def test_a_snapshot_inside_the_streamed_range_restores_to_the_end(instance, tmp_
     assert code == 0, err
     instance.kill()
     source = tr.dump_data_dir(instance.work_dir)
-    restored = run_cli("restore", snapshot_id, tmp_path / "end", "--repo", repo, "--to", "end", "--json")
+    restored = run_main("restore", snapshot_id, tmp_path / "end", "--repo", repo, "--to", "end", "--json")
     assert restored.returncode == 0, restored.stderr
     assert json.loads(restored.stdout)["point"]["vclock"]["1"] == written
     dumped = tr.dump_data_dir(tmp_path / "end")
