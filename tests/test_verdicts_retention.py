@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tarantool_real as tr
 from conftest import clock_at, require_tarantool, run_main
-from test_retention_tarantool import DAY, history, repo  # noqa: F401 (fixtures)
+from test_retention_tarantool import DAY, generated, history, repo  # noqa: F401 (fixtures)
 
 pytestmark = require_tarantool
 
