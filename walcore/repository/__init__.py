@@ -233,10 +233,7 @@ class Repository:
             raise RepositoryError(f"{storage.display} is not empty and holds no walvault repository: not made one "
                                   "(init makes a repository only in a new or empty location)")
         settings = {"lock": lock} if lock is not None else {}
-        key = passphrase(key)
-        if not encrypt and key is not None:
-            raise RepositoryError(f"a key was given ({key_source(KEY_ENV)}) but not --encrypt: not made a "
-                                  "repository (an encrypted one needs --encrypt; a plain one takes no key)")
+        key = passphrase(key)  # a key given without encrypt: refused by the constructor before walvault.repo
         if encrypt:
             if key is None:
                 raise RepositoryError(f"an encrypted repository needs a key: give it in {key_source(KEY_ENV)}")
