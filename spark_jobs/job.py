@@ -66,6 +66,8 @@ def main(job: str, argv: list[str] | None = None) -> None:
     try:
         plan = load(argv[0])
         request(plan, job)  # a bad plan is refused before Spark starts
+        if plan.get("repo_key") and not argv[0].startswith("@"):
+            raise PlanError("repo_key: only in a plan file (a command line is seen by every user of the machine)")
     except (PlanError, OSError) as e:
         print(f"walvault {job} job: bad plan: {e}", file=sys.stderr)
         sys.exit(2)
@@ -73,6 +75,12 @@ def main(job: str, argv: list[str] | None = None) -> None:
 
     spark = SparkSession.builder.appName(f"walvault-{job}").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if key := plan.pop("repo_key", None):
+        from walcore.repository.encrypted import KEY_ENV
+
+        # where the command opening the repository takes it, in this driver only: set after the JVM started, the
+        # executors never hold the passphrase (their tasks carry the repository's unwrapped keys)
+        os.environ[KEY_ENV] = key
     try:
         code = run(spark, job, plan)
     finally:

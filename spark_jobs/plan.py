@@ -5,6 +5,8 @@
      "backup": id | "latest" | null,     verify: a backup of the repository instead of sources
      "repo": URL | null,                 the repository (verify: where the report and the ledger go)
      "repo_options": {...},              fsspec storage options (secrets: prefer the environment)
+     "repo_key": passphrase | null,      an encrypted repository's key, for the driver (its executors get the
+                                         repository's keys with their tasks): the plan file's, not WALVAULT_KEY
      "parquet": URL | null,              limestone_state: where the Parquet parts go
      "options": {...},                   the request's other fields (its dataclass says them: `option_kinds`)
      "output": dir | null}               where the job leaves what the command prints, and its exit code
@@ -63,8 +65,8 @@ def load(text: str) -> dict:
     return plan
 
 
-_TYPES = {"job": str, "sources": list, "backup": str, "repo": str, "repo_options": dict, "parquet": str,
-          "options": dict, "output": str}
+_TYPES = {"job": str, "sources": list, "backup": str, "repo": str, "repo_options": dict, "repo_key": str,
+          "parquet": str, "options": dict, "output": str}
 
 
 def _check(plan: dict, job: str) -> None:
@@ -74,6 +76,8 @@ def _check(plan: dict, job: str) -> None:
     for key, kind in _TYPES.items():
         if plan.get(key) is not None and not isinstance(plan[key], kind):
             raise PlanError(f"{key}: a {kind.__name__}, not {type(plan[key]).__name__}")
+    if plan.get("repo_key") is not None and not plan.get("repo"):
+        raise PlanError("repo_key: a key without the repository")
     if plan.get("job", job) != job:
         raise PlanError(f"job: the plan is for {plan.get('job')!r}, given to the {job} job")
     if not all(isinstance(s, str) and s for s in plan.get("sources") or []):

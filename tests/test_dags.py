@@ -15,7 +15,7 @@ import pytest
 import tarantool_real as tr
 from asset_runs import asset_triggered_test
 from conftest import (REPO, airflow_sources, asset_events, last_run, new_repository, require_limestone,
-                      require_tarantool, run_cli)
+                      require_tarantool, run_cli, run_main)
 from devenv import environment, migrate
 from forked_airflow import airflow
 
@@ -244,19 +244,33 @@ def test_the_restore_drill_proves_the_newest_backups(airflow_env):
     assert all(b["drill"]["status"] == "ok" for b in drilled)
 
 
-def test_a_backup_from_the_form_on_a_standalone_cluster(airflow_env, tmp_path):
-    """The form's Spark master: spark_cluster, a real standalone master and two workers on 127.0.0.1."""
+def test_a_backup_from_the_form_on_a_standalone_cluster_into_an_encrypted_repository(airflow_env, tmp_path,
+                                                                                      monkeypatch):
+    """The form's Spark master: spark_cluster, a real standalone master and two workers on 127.0.0.1. The
+    repository is encrypted, its passphrase in the connection only: the Spark job gets it in its plan file, not from
+    the environment (spark-submit's has none, nor have the cluster's processes); the verify task after it, in the
+    task's process, from the connection."""
     from spark_jobs.cluster import standalone_cluster
 
-    repo = airflow_env["repo"]
+    repo, key = tmp_path / "sealed", "the connection's passphrase"
+    monkeypatch.setenv("WALVAULT_KEY", key)
+    assert run_main("init", "--repo", str(repo), "--encrypt").returncode == 0
+    monkeypatch.delenv("WALVAULT_KEY")
     with standalone_cluster(tmp_path, workers=2, cores=1) as master:
         env = {**airflow_env["env"],
-               "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": master})}
+               "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": master}),
+               "AIRFLOW_CONN_WALVAULT_REPO": json.dumps({"conn_type": "walvault_repo",
+                                                         "extra": {"url": str(repo), "passphrase": key}})}
         log = _dags_test(env, "walvault_backup", "--conf", json.dumps({"source": "ls", "type": "full",
                                                                        "verify": True, "spark": "spark_cluster"}))
         registered = (tmp_path / "master.log").read_text(errors="replace")
     assert f"--master {master}" in log, "the job was submitted to the cluster's master"
     assert "Registering app walvault-backup" in registered
+    assert key not in log, "the passphrase is masked"
     recorded = log[log.index("walvault backup "):].split()[2]
-    listed = {b["id"]: b for b in json.loads(run_cli("backups", "--repo", repo, "--json").stdout)["backups"]}
+    assert run_main("backups", "--repo", str(repo)).returncode == 2, "the repository is encrypted"
+    monkeypatch.setenv("WALVAULT_KEY", key)
+    listed = {b["id"]: b for b in json.loads(run_main("backups", "--repo", str(repo), "--json").stdout)["backups"]}
     assert listed[recorded]["family"] == "limestone" and listed[recorded]["status"] == "ok"
+    assert run_main("restore", recorded, str(tmp_path / "restored"), "--repo", str(repo)).returncode == 0
+    assert _files(tmp_path / "restored") == _files(airflow_env["ls"])

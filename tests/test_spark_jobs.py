@@ -417,6 +417,8 @@ def test_state_job_refuses_what_state_refuses(spark, tmp_path):
     ({"backup": 5, "repo": "/r"}, "backup: a str"),
     ({"sources": ["a"], "options": {"full": "yes"}}, "options.full"),
     ({"sources": ["a"], "output": "/nonexistent/walvault"}, "output"),
+    ({"sources": ["a"], "repo_key": "k"}, "repo_key: a key without the repository"),
+    ({"sources": ["a"], "repo": "/r", "repo_key": 7}, "repo_key: a str"),
 ])
 def test_bad_plans_are_refused_naming_the_key(plan, why):
     from spark_jobs.plan import PlanError, request

@@ -32,23 +32,36 @@ def test_a_bad_plan_stops_the_job_before_spark_starts():
     assert proc.returncode == 2 and "bad plan: the plan is not JSON" in proc.stderr
 
 
-def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(tmp_path):
-    """What Airflow's Spark tasks rely on: the plan (credentials included) is gone as soon as the job has read it,
-    and the job succeeds once the command's verdict and its cause are in the output dir, for the next task."""
+def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(tmp_path, monkeypatch):
+    """What Airflow's Spark tasks rely on: the plan (credentials and an encrypted repository's key included) is
+    gone as soon as the job has read it, and the job succeeds once the command's verdict and its cause are in the
+    output dir, for the next task. The key is the plan's alone: spark-submit's environment has none."""
     from spark_jobs.submit import job_file, spark_submit
 
     out = tmp_path / "out"
     out.mkdir()
     plan = tmp_path / "plan.json"
-    repo = str(new_repository(tmp_path / "repo"))
-    plan.write_text(json.dumps({"sources": [str(tarantool_copy(tmp_path))], "repo": repo,
+    repo = str(tmp_path / "repo")
+    monkeypatch.setenv("WALVAULT_KEY", "the plan's key")
+    assert run_main("init", "--repo", repo, "--encrypt").returncode == 0
+    monkeypatch.delenv("WALVAULT_KEY")
+    plan.write_text(json.dumps({"sources": [str(tarantool_copy(tmp_path))], "repo": repo, "repo_key": "the plan's key",
                                 "options": {"type": "incremental"}, "output": str(out)}))
     proc = subprocess.run([spark_submit(), "--master", "local[1]", job_file("backup"), f"@{plan}"],
                           env={**os.environ, **SPARK_ENV}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not plan.exists()
-    assert json.loads((out / "result.json").read_text()) == {"exit": 1}
+    # the repository opened (without its key: exit 2, "give its key"), and the command's own verdict
+    assert json.loads((out / "result.json").read_text()) == {"exit": 1}, (out / "stderr").read_text()
     assert "take a full backup first" in (out / "stderr").read_text()
+
+
+def test_a_key_in_a_plan_on_the_command_line_is_refused_before_spark_starts(tmp_path):
+    plan = json.dumps({"sources": [str(tmp_path)], "repo": str(tmp_path / "repo"), "repo_key": "secret"})
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "spark_jobs" / "backup.py"), plan],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "repo_key: only in a plan file" in proc.stderr, proc.stderr
+    assert "secret" not in proc.stderr and not (tmp_path / "repo").exists()
 
 
 def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path):

@@ -7,11 +7,13 @@ The connection holds what the configuration file must not: where the repository 
 - For S3, `login` and `password` are the access key id and the secret; they go to the storage options, which
   reach a Spark job only through its plan file (mode 0600, removed by the job once read), never a command line.
 - An encrypted repository's key (docs/encryption.md): `extra` {"passphrase": "..."} (Airflow masks a field of
-  that name); it reaches walvault as WALVAULT_KEY, never in options, requests or command lines.
+  that name); it reaches walvault as WALVAULT_KEY in the task's process, a Spark job's driver in its plan file
+  (mode 0600, as the secrets above), never in options, requests or command lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -21,6 +23,17 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 # The passphrase `opened` put in each environment variable: a later connection without one takes it out again.
 _PUT: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def without_connection_keys():
+    """The process's environment without the passphrases `opened` put there, for a while: a process started
+    meanwhile (spark-submit) is given its key otherwise, or none."""
+    put = {env: os.environ.pop(env) for env, value in _PUT.items() if os.environ.get(env) == value}
+    try:
+        yield
+    finally:
+        os.environ.update(put)
 
 
 class RepositoryMissing(AirflowFailException):

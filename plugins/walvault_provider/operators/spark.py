@@ -17,6 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import task, task_group, teardown
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from ..hooks.walvault import without_connection_keys
 from .walvault import reason_kept, with_provider_defaults
 
 
@@ -66,7 +67,8 @@ class WalvaultSparkSubmitOperator(SparkSubmitOperator):
 
         with reason_kept(context):
             label_plan(context, self.application_args[0])
-            super().execute(context)
+            with without_connection_keys():  # the job's key is its plan's, whatever an earlier task left
+                super().execute(context)
             code, _out, err = job_result(self.application_args[0])
             if code == 0:
                 return
@@ -127,8 +129,9 @@ def spark_job(job: str, *, plan: Callable[..., dict[str, dict]], result: Callabl
             check_connection(context["task"].render_template(conn_id, context))
             plans = plan(*args, **kwargs)
         target = WalvaultRepoHook(load().repository_connection).target()
-        written = [write_plan(work_dir(context["run_id"], name), {"job": job, **each, "repo": target.url,
-                                                                   "repo_options": target.options})
+        repo = {"repo": target.url, "repo_options": target.options} \
+            | ({"repo_key": target.passphrase} if target.passphrase else {})
+        written = [write_plan(work_dir(context["run_id"], name), {"job": job, **each, **repo})
                    for name, each in plans.items()]
         if group_id is not None:
             return [[arg] for arg in written]
