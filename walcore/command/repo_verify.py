@@ -133,7 +133,7 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
 
 
 def stored_findings(storage, keyring) -> list[dict]:
-    """An encrypted repository's objects, each checked against its trailer's SHA-256 and, with the `keyring`,
+    """An encrypted repository's objects, each checked against its trailer's CRC32C and, with the `keyring`,
     authenticated (encrypted.py): a finding `object_unauthentic` names each that fails; its key file against its
     checksum (`key_file_damaged`)."""
     from ..repository.encrypted import CLEAR_NAMES, KEY_NAME, key_file_problem, object_problem
@@ -150,8 +150,8 @@ def stored_findings(storage, keyring) -> list[dict]:
 
 
 def verify_stored_bytes(url: str, options: dict, *, show) -> RepoReport:
-    """`verify --repo` of an encrypted repository without its key: every object's stored bytes against their
-    SHA-256 (nothing is written: a report would need the key)."""
+    """`verify --repo` of an encrypted repository without its key: every object's stored bytes against their trailer's
+    CRC32C (nothing is written: a report would need the key)."""
     from ..repository.storage import open_storage
 
     storage = open_storage(url, options)

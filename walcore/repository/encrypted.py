@@ -133,7 +133,7 @@ def plain_size(stored: int, chunk: int = CHUNK) -> int:
 
 def object_problem(storage: Storage, name: str, keyring: Keyring | None) -> str | None:
     """What is wrong with one stored object of an encrypted repository (None: nothing): without the keyring its
-    bytes against their trailer's SHA-256, with it every chunk authenticated too."""
+    bytes against their trailer's CRC32C, with it every chunk authenticated too."""
     try:
         pieces = storage.iter_bytes(name)
         if keyring is None:
