@@ -331,3 +331,20 @@ def test_the_stored_crc32c_trailer_is_of_every_byte_before_it(tmp_path, monkeypa
     for p in repo.rglob("*.zst"):
         data = p.read_bytes()
         assert data[-8:-4] == b"WVT2" and data[-4:] == crc32c(data[:-8]).to_bytes(4, "big")
+
+
+def test_an_encrypted_repository_sent_to_spark_executors_carries_its_keys_not_the_passphrase(tmp_path, monkeypatch):
+    """A Spark job's tasks are pickled with the repository they use (pyspark's cloudpickle): its unwrapped keys go
+    to the executors, the passphrase in the driver's WALVAULT_KEY (the plan file's, spark_jobs/job.py) must not.
+    The driver still redacts it from error text."""
+    from pyspark import cloudpickle
+
+    from walcore.repository import Repository
+
+    monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
+    _ok(run_cli("init", "--repo", tmp_path / "repo", "--encrypt"))
+    repo = Repository(str(tmp_path / "repo"))
+    sent = cloudpickle.dumps(lambda: repo.backups())
+    assert ENCRYPTION_KEY.encode() not in sent
+    assert cloudpickle.loads(sent)() == []  # the executor's copy opens the repository's objects all the same
+    assert repo.storage.redact(f"a {ENCRYPTION_KEY}") == "a ***"

@@ -64,7 +64,9 @@ _READ_ATTEMPTS = 3
 
 
 def _secrets(options: dict) -> list[str]:
-    found = [os.environ[k] for k in _SECRET_ENV if os.environ.get(k)]
+    """The storage options' secrets. Not the environment's: read when a message is redacted, so that a storage
+    pickled into a Spark task does not carry the driver's WALVAULT_KEY to the executors."""
+    found = []
 
     def walk(obj, key=""):
         if isinstance(obj, dict):
@@ -207,7 +209,8 @@ class Storage(ABC):
     # -- errors
 
     def redact(self, text: str) -> str:
-        for secret in self._secrets:
+        now = [os.environ[k] for k in _SECRET_ENV if len(os.environ.get(k) or "") >= _MIN_SECRET]
+        for secret in sorted({*self._secrets, *now}, key=len, reverse=True):
             text = text.replace(secret, "***")
         return redact_url(text) if self.url in text else text
 
