@@ -134,3 +134,10 @@ def test_a_rotated_keyring_keeps_every_key_and_adds_the_newest():
     assert b"".join(unseal([newer], NAME, rotated.by_id)) == b"new"
     with pytest.raises(Unauthentic):
         b"".join(unseal([newer], NAME, ring.by_id))
+
+
+def test_an_object_of_envelope_format_1_is_named_as_such():
+    stored = bytearray(_sealed(b"written before the CRC32C trailer"))
+    stored[:8] = b"WVENC\x00\x01\x00"
+    with pytest.raises(Unauthentic, match="envelope format 1"):
+        _opened(bytes(stored))

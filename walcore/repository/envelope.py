@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 MAGIC = b"WVENC\x00\x02\x00"  # envelope format 2: the CRC32C trailer (format 1's SHA-256 cost 4% of a backup)
+_MAGIC_1 = b"WVENC\x00\x01\x00"  # named when met, never read
 TRAILER_MAGIC = b"WVT2"
 CHUNK = 1 << 20
 KEY_BYTES, NONCE_BYTES, TAG_BYTES, ID_BYTES = 32, 12, 16, 8
@@ -135,6 +136,9 @@ def _parse_header(header: bytes, name: str) -> tuple[int, bytes, bytes, bytes]:
     if len(header) < HEADER_BYTES:
         raise Unauthentic(f"{name}: cut short (no whole encryption header)")
     magic, chunk, kek_id = _FIXED.unpack_from(header)
+    if magic == _MAGIC_1:
+        raise Unauthentic(f"{name}: envelope format 1 (a SHA-256 trailer), written by an unreleased walvault before "
+                          "2026-11-28, is not read: back up into a new repository")
     if magic != MAGIC or not 0 < chunk <= 64 << 20:
         raise Unauthentic(f"{name}: not an object of an encrypted walvault repository (no encryption header)")
     return chunk, kek_id, header[_FIXED.size:_FIXED.size + NONCE_BYTES], header[_FIXED.size + NONCE_BYTES:]
