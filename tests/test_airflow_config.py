@@ -304,10 +304,10 @@ def test_the_hook_opens_an_encrypted_repository_with_the_connections_passphrase(
 def test_one_connections_passphrase_does_not_reach_the_next_connection_the_process_opens(monkeypatch, tmp_path):
     """`airflow dags test` runs every task in one process: the passphrase the hook put in the environment for one
     connection (a copy's encrypted destination) must not become the key of a plain repository opened next (another
-    source's copy_to), which would refuse it; a key the environment held before the hook stays."""
+    source's copy_to), which would refuse it; a key the environment held before the hook comes back."""
     from walcore.repository import Repository, RepositoryError
     from walcore.repository.encrypted import TO_KEY_ENV
-    from walvault_provider.hooks.walvault import WalvaultRepoHook
+    from walvault_provider.hooks.walvault import WalvaultRepoHook, without_connection_keys
 
     key = "Jv3 the connection's passphrase Lp5"
     monkeypatch.delenv("WALVAULT_KEY", raising=False)
@@ -323,6 +323,15 @@ def test_one_connections_passphrase_does_not_reach_the_next_connection_the_proce
         assert not WalvaultRepoHook("plain").opened(key_env=env)[1].encrypted
         assert env not in os.environ
     monkeypatch.setenv("WALVAULT_KEY", "given to the worker")
+    with pytest.raises(RepositoryError, match="a key was given"):
+        WalvaultRepoHook("plain").opened()
+    assert os.environ["WALVAULT_KEY"] == "given to the worker"
+    # a connection's passphrase over the worker's key: spark-submit gets the worker's, and so does the next
+    # connection without one
+    assert WalvaultRepoHook("sealed").opened()[1].encrypted and os.environ["WALVAULT_KEY"] == key
+    with without_connection_keys():
+        assert os.environ["WALVAULT_KEY"] == "given to the worker"
+    assert os.environ["WALVAULT_KEY"] == key
     with pytest.raises(RepositoryError, match="a key was given"):
         WalvaultRepoHook("plain").opened()
     assert os.environ["WALVAULT_KEY"] == "given to the worker"

@@ -21,19 +21,34 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 
-# The passphrase `opened` put in each environment variable: a later connection without one takes it out again.
-_PUT: dict[str, str] = {}
+# The passphrase `opened` put in each environment variable, and what the variable held before (None: unset): a
+# later connection without one gives the variable back its own value.
+_PUT: dict[str, tuple[str, str | None]] = {}
+
+
+def _give_back(env: str) -> None:
+    """The variable as it was before `opened` put a connection's passphrase there (when that is still in it)."""
+    put, held = _PUT.pop(env)
+    if os.environ.get(env) == put:
+        if held is None:
+            del os.environ[env]
+        else:
+            os.environ[env] = held
 
 
 @contextlib.contextmanager
 def without_connection_keys():
-    """The process's environment without the passphrases `opened` put there, for a while: a process started
-    meanwhile (spark-submit) is given its key otherwise, or none."""
-    put = {env: os.environ.pop(env) for env, value in _PUT.items() if os.environ.get(env) == value}
+    """The process's environment without the passphrases `opened` put there, for a while (as it was before): a
+    process started meanwhile (spark-submit) is given its key otherwise, or the deployment's."""
+    put = dict(_PUT)
+    for env in put:
+        _give_back(env)
     try:
         yield
     finally:
-        os.environ.update(put)
+        for env, (value, held) in put.items():
+            os.environ[env] = value
+            _PUT[env] = (value, held)
 
 
 class RepositoryMissing(AirflowFailException):
@@ -101,11 +116,12 @@ class WalvaultRepoHook(BaseHook):
 
         target, env = self.target(), key_env or KEY_ENV
         if target.passphrase:  # the commands this task runs, and the processes they start, take the key from there
-            os.environ[env] = _PUT[env] = target.passphrase
-        elif env in _PUT and os.environ.get(env) == _PUT.pop(env):
+            _PUT[env] = (target.passphrase, _PUT[env][1] if env in _PUT else os.environ.get(env))
+            os.environ[env] = target.passphrase
+        elif env in _PUT:
             # another connection's, put there for an earlier task of this process (`airflow dags test` runs them
-            # all in one): not this repository's key (a key the environment held before the hook stays)
-            del os.environ[env]
+            # all in one): not this repository's key; the environment's own, if it had one, comes back
+            _give_back(env)
         storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
