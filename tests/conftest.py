@@ -505,7 +505,7 @@ FILE_TIERS = {
     "test_encryption.py": "integration",  # moto's S3, real Tarantool, walvault killed in a loop
     "test_encryption_attacks.py": "integration",  # many subprocesses
     "test_envelope.py": "unit",
-    "test_freshness.py": "unit",  # an SMTP server in this process; the DAG runs' test is `system` (TEST_TIERS)
+    "test_freshness.py": "unit",
     "test_inputs.py": "integration",
     "test_lease_fencing.py": "integration",
     "test_limestone_commands.py": "integration",
@@ -515,7 +515,7 @@ FILE_TIERS = {
     "test_lineage.py": "integration",
     "test_nemesis.py": "integration",
     "test_object_lock.py": "integration",  # moto's S3 server with a lock-enabled bucket
-    "test_notify.py": "unit",  # an SMTP server in this process; the DAG run's test is `system` (TEST_TIERS)
+    "test_notify.py": "unit",  # an SMTP server in this process
     "test_pins.py": "unit",  # in process; its S3 case is integration (tier_of)
     "test_redundancy_and_clock.py": "integration",
     "test_repository.py": "unit",
@@ -555,12 +555,9 @@ FILE_TIERS = {
 # Tests costlier than their file's tier that no rule of `tier_of` sees (file::name, without parameters).
 TEST_TIERS = {
     "test_bench.py::test_airflow_pipeline_bench_agrees": "system",
-    "test_notify.py::test_a_failed_backup_sends_one_mail_and_its_recovery_another": "system",  # airflow dags test
-    "test_freshness.py::test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails": "system",
     "test_spark_submit.py::test_spark_flag_on_a_standalone_cluster_prints_what_the_command_prints": "system",
     "test_repository.py::test_unreachable_store_error_holds_no_secret_s3_only": "integration",  # S3 client retries
     "test_status.py::test_prometheus_scrapes_the_served_metrics": "system",  # Debian's prometheus
-    "test_airflow_config.py::test_airflow_lists_the_provider_and_tests_its_connections": "system",  # airflow CLI
     "test_stream_limestone.py::test_expire_deletes_the_partials_a_snapshot_covers_and_verify_checks_them":
         "integration",  # the expiry's clock moved by Debian's faketime
 }
@@ -592,13 +589,12 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/conftest.py assigns it)")
 
 
-# The files that take longest, longest first (seconds: test_ui 438 and test_bench 434 in a whole run, test_dags 295,
-# test_dags_faults 152, test_notify 132, test_freshness 57 to 96 alone on the shared VM), run before every other
-# file: --dist loadfile hands each worker the next file in collection order, and one of these started last
-# would run alone at the end while the other workers idle (scripts/test turns off xdist's own order, by test count,
-# which put these files of few tests last).
-SLOWEST_FILES = ("test_ui.py", "test_bench.py", "test_dags.py", "test_dags_faults.py", "test_notify.py",
-                 "test_freshness.py")
+# The files that take longest, longest first (seconds in a whole run: test_ui 438, test_bench 434, test_dags 278 and
+# test_dags_faults 88 before test_dags took over test_notify's, test_freshness's and the provider's Airflow
+# commands), run before every other file: --dist loadfile hands each worker the next file in collection order, and
+# one of these started last would run alone at the end while the other workers idle (scripts/test turns off xdist's
+# own order, by test count, which put these files of few tests last).
+SLOWEST_FILES = ("test_ui.py", "test_bench.py", "test_dags.py", "test_dags_faults.py")
 
 
 def slowest_first(item: pytest.Item) -> int:

@@ -3,7 +3,7 @@
 The configuration is read at DAG parse time: one small YAML file, no database, no network, and no Airflow
 import; every error names the key at fault; secrets are refused. The hook reads a real Airflow connection (from
 the environment, as Airflow resolves `AIRFLOW_CONN_*`) and opens the repository it names, a path or S3 on
-loopback.
+loopback. Airflow's CLI listing the provider and testing its connections: test_dags.
 """
 
 from __future__ import annotations
@@ -445,64 +445,6 @@ def test_the_connection_forms_are_what_the_ui_shows():
     assert repo["ui-field-behaviour"]["relabeling"] == {"login": "S3 access key id",
                                                         "password": "S3 secret access key"}
     assert not {"host", "port", "login", "password"} & set(tarantool["ui-field-behaviour"]["hidden-fields"])
-
-
-def _installed_metadata(site: Path) -> Path:
-    """The package metadata an install of this checkout writes (setuptools' egg_info, from pyproject.toml: its entry
-    points included), in `site`, which goes first on PYTHONPATH: Airflow finds the provider as it finds an installed
-    one, through its `apache_airflow_provider` entry point."""
-    site.mkdir()
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(site)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return site
-
-
-@require_tarantool
-def test_airflow_lists_the_provider_and_tests_its_connections(tmp_path):
-    """`airflow providers list` names walvault; its two connection types have their forms (the repository's url
-    and options as extra fields, S3's keys as login and password; a Tarantool's host, port, user and password);
-    `airflow connections test` answers through each hook: a repository that is there, a running Tarantool over
-    iproto, and a wrong password refused, saying why."""
-    from devenv import LocalTarantool, environment
-
-    site = _installed_metadata(tmp_path / "site")
-    repo = new_repository(tmp_path / "repo")
-    tt = LocalTarantool(tmp_path / "tt").start(rows=10)
-    try:
-        live = tt.connection()
-        env = environment(tmp_path / "home", config=SHIPPED, repository=str(repo), work_dir=tmp_path / "work",
-                          connections={"tt_live": live, "tt_wrong": {**live, "password": "not-its-password"}})
-        env.update({"AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
-                    "PYTHONPATH": os.pathsep.join(map(str, (site, REPO, REPO / "plugins")))})
-
-        def airflow(*args) -> subprocess.CompletedProcess:
-            return subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env,
-                                  capture_output=True, text=True, timeout=300)
-
-        def listing(*args) -> list[dict]:
-            proc = airflow(*args, "--output", "json")
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            # Airflow logs to stdout too: the listing is the line holding the JSON array
-            return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("[{")))
-
-        (provider,) = [p for p in listing("providers", "list") if p["package_name"] == "walvault"]
-        assert provider["description"].startswith("Verify, back up and retain")
-        hooks = {h["connection_type"]: h for h in listing("providers", "hooks")}
-        assert hooks["walvault_repo"]["class"] == "walvault_provider.hooks.walvault.WalvaultRepoHook"
-        assert hooks["tarantool"]["class"] == "walvault_provider.hooks.tarantool.TarantoolHook"
-        assert {"walvault_repo", "tarantool"} <= {b["field_behaviours"] for b in listing("providers", "behaviours")}
-        widgets = {w["connection_parameter_name"] for w in listing("providers", "widgets")}
-        assert {"extra__walvault_repo__url", "extra__walvault_repo__options"} <= widgets
-
-        for conn_id in ("walvault_repo", "tt_live"):
-            proc = airflow("connections", "test", conn_id)
-            assert proc.returncode == 0 and "Connection success!" in proc.stdout, proc.stdout + proc.stderr
-        proc = airflow("connections", "test", "tt_wrong")
-        assert proc.returncode == 1 and "Connection failed!" in proc.stdout, proc.stdout + proc.stderr
-        assert f"127.0.0.1:{tt.port}" in proc.stdout and "not-its-password" not in proc.stdout + proc.stderr
-    finally:
-        tt.stop()
 
 
 def test_a_spark_plan_is_private_from_its_first_byte(tmp_path, monkeypatch):

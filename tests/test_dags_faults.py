@@ -1,7 +1,9 @@
 """The Airflow layer under the faults of issue 22: no deletion from a dry run or an unpause, coverage confirmed per
-source before its expiry, a failed walvault command failing the Spark task that ran it, a run stopped under its
-Spark job leaving no job running and no committed backup unrecorded, no repository made by mistake. Real parts:
-`airflow dags test` on a migrated SQLite database, real limestone sources, real spark-submit jobs, faketime."""
+source before its expiry, a run stopped under its Spark job leaving no job running and no committed backup
+unrecorded, no repository made by mistake. Real parts: `airflow dags test` on a migrated SQLite database, real
+limestone sources, real spark-submit jobs, faketime. A failed walvault command failing the Spark task that ran it
+(that task shown failed, walvault's own last lines in its log, no record task run): the first run of test_dags'
+test_backup_from_the_form_and_on_schedule."""
 
 from __future__ import annotations
 
@@ -259,33 +261,6 @@ def test_a_snapshot_triggered_run_deletes_at_most_once_a_day(faults_env):
     log = run("walvault_snapshot", tomorrow + timedelta(minutes=5))
     first = "asset_triggered__" + tomorrow.isoformat()[:10]
     assert f"walvault expire (retention was applied today already (run {first}" in log, log[-4000:]
-
-
-# -- the Spark task: a walvault verdict fails it
-
-
-def test_the_spark_backup_task_fails_when_walvault_refuses(faults_env, tmp_path):
-    """A source walvault refuses to back up (a pwal file broken where an entry must start: exit 1): the Spark task
-    is the one that fails, its log ending with walvault's own line; the record task never runs."""
-    broken = copy_limestone_fixture("20-random-small", tmp_path, "broken")
-    pwal = broken / "pwal_0001"
-    data = bytearray(pwal.read_bytes())
-    data[0] ^= 0xFF
-    data[1] ^= 0xFF
-    pwal.write_bytes(bytes(data))
-    config = tmp_path / "walvault.yaml"
-    config.write_text(f"sources:\n  - {{name: broken, family: limestone, path: {broken}}}\n")
-    env = {**faults_env["env"], "WALVAULT_CONFIG": str(config), "WALVAULT_WORK_DIR": str(tmp_path / "work")}
-    proc = airflow(env, "dags", "test", "walvault_backup", "--conf",
-                   json.dumps({"source": "broken", "type": "full", "verify": True}))
-    log = proc.stdout + proc.stderr
-    assert "DagRun failed" in log, log[-4000:]
-    task = log[log.index("[DAG TEST] starting task_id=backup_source.spark_backup"):
-               log.index("[DAG TEST] end task task_id=backup_source.spark_backup")]
-    assert "new_state=failed" in task, "the Spark task is the one shown failed\n" + task[-4000:]
-    assert "AirflowFailException: walvault exited 1: walvault: not backed up:" in task, task[-4000:]
-    assert "is repairable" in task.split("its last lines:")[-1], "the log's last lines: walvault's own"
-    assert "starting task_id=backup_source.record" not in log, "nothing recorded a backup that was not made"
 
 
 # -- the teardown: a run stopped under its job

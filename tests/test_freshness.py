@@ -1,30 +1,21 @@
-"""The walvault_status DAG: freshness alerts through the notifiers, and the Prometheus textfile.
+"""The walvault_status DAG's judgement: freshness thresholds, stream and identity alerts, when an alert is mailed.
 
-On a real repository made from the shared fixtures (a Tarantool data dir archived, and backed up two days ago
-under faketime; a limestone directory rotated, archived and snapshotted now), `airflow dags test walvault_status`
-fails the stale source's check with the alert as its cause and sends one mail naming it to a real SMTP server on
-127.0.0.1, passes the fresh source's, and writes the textfile, which prometheus_client's parser reads. A run still
-stale sends no mail; the run after a new backup sends the recovery mail; an archive lagging its source alerts.
+The DAG itself under `airflow dags test` (a stale source's check failing and mailing once, its recovery mailing,
+the Prometheus textfile): test_dags' test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails,
+in that file's AIRFLOW_HOME and loaded Airflow.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from conftest import (TARANTOOL_FIXTURES, clock_at, copy_limestone_fixture, copy_tree, new_repository,
-                      require_limestone, require_shared, run_cli_at, run_main)
-from test_notify import failure_mail, mailbox  # noqa: F401  (mailbox: the SMTP server on 127.0.0.1, a fixture)
-from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
+from conftest import TARANTOOL_FIXTURES, clock_at, copy_tree, new_repository, require_shared, run_main
 from walvault_provider.config import load
 from walvault_provider.operators.walvault import alert_state, judge
 
-pytestmark = [require_shared, require_limestone]
+pytestmark = [require_shared]
 DAY, HOUR = 86400, 3600
 SOURCES = "sources: [{name: tt, family: tarantool, path: /x}]\n"
 
@@ -160,74 +151,3 @@ def test_a_recreated_database_is_judged_as_the_instance_its_directory_holds_now(
                                   "000000000001, aaaaaaaa-bbbb-4ccc-8ddd-000000000004) and is not on this host: "
                                   "which history is its own cannot be told")
     assert old["id"] != new["id"]
-
-
-def _families(text: str) -> dict:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def test_a_stale_source_fails_its_check_and_mails_once_and_its_recovery_mails(mailbox, tmp_path):  # noqa: F811
-    from devenv import environment, migrate
-    from forked_airflow import airflow
-
-    tt = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "tt")
-    ls = copy_limestone_fixture("20-random-small", tmp_path, "ls")
-    repo = new_repository(tmp_path / "repo")
-    assert run_main("archive", tt, "--repo", repo).returncode == 0
-    old = run_cli_at(time.time() - 2 * DAY, "backup", tt, "--repo", repo)  # finished two days ago
-    assert old.returncode == 0, old.stderr
-    assert run_main("rotate", ls).returncode == 0
-    assert run_main("archive", ls, "--repo", repo).returncode == 0
-    assert run_main("snapshot", ls, "--repo", repo).returncode == 0
-    textfile = tmp_path / "textfile" / "walvault.prom"
-    textfile.parent.mkdir()
-    config = tmp_path / "walvault.yaml"
-    config.write_text(f"""
-sources:
-  - {{name: tt, family: tarantool, path: {tt}}}
-  - {{name: ls, family: limestone, path: {ls}}}
-metrics: {{textfile: {textfile}}}
-notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [oncall@example.com]}}}}
-""")
-    env = environment(tmp_path / "home", config=config, repository=str(repo), work_dir=tmp_path / "work")
-    migrate(env)
-    env["AIRFLOW_CONN_SMTP_ONCALL"] = mailbox.connection()
-
-    def status_run(failed: bool) -> str:
-        proc = airflow(env, "dags", "test", "walvault_status")
-        log = proc.stdout + proc.stderr
-        assert ("DagRun failed" in log) == failed, log[-4000:]
-        assert failed or "Traceback" not in log, log[-4000:]
-        return log
-
-    log = status_run(failed=True)
-    assert "walvault freshness of tt: STALE" in log and "walvault freshness of ls: fresh" in log, log[-4000:]
-    assert f"written to {textfile}" in log
-    (message,) = mailbox.messages
-    lines = failure_mail(message, "tt", "walvault_status", "freshness_tt",
-                         "FreshnessAlert: no verified backup of tt for 26 hours: the newest, ")
-    assert "finished 2d00h ago" in lines[3], lines[3]
-    families = _families(textfile.read_text())
-    ages = {s.labels["family"]: s.value for s in families["walvault_last_backup_age_seconds"].samples}
-    assert 2 * DAY <= ages["tarantool"] < 2 * DAY + HOUR and ages["limestone"] < HOUR
-    assert {s.labels["source"]: s.value for s in families["walvault_source_ok"].samples} == {
-        str(tt.resolve()): 0.0, str(ls.resolve()): 1.0}
-    assert [p.name for p in textfile.parent.iterdir()] == ["walvault.prom"], "written whole: no temporary left"
-
-    log = status_run(failed=True)  # still stale, ten minutes later: failed, but mailed 4 hours later only
-    assert "stale since the check of" in log and len(mailbox.messages) == 1, log[-4000:]
-
-    assert run_main("backup", tt, "--repo", repo).returncode == 0
-    status_run(failed=False)
-    assert len(mailbox.messages) == 2
-    assert mailbox.messages[1]["Subject"].startswith("walvault: walvault_status recovered: ")
-
-    # The limestone source goes on past its archive: epoch 45, written two hours after the archived rotation.
-    rotated = max(float(p.name.split(".")[1]) / 1000 for p in ls.glob("epoch.*"))
-    (ls / "epoch").write_bytes(RECORD.pack(DURABLE_EPOCH, 45))
-    os.utime(ls / "epoch", (rotated + 2 * HOUR, rotated + 2 * HOUR))
-    log = status_run(failed=True)
-    assert len(mailbox.messages) == 3, log[-4000:]
-    failure_mail(mailbox.messages[2], "ls", "walvault_status", "freshness_ls",
-                 "FreshnessAlert: archive of ls behind by more than 60 minutes: 2h00m behind")
-    assert "walvault freshness of tt: fresh" in log

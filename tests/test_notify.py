@@ -2,9 +2,9 @@
 (aiosmtpd) through the SMTP provider and an Airflow connection holding the server's login and password.
 
 A failed task's mail names the source, the DAG, the task and the cause in its subject and first lines: a real
-operator of a real DAG file fails on a real repository, with the callback context Airflow builds; then
-`airflow dags test` runs the backup DAG to a failure (an incremental with no full: one mail), to success (one
-recovery mail), and to success again (none)."""
+operator of a real DAG file fails on a real repository, with the callback context Airflow builds. The backup DAG
+run by `airflow dags test` to a failure (one mail), to success (one recovery mail) and to success again (none):
+test_dags' test_backup_from_the_form_and_on_schedule, which uses this file's mailbox and mail checks."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.message import EmailMessage
 from email.policy import default as email_policy
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, airflow_sources, asset_events, last_run, require_limestone, require_tarantool
+from conftest import REPO
 from walvault_provider.config import ConfigError, load
 
 
@@ -171,56 +170,3 @@ notify: {{smtp: {{connection: smtp_oncall, from: walvault@example.com, to: [onca
                                        f"Cause: {cause}"]
     assert message["From"] == "walvault@example.com" and message["To"] == "oncall@example.com, dba@example.com"
     assert mailbox.logins == [(LOGIN, PASSWORD)], "the login and password are the connection's"
-
-
-@require_tarantool
-@require_limestone
-def test_a_failed_backup_sends_one_mail_and_its_recovery_another(mailbox, tmp_path):
-    """`airflow dags test` of walvault_backup: an incremental with no full under it fails the source's Spark
-    task (one mail, naming it; the task's last lines and the run's note say why, no asset is updated and the plan,
-    with the repository's options, is gone); the full backup after it succeeds, and the DAG's previous run failed
-    (one mail)."""
-    from devenv import environment, migrate
-    from forked_airflow import airflow
-
-    _tt, _ls, config = airflow_sources(tmp_path)
-    with config.open("a") as f:
-        f.write("notify: {smtp: {connection: smtp_oncall, from: walvault@example.com, to: [oncall@example.com]}}\n")
-    env = environment(tmp_path / "home", config=config, repository=str(tmp_path / "repo"),
-                      work_dir=tmp_path / "work")
-    migrate(env)
-    env["AIRFLOW_CONN_SMTP_ONCALL"] = mailbox.connection()
-
-    before = asset_events(env)
-    failed = airflow(env, "dags", "test", "walvault_backup", "--conf",
-                     json.dumps({"source": "ls", "type": "incremental", "verify": True}))
-    log = failed.stdout + failed.stderr
-    assert "DagRun failed" in log, log[-3000:]
-    assert "AirflowFailException: walvault exited 1:" in log and "take a full backup first" in log, log[-3000:]
-    assert asset_events(env) == before, "a failed backup updates no asset"
-    assert not list((tmp_path / "work").rglob("plan.json"))
-    _run, note, _xcoms = last_run(env, "walvault_backup")  # the run's note: the failed task, by source, and why
-    assert note.startswith("**walvault** walvault_backup: the run failed"), note
-    noted = next(line for line in note.splitlines() if line.startswith("- FAILED backup_source.spark_backup [ls]: "))
-    assert "AirflowFailException: walvault exited 1:" in noted and "take a full backup first" in noted, note
-    (message,) = mailbox.messages
-    lines = failure_mail(message, "ls", "walvault_backup", "backup_source.spark_backup[0]",
-                         "AirflowFailException: walvault exited 1: ")
-    assert "full backup" in lines[3]
-    failed_run = next(line for line in lines if line.startswith("Run: ")).removeprefix("Run: ")
-
-    recovered = airflow(env, "dags", "test", "walvault_backup", "--conf",
-                        json.dumps({"source": "ls", "type": "full", "verify": True}))
-    log = recovered.stdout + recovered.stderr
-    assert recovered.returncode == 0 and "DagRun Finished" in log and "state=success" in log, log[-3000:]
-    assert len(mailbox.messages) == 2, log[-6000:]
-    message = mailbox.messages[1]
-    assert message["Subject"].startswith("walvault: walvault_backup recovered: ")
-    assert message["Subject"].endswith(f"succeeded after {failed_run} failed")
-    assert body_lines(message)[0] == "DAG: walvault_backup"
-    assert mailbox.logins == [(LOGIN, PASSWORD)] * 2
-
-    again = airflow(env, "dags", "test", "walvault_backup", "--conf",
-                    json.dumps({"source": "ls", "type": "incremental", "verify": False}))
-    assert again.returncode == 0 and "state=success" in again.stdout + again.stderr
-    assert len(mailbox.messages) == 2, "a success after a success sends nothing"
