@@ -171,9 +171,9 @@ def test_a_damaged_copy_of_a_checked_pair_is_named_by_verify_with_the_key(tmp_pa
     source = _marked_instance(tmp_path / "src")
     repo = tmp_path / "repo"
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
-    _ok(run_cli("init", "--repo", repo, "--encrypt"))
-    _ok(run_cli("backup", source, "--repo", repo))
-    _ok(run_cli("policy", "--repo", repo, "--days", "3"))
+    _ok(run_main("init", "--repo", repo, "--encrypt"))
+    _ok(run_main("backup", source, "--repo", repo))
+    _ok(run_main("policy", "--repo", repo, "--days", "3"))
     local = SimpleNamespace(url=str(repo), options={})
     stored = _stored(local)
     copies = [n for n in sorted(stored) if n.endswith("backup.manifest.copy") or n == "walvault.policy.copy"]
@@ -181,7 +181,7 @@ def test_a_damaged_copy_of_a_checked_pair_is_named_by_verify_with_the_key(tmp_pa
     for name in copies:
         original = _flip(local, name, len(stored[name]) // 2)
         try:
-            proc = run_cli("verify", "--repo", repo)
+            proc = run_main("verify", "--repo", repo)
             assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
             assert name in proc.stdout, (name, proc.stdout)
         finally:
@@ -220,7 +220,7 @@ def test_a_key_given_for_a_plain_repository_is_refused_and_copy_takes_each_sides
     monkeypatch.delenv("WALVAULT_TO_KEY", raising=False)
     monkeypatch.delenv("WALVAULT_KEY", raising=False)
     plain = tmp_path / "plain"
-    _ok(run_cli("init", "--repo", plain))
+    _ok(run_main("init", "--repo", plain))
     made = tmp_path / "made"
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
     proc = run_cli("init", "--repo", made)
@@ -234,12 +234,12 @@ def test_a_key_given_for_a_plain_repository_is_refused_and_copy_takes_each_sides
     assert sorted(p.relative_to(plain) for p in plain.rglob("*")) == before
 
     sealed, again = tmp_path / "sealed", tmp_path / "again"
-    _ok(run_cli("init", "--repo", sealed, "--encrypt"))
-    _ok(run_cli("init", "--repo", again, "--encrypt"))
-    _ok(run_cli("backup", source, "--repo", sealed))
-    _ok(run_cli("copy", "latest", "--from", sealed, "--to", plain))  # WALVAULT_KEY opens the source only
+    _ok(run_main("init", "--repo", sealed, "--encrypt"))
+    _ok(run_main("init", "--repo", again, "--encrypt"))
+    _ok(run_main("backup", source, "--repo", sealed))
+    _ok(run_main("copy", "latest", "--from", sealed, "--to", plain))  # WALVAULT_KEY opens the source only
     monkeypatch.delenv("WALVAULT_KEY")
-    _ok(run_cli("restore", "latest", tmp_path / "restored", "--repo", plain))
+    _ok(run_main("restore", "latest", tmp_path / "restored", "--repo", plain))
     _same_files(tmp_path / "restored", source)
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
     proc = run_cli("copy", "latest", "--from", sealed, "--to", again)
@@ -247,7 +247,7 @@ def test_a_key_given_for_a_plain_repository_is_refused_and_copy_takes_each_sides
     assert "WALVAULT_TO_KEY" in proc.stderr
     assert not [p for p in again.rglob("*.manifest")]
     monkeypatch.setenv("WALVAULT_TO_KEY", ENCRYPTION_KEY)
-    _ok(run_cli("copy", "latest", "--from", sealed, "--to", again))
+    _ok(run_main("copy", "latest", "--from", sealed, "--to", again))
 
 
 def test_a_key_file_and_a_wrong_one_are_named_never_shown(tmp_path, monkeypatch):
@@ -255,13 +255,13 @@ def test_a_key_file_and_a_wrong_one_are_named_never_shown(tmp_path, monkeypatch)
     key_file = tmp_path / "key"
     key_file.write_text(ENCRYPTION_KEY + "\n")
     repo = tmp_path / "repo"
-    _ok(run_cli("init", "--repo", repo, "--encrypt", "--key-file", key_file))
+    _ok(run_main("init", "--repo", repo, "--encrypt", "--key-file", key_file))
     _refused(run_cli("backups", "--repo", repo), ENCRYPTION_KEY)
     (tmp_path / "empty").write_text("")
     proc = run_cli("backups", "--repo", repo, "--key-file", tmp_path / "empty")
     _refused(proc, ENCRYPTION_KEY)
     assert "empty" in proc.stderr
-    _ok(run_cli("backups", "--repo", repo, "--key-file", key_file))
+    _ok(run_main("backups", "--repo", repo, "--key-file", key_file))
     # whatever error text would hold a key, the storage layer's redaction takes it out
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
     monkeypatch.setenv("WALVAULT_NEW_KEY", NEW_KEY)
@@ -271,7 +271,7 @@ def test_a_key_file_and_a_wrong_one_are_named_never_shown(tmp_path, monkeypatch)
 def test_a_damaged_key_file_is_named_with_the_key_and_without(tmp_path, monkeypatch):
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
     repo = tmp_path / "repo"
-    _ok(run_cli("init", "--repo", repo, "--encrypt"))
+    _ok(run_main("init", "--repo", repo, "--encrypt"))
     data = (repo / "walvault.key").read_bytes()
     at = data.index(b'"salt": "') + 12
     (repo / "walvault.key").write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
@@ -329,8 +329,8 @@ def test_the_stored_crc32c_trailer_is_of_every_byte_before_it(tmp_path, monkeypa
 
     monkeypatch.setenv("WALVAULT_KEY", ENCRYPTION_KEY)
     repo = tmp_path / "repo"
-    _ok(run_cli("init", "--repo", repo, "--encrypt"))
-    _ok(run_cli("backup", SAMPLES / "tarantool" / "features", "--repo", repo))
+    _ok(run_main("init", "--repo", repo, "--encrypt"))
+    _ok(run_main("backup", SAMPLES / "tarantool" / "features", "--repo", repo))
     for p in repo.rglob("*.zst"):
         data = p.read_bytes()
         assert data[-8:-4] == b"WVT2" and data[-4:] == crc32c(data[:-8]).to_bytes(4, "big")
