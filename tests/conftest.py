@@ -381,21 +381,34 @@ S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "walvault-test-key", "AWS_SECRET_ACCESS_K
                   "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+# moto's threaded server, in a process of its own: in the test's process its request handling would wait for the GIL
+# the test holds (and the test for it), every S3 request of a test polling the store paying for both. It ends when its
+# stdin does: at the fixture's end, or with the test process however that ends.
+_MOTO_SERVER = """
+import logging, sys
+from moto.server import ThreadedMotoServer
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> str:
-    """A real S3 HTTP API (moto's threaded server) on 127.0.0.1; credentials in the environment."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    """A real S3 HTTP API (moto's threaded server) on 127.0.0.1, in a process of its own; credentials in the
+    environment."""
     for key, value in S3_CREDENTIALS.items():
         os.environ.setdefault(key, value)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    server = subprocess.Popen([sys.executable, "-c", _MOTO_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    port = server.stdout.readline().strip()
+    assert port.isdigit(), f"moto's server did not start (exit {server.poll()})"
+    yield f"http://127.0.0.1:{port}"
+    server.stdin.close()
+    server.wait(timeout=60)
 
 
 class RepoTarget:

@@ -55,7 +55,7 @@ def _manifests(url: str, options: dict | None = None) -> dict:
     return {r.id: r.manifest.to_json() for r in repo.backups() if r.manifest is not None}
 
 
-KILLS = 12  # killed runs at most, before one is left to finish
+KILLS = 6  # killed runs at most in each direction, before one is left to finish
 
 
 def _copy_killed_until_done(args: list[str], check, seed: int) -> int:

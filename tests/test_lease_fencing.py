@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import tarantool_real as tr
-from conftest import REPO, copy_tree, encrypted_target, require_tarantool, run_cli, run_main, walvault_command
+from conftest import REPO, copy_tree, encrypted_target, require_tarantool, run_main, walvault_command
 
 from walcore.repository.lease import acquire
 from walcore.repository.storage import Storage
@@ -114,7 +114,7 @@ def test_a_backup_paused_past_its_lease_on_another_host_is_fenced(src, repo_targ
         assert _stored_not_committed(_storage(repo_target), src) == a_id, "A committed before it was paused"
         # What another host sees once A's lease is past its time: a holder it cannot check, expired.
         _rewrite_lease(storage, name, host="other-host.example", expires=time.time() - 1)
-        second = run_cli("backup", src, *repo_target.cli, "--json")  # a process beside the paused one
+        second = run_main("backup", src, *repo_target.cli, "--json")  # in this process, beside the paused one
         assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr
         b = json.loads(second.stdout)
         assert b["removed_leftovers"] == [a_id]
@@ -149,7 +149,7 @@ def test_a_paused_backup_on_this_host_is_never_broken_by_age(src, repo_target):
         _wait_for(lambda: _stored_not_committed(_storage(repo_target), src), first, _step(repo_target))
         _pause(first)
         _rewrite_lease(storage, name, expires=time.time() - 30)  # paused well past its time
-        second = run_cli("backup", src, *repo_target.cli)  # a process: the holder must be another one on this host
+        second = run_main("backup", src, *repo_target.cli)  # in this process: the holder is another one on this host
         assert second.returncode == 1, second.stdout + second.stderr
         assert _last_line(second.stderr).startswith(
             f"walvault: not backed up: {name} is held by backup (pid {first.pid} on {socket.gethostname()}, "
@@ -187,7 +187,7 @@ def test_a_junk_lease_is_named_never_a_traceback_or_a_wait(src, repo_target):
     for why, body in _junk_leases(time.time()).items():
         storage.write_bytes(name, body)
         t0 = time.monotonic()
-        proc = run_cli("backup", src, *repo_target.cli, "--wait", "30", timeout=60)  # a process: a wait would end
+        proc = run_main("backup", src, *repo_target.cli, "--wait", "30")  # a wait would end, and fail the time
         assert proc.returncode == 2, f"{why}: rc {proc.returncode}: {proc.stdout} {proc.stderr}"
         assert time.monotonic() - t0 < 20, f"{why}: it waited"
         line = _last_line(proc.stderr)
