@@ -386,10 +386,13 @@ class Env:
     def clock_env(self, offset: float | None) -> dict[str, str]:
         """The environment of a process whose clock is `offset` seconds off: libfaketime preloaded, not the faketime
         wrapper (a signal to a process group would reach the wrapper too; a killed wrapper leaves its semaphore,
-        and a later one given the same pid fails on it: "sem_open: File exists")."""
+        and a later one given the same pid fails on it: "sem_open: File exists"). The wall clock only, as a host's
+        clock is wrong: a monotonic clock offset too put every timed wait's deadline hours off (a streamer so
+        started stored no segment, ever)."""
         if not offset or not self.faketime:
             return {}
-        return {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h"}
+        return {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h",
+                "DONT_FAKE_MONOTONIC": "1"}
 
 
 def _walcore_dir() -> Path:
