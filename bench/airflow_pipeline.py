@@ -1,8 +1,8 @@
 """Benchmark what Airflow adds to walvault: the DAG folder's parse time, and the archive-backup-verify pipeline
 run by the DAGs (`airflow dags test`, Spark on local[2]) against the same commands run by hand.
 
-    .venv/bin/python bench/airflow_pipeline.py [--size-mb 1100] [--rounds 3] [--parse-runs 5] [--dir DIR]
-                                               [--json FILE] [--keep]
+    .venv/bin/python bench/airflow_pipeline.py [--size-mb 1100] [--rounds 3] [--parse-runs 5] [--alone-forked]
+                                               [--dir DIR] [--json FILE] [--keep]
 
 Part 1, the DAG folder's parse time (target < 1 s for the folder). --parse-runs times, a fresh interpreter (cold
 imports of everything but Airflow itself, as in a dag-processor) imports airflow and DagBag (untimed), then times
@@ -11,7 +11,9 @@ six walvault_* DAGs and no import error. Reported: the folder's wall time (best,
 duration from the DagBag's own stats (`dagbag_stats`: file, duration). The first file parsed pays for the imports
 the files share (walvault_provider, the Spark provider), so that split says which file came first as much as
 what it costs; so each file is also parsed alone, --parse-runs times in turns, each in a fresh interpreter
-(the dag-processor parses every file in a process of its own): its "alone" time.
+(the dag-processor parses every file in a process of its own): its "alone" time. With --alone-forked (the
+tests' run) each file is parsed alone in a process forked from one interpreter that imported airflow and DagBag,
+which is what the alone time leaves out anyway: the same figure without an interpreter's start per file.
 
 Part 2, the pipeline on >= --size-mb MB (10**6 bytes) of real-format Tarantool files (walcore's generate_wal: a
 snapshot and a chain of xlogs of Tarantool's 64 MiB, the newest open; generated once and reused while the stamp
@@ -87,6 +89,26 @@ print({MARKER!r} + json.dumps({{
     "import_errors": {{str(k): str(v)[-2000:] for k, v in bag.import_errors.items()}},
     "files": [{{"file": s.file, "duration_s": s.duration.total_seconds(), "dag_num": s.dag_num,
                "task_num": s.task_num}} for s in bag.dagbag_stats]}}))
+"""
+
+# --alone-forked: what one child interpreter runs instead of a fresh one per file: airflow and DagBag imported once
+# (untimed, as in PARSE_CHILD), then each file (argv[1:]) in a process forked from it, printing PARSE_CHILD's result
+PARSE_ALONE_FORKED = f"""
+import json, os, sys, time
+import airflow  # noqa: F401
+from airflow.dag_processing.dagbag import DagBag
+for path in sys.argv[1:]:
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        t1 = time.perf_counter()
+        bag = DagBag(dag_folder=path)
+        t2 = time.perf_counter()
+        print({MARKER!r} + json.dumps({{
+            "path": path, "folder_s": t2 - t1, "dags": sorted(bag.dag_ids),
+            "import_errors": {{str(k): str(v)[-2000:] for k, v in bag.import_errors.items()}}}}), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
 """
 
 STEPS = {  # name: (path, dag)
@@ -209,10 +231,28 @@ def parse_child(env: dict, path: Path, what: str) -> tuple[dict | None, list[str
     return got, [f"{what}: import errors {got['import_errors']}"] if got["import_errors"] else []
 
 
-def parse_runs(env: dict, runs: int) -> tuple[dict, list[str]]:
+def parse_alone_forked(env: dict, names: list[str], k: int) -> tuple[dict[str, dict], list[str]]:
+    """Each file alone, DagBag(dag_folder=file) in a process forked from one interpreter that imported airflow and
+    DagBag: what the child printed per file, and what is wrong."""
+    r = run([sys.executable, "-c", PARSE_ALONE_FORKED, *(str(DAG_FOLDER / n) for n in names)],
+            f"parse run {k + 1} of each file alone, forked", env)
+    got = {}
+    for line in r["stdout"].splitlines():
+        if line.startswith(MARKER):
+            result = json.loads(line[len(MARKER):])
+            got[Path(result["path"]).name] = result
+    problems = [f"parse run {k + 1} of {n} alone, forked: no result: {(r['stdout'] + r['stderr'])[-500:]}"
+                for n in names if n not in got]
+    problems += [f"parse run {k + 1} of {n} alone, forked: import errors {g['import_errors']}"
+                 for n, g in got.items() if g["import_errors"]]
+    return got, problems
+
+
+def parse_runs(env: dict, runs: int, alone_forked: bool = False) -> tuple[dict, list[str]]:
     """DagBag of the DAG folder, `runs` times, each in a fresh interpreter; then each file alone, `runs` times in
     turns, each in a fresh interpreter (as the dag-processor parses a file: in a process of its own, so that every
-    file pays for the imports the files share)."""
+    file pays for the imports the files share), or, `alone_forked`, each in a process forked from one interpreter
+    per turn that imported airflow (the same DagBag, timed alike, without an interpreter's start per file)."""
     problems, results = [], []
     for k in range(runs):
         got, bad = parse_child(env, DAG_FOLDER, f"parse run {k + 1} of the DAG folder")
@@ -232,9 +272,14 @@ def parse_runs(env: dict, runs: int) -> tuple[dict, list[str]]:
                                          "alone_runs": []})
             files[f["file"]]["runs"].append(f["duration_s"])
     for k in range(runs):
+        forked, bad = parse_alone_forked(env, list(files), k) if alone_forked else ({}, [])
+        problems += bad
         for name, f in files.items():
-            got, bad = parse_child(env, DAG_FOLDER / name, f"parse run {k + 1} of {name} alone")
-            problems += bad
+            if alone_forked:
+                got = forked.get(name)
+            else:
+                got, bad = parse_child(env, DAG_FOLDER / name, f"parse run {k + 1} of {name} alone")
+                problems += bad
             if got is not None:
                 f["alone_runs"].append(got["folder_s"])
                 if not set(got["dags"]) & set(DAGS):
@@ -244,6 +289,7 @@ def parse_runs(env: dict, runs: int) -> tuple[dict, list[str]]:
         if f["alone_runs"]:
             f.update(alone_best_s=min(f["alone_runs"]), alone_median_s=statistics.median(f["alone_runs"]))
     summary = {
+        "alone_forked": alone_forked,
         "runs": folder, "best_s": min(folder), "median_s": statistics.median(folder), "target_s": PARSE_TARGET_S,
         "stats_total_runs": stats_total, "stats_total_best_s": min(stats_total),
         "stats_total_median_s": statistics.median(stats_total),
@@ -407,7 +453,8 @@ def print_parse(parse: dict) -> None:
                  else f"{'-':>12} {'-':>14}")
         print(f"{name:<28} {f['best_s']:>7.3f} {f['median_s']:>8.3f} {alone} {f['dag_num']:>4} {f['task_num']:>5}")
     print(f"'best s', 'median s': the file's duration in the DagBag's stats of the folder's parse; 'alone': "
-          f"DagBag of the file alone in a fresh interpreter (sum of the medians "
+          f"DagBag of the file alone in {'a process forked from one' if parse['alone_forked'] else 'a fresh'} "
+          f"interpreter (sum of the medians "
           f"{parse['alone_total_median_s']:.3f} s)")
     print(f"DAGs: {', '.join(parse['dags'])}; import errors: {parse['import_errors'] or 'none'}")
 
@@ -439,6 +486,10 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=1100, help="data to generate, in 10**6 bytes (default 1100)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of both paths (default 3)")
     ap.add_argument("--parse-runs", type=int, default=5, help="fresh interpreters parsing the DAG folder (default 5)")
+    ap.add_argument("--alone-forked", action="store_true",
+                    help="parse each file alone in a process forked from one interpreter that imported airflow, "
+                    "not in a fresh interpreter per file (the same DagBag, timed alike; for the tests: minutes "
+                    "less on a loaded machine)")
     ap.add_argument("--file-mib", type=float, default=64,
                     help="xlog size in MiB (default 64, Tarantool's; smaller data gets files of 1/8 of it, so that "
                     "there are several)")
@@ -472,7 +523,7 @@ def main() -> int:
         migrate(env)
         migrate_s = time.perf_counter() - t0
 
-        parse, bad = parse_runs(env, args.parse_runs)
+        parse, bad = parse_runs(env, args.parse_runs, args.alone_forked)
         problems += bad
 
         warm(paths)

@@ -386,10 +386,13 @@ class Env:
     def clock_env(self, offset: float | None) -> dict[str, str]:
         """The environment of a process whose clock is `offset` seconds off: libfaketime preloaded, not the faketime
         wrapper (a signal to a process group would reach the wrapper too; a killed wrapper leaves its semaphore,
-        and a later one given the same pid fails on it: "sem_open: File exists")."""
+        and a later one given the same pid fails on it: "sem_open: File exists"). The wall clock only, as a host's
+        clock is wrong: a monotonic clock offset too put every timed wait's deadline hours off (a streamer so
+        started stored no segment, ever)."""
         if not offset or not self.faketime:
             return {}
-        return {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h"}
+        return {"LD_PRELOAD": _libfaketime(), "FAKETIME": f"{'+' if offset > 0 else '-'}{abs(offset) / HOUR:.0f}h",
+                "DONT_FAKE_MONOTONIC": "1"}
 
 
 def _walcore_dir() -> Path:
@@ -504,9 +507,10 @@ class Plan:
         return kinds
 
 
-def plan(seed: int, storage: str) -> Plan:
+def plan(seed: int, storage: str, copies: bool = True) -> Plan:
     """The schedule of a seed: a covered past (writes at -6 days, a full backup and an archive), then random
-    writes and pairs with faults (a fork, a live phase, a streamer in it), the checked expiry, maybe damage."""
+    writes and pairs with faults (a fork, a live phase, a streamer in it), the checked expiry, maybe damage.
+    `copies=False`: without the copy steps (`_copy_steps`), as the plans were before copy joined them."""
     rng = random.Random(seed)
     steps: list[Step] = []
     offsets = sorted(-rng.uniform(0.05, 5.5) * DAY for _ in range(3)) + [0.0]
@@ -589,7 +593,7 @@ def plan(seed: int, storage: str) -> Plan:
         steps = [s for s in steps if not s.kind.startswith("stream_")
                  and not (s.kind == "pair" and s.a.kind == "restore_end")]
     steps += key_steps
-    steps += _copy_steps(seed)
+    steps += _copy_steps(seed) if copies else []
     if rng.random() < 0.3:
         steps.append(Step("pair", a=Op("policy"), b=Op("backup_inc")))
         steps.append(Step("damage"))
@@ -703,8 +707,8 @@ class Streamer:
 
 
 class Schedule:
-    def __init__(self, env: Env, seed: int, storage: str):
-        self.env, self.plan = env, plan(seed, storage)
+    def __init__(self, env: Env, seed: int, storage: str, copies: bool = True):
+        self.env, self.plan = env, plan(seed, storage, copies)
         self.rng = random.Random(seed * 7919 + 1)  # runtime choices (which backup, which point)
         self.out = Outcome(seed, storage)
         self.dir = env.root / f"s{seed}-{storage}"
@@ -1790,17 +1794,19 @@ class Schedule:
         self.s3.put_object(Bucket=self.bucket, Key=f"repo/{name}", Body=data)
 
 
-def run_schedule(env: Env, seed: int, storage: str) -> Outcome:
-    return Schedule(env, seed, storage).run()
+def run_schedule(env: Env, seed: int, storage: str, copies: bool = True) -> Outcome:
+    return Schedule(env, seed, storage, copies).run()
 
 
-def covering_seeds(storages: tuple[str, ...] = ("local", "s3"), count: int = 3,
-                   search: int = 400) -> list[tuple[int, str]]:
-    """A few (seed, storage), one storage after the other, whose plans together inject every fault kind (the
-    shortest plans among equals): CI's schedules."""
+def covering_seeds(storages: tuple[str, ...] = ("local", "s3"), count: int = 3, search: int = 400,
+                   given: list[tuple[int, str]] = ()) -> list[tuple[int, str]]:
+    """At most `count` (seed, storage), one storage after the other, whose plans together with those of `given`
+    (schedules run anyway) inject every fault kind (the shortest plans among equals): CI's schedules."""
     chosen: list[tuple[int, str]] = []
-    covered: set[str] = set()
+    covered: set[str] = set().union(*(plan(seed, storage).fault_kinds() for seed, storage in given))
     for storage in (storages * count)[:count]:
+        if covered >= set(FAULT_KINDS):
+            break
         plans = [plan(seed, storage) for seed in range(search) if (seed, storage) not in chosen]
         # a rotation's step left out of the length: encryption changed no plain plan's rank
         best = max(plans, key=lambda p: (len(p.fault_kinds() - covered),
