@@ -26,6 +26,7 @@ runs every one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -368,11 +369,12 @@ def diff_positions(a: bytes, b: bytes) -> dict[int, tuple[int, int]]:
 # 1. Generated directories
 # ---------------------------------------------------------------------------------------------
 
-def _outcomes(seed: int) -> set[str]:
+@functools.cache  # generated_seeds walks every seed: tests/test_spark_jobs.py asks for the seeds again
+def _outcomes(seed: int) -> frozenset[str]:
     """What the generator did for a seed, as test_generator_covers_every_case counts it."""
     w, tags = generate(seed)
     status = model.expect(w).status
-    return {*tags, status, f"{status}/v{'marker' if w.version >= 6 else 'plain'}"}
+    return frozenset({*tags, status, f"{status}/v{'marker' if w.version >= 6 else 'plain'}"})
 
 
 def generated_seeds(count: int) -> list[int]:
