@@ -602,12 +602,15 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/conftest.py assigns it)")
 
 
-# The files that take longest, longest first (seconds in a whole run: test_ui 438, test_bench 434, test_dags 278 and
-# test_dags_faults 88 before test_dags took over test_notify's, test_freshness's and the provider's Airflow
-# commands), run before every other file: --dist loadfile hands each worker the next file in collection order, and
-# one of these started last would run alone at the end while the other workers idle (scripts/test turns off xdist's
-# own order, by test count, which put these files of few tests last).
-SLOWEST_FILES = ("test_ui.py", "test_bench.py", "test_dags.py", "test_dags_faults.py")
+# The files that take longest, longest first (seconds in a whole run on the 2-core VM, 2026-11-28, before the
+# cuts of that day: test_nemesis 374, test_bench 318, test_ui 314, test_dags 278 before it took over test_notify's,
+# test_freshness's and the provider's Airflow commands, test_backup_failures 210, test_spark_jobs 174,
+# test_encryption 150, test_spark_submit 150, test_dags_faults 88), run before every other file: --dist loadfile
+# hands each worker the next file in collection order, and one of these started last would run alone at the end
+# while the other workers idle (scripts/test turns off xdist's own order, by test count, which put these files of
+# few tests last).
+SLOWEST_FILES = ("test_dags.py", "test_ui.py", "test_bench.py", "test_nemesis.py", "test_backup_failures.py",
+                 "test_spark_jobs.py", "test_spark_submit.py", "test_encryption.py", "test_dags_faults.py")
 
 
 def slowest_first(item: pytest.Item) -> int:
