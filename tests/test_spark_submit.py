@@ -26,7 +26,9 @@ from walcore.tarantool.writer import generate_wal
 
 
 def test_a_bad_plan_stops_the_job_before_spark_starts():
-    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "spark_jobs" / "verify.py"), "{"],
+    from spark_jobs.submit import job_file
+
+    proc = subprocess.run([sys.executable, job_file("verify"), "{"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "bad plan: the plan is not JSON" in proc.stderr
 
@@ -56,8 +58,10 @@ def test_a_plan_file_with_an_output_dir_is_read_once_and_the_verdict_left_there(
 
 
 def test_a_key_in_a_plan_on_the_command_line_is_refused_before_spark_starts(tmp_path):
+    from spark_jobs.submit import job_file
+
     plan = json.dumps({"sources": [str(tmp_path)], "repo": str(tmp_path / "repo"), "repo_key": "secret"})
-    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "spark_jobs" / "backup.py"), plan],
+    proc = subprocess.run([sys.executable, job_file("backup"), plan],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "repo_key: only in a plan file" in proc.stderr, proc.stderr
     assert "secret" not in proc.stderr and not (tmp_path / "repo").exists()
