@@ -26,29 +26,29 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 _PUT: dict[str, tuple[str, str | None]] = {}
 
 
-def _give_back(env: str) -> None:
-    """The variable as it was before `opened` put a connection's passphrase there (when that is still in it)."""
-    put, held = _PUT.pop(env)
-    if os.environ.get(env) == put:
-        if held is None:
-            del os.environ[env]
-        else:
-            os.environ[env] = held
+def _held_back(env: str) -> bool:
+    """Give the variable back what it held before `opened` put a connection's passphrase there (when that is still
+    in it); whether it did."""
+    put, held = _PUT[env]
+    if os.environ.get(env) != put:
+        return False
+    if held is None:
+        del os.environ[env]
+    else:
+        os.environ[env] = held
+    return True
 
 
 @contextlib.contextmanager
 def without_connection_keys():
     """The process's environment without the passphrases `opened` put there, for a while (as it was before): a
     process started meanwhile (spark-submit) is given its key otherwise, or the deployment's."""
-    put = dict(_PUT)
-    for env in put:
-        _give_back(env)
+    given_back = [env for env in _PUT if _held_back(env)]
     try:
         yield
     finally:
-        for env, (value, held) in put.items():
-            os.environ[env] = value
-            _PUT[env] = (value, held)
+        for env in given_back:
+            os.environ[env] = _PUT[env][0]
 
 
 class RepositoryMissing(AirflowFailException):
@@ -121,7 +121,8 @@ class WalvaultRepoHook(BaseHook):
         elif env in _PUT:
             # another connection's, put there for an earlier task of this process (`airflow dags test` runs them
             # all in one): not this repository's key; the environment's own, if it had one, comes back
-            _give_back(env)
+            _held_back(env)
+            del _PUT[env]
         storage = open_storage(target.url, target.options)
         if not create and read_info(storage) is None:
             raise RepositoryMissing(f"{storage.display} (connection {self.walvault_conn_id!r}) holds no walvault "
