@@ -29,7 +29,6 @@ from test_notify import LOGIN, PASSWORD, body_lines, failure_mail, mailbox  # no
 from walcore.limestone.epoch import DURABLE_EPOCH, RECORD
 
 pytestmark = [require_tarantool, require_limestone]
-BIN = Path(sys.executable).parent
 DAY, HOUR = 86400, 3600
 # Every DAG of dags/: each is run by `airflow dags test` in this file, which parses its file as the CLI does (an
 # import error fails that run)
