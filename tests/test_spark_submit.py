@@ -8,6 +8,7 @@ Every comparison is between the same command run without Spark (in process) and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,6 +83,7 @@ def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path)
     os.killpg(proc.pid, signal.SIGKILL)  # spark-submit, its JVM and the Python driver and workers with it
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, "the job ended before it was killed"
+    _wait_group_gone(proc.pid)  # a killed process holds its lease until the kernel has ended it
     listed = json.loads(run_main("backups", "--repo", str(repo), "--json").stdout)["backups"]
     assert [b["status"] for b in listed] == ["incomplete"]
 
@@ -91,6 +93,22 @@ def test_killed_backup_job_leaves_no_backup_and_the_next_run_cleans_up(tmp_path)
     after = json.loads(run_main("backups", "--repo", str(repo), "--json").stdout)["backups"]
     assert [b["status"] for b in after] == ["ok"]
     assert run_main("verify", "--repo", str(repo)).returncode == 0
+
+
+def _wait_group_gone(pgid: int) -> None:
+    import psutil
+
+    deadline = time.monotonic() + 30
+    while True:
+        left = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p.pid)
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes {left} of the killed job still run"
+        time.sleep(0.05)
 
 
 def test_command_line_errors_are_said_before_spark_starts():
