@@ -235,10 +235,17 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     def stored_one(item) -> None:
         tracker.advance(by_item[item].path.stat().st_size)
 
-    # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads. A spooled copy is on this
-    # machine only, so it is stored from here whatever the runner.
-    results = run_all(runner, store, [i for i, c in by_item.items() if not c.spooled], threads=True, done=stored_one)
-    results.update(run_all(LocalRunner(1), store, [i for i, c in by_item.items() if c.spooled], done=stored_one))
+    # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads, the biggest file first. A
+    # spooled copy is on this machine only: another runner stores the rest.
+    items = sorted(by_item, key=lambda i: -by_item[i].path.stat().st_size)
+    if isinstance(runner, LocalRunner):
+        results = run_all(runner, store, items, threads=True, done=stored_one)
+    else:
+        results = run_all(runner, store, [i for i in items if not by_item[i].spooled], threads=True, done=stored_one)
+        results.update(run_all(LocalRunner(1), store, [i for i in items if by_item[i].spooled], done=stored_one))
+    for c in plan.settle(candidates):  # a copy cut after it was stored: what is stored is what was judged
+        item = (f"{prefix}/{c.name}.zst", str(c.path))
+        results[item] = store(item)
     for item, c in by_item.items():
         stored = results[item]
         old = held.get(c.name)

@@ -72,6 +72,10 @@ class LimestonePlan:
                                      kind in ("pwal", "epoch", "compacted", "catalog", "manifest")))
         return sorted(out, key=lambda c: c.name)
 
+    def settle(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Nothing is scanned while it is stored: no copy is cut after it was stored."""
+        return []
+
     def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
         from ..scan_paths import verify_paths
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..backup_common import LEDGER_VERDICTS, Candidate
@@ -28,6 +29,7 @@ class TarantoolPlan:
         self.session = None
         self.checkpoint = None
         self.spool: Path | None = None
+        self.scanning: dict[str, Future] = {}  # the spooled copies' scans, by name
         self.wal_dir: str | None = None
         self.instance = instance_of(root)
         if connect is None:
@@ -47,6 +49,8 @@ class TarantoolPlan:
         return self
 
     def __exit__(self, *exc):
+        for future in self.scanning.values():  # a failed backup's: done before their copies are removed
+            future.cancel() or future.exception()
         try:
             if self.session is not None:
                 self.session.__exit__(*exc)  # box.backup.stop(), also when the copy failed
@@ -85,27 +89,38 @@ class TarantoolPlan:
                 c.path = self.spool / Path(f.name).name
                 c.spooled = True
                 _copy_prefix(f.path, c.path)
-                c.verdict = self._whole_blocks(c.path, f.name)
+                self.scanning[c.name] = _scan_in_background(c.path)  # while the copy is stored
             out.append(c)
         return out
 
-    def _whole_blocks(self, copy: Path, name: str):
-        """The verdict on a copy of the newest xlog, cut after its last whole block when it ends inside one: a
+    def settle(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The verdicts on the spooled copies, scanned while they were stored; the copies cut after their last
+        whole block, which must be stored again (rarely: only a copy that ends inside a block)."""
+        cut = []
+        for c in candidates:
+            if c.name in self.scanning:
+                c.verdict = self.scanning.pop(c.name).result()
+                if self._whole_blocks(c):
+                    cut.append(c)
+        return cut
+
+    def _whole_blocks(self, c: Candidate) -> bool:
+        """Cut a copy of the newest xlog after its last whole block when it ends inside one (True then): a
         running instance was writing that block as it was copied, or a crash tore it (Tarantool discards such a
         tail too). Any other finding stays, and refuses the backup."""
         from .check import file_verdict
         from .xlog import scan_file
 
-        verdict = file_verdict(scan_file(copy))
-        torn = [x for x in verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
-        if torn and len(torn) == len(verdict.findings):
-            cut = min(x.offset for x in torn)
-            size = copy.stat().st_size
-            os.truncate(copy, cut)
-            verdict = file_verdict(scan_file(copy))
-            self.notes.append(f"{name} ends inside a block at byte {cut} (being written, or torn by a crash): "
-                              f"the {size - cut} bytes after its last whole block are not stored")
-        return verdict
+        torn = [x for x in c.verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
+        if not torn or len(torn) != len(c.verdict.findings):
+            return False
+        cut = min(x.offset for x in torn)
+        size = c.path.stat().st_size
+        os.truncate(c.path, cut)
+        c.verdict = file_verdict(scan_file(c.path))
+        self.notes.append(f"{c.name} ends inside a block at byte {cut} (being written, or torn by a crash): "
+                          f"the {size - cut} bytes after its last whole block are not stored")
+        return True
 
     def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
         from .backup_set import judge, verdict_from_record
@@ -166,13 +181,32 @@ class TarantoolPlan:
                 "live": self.connect is not None, "connect": self._connect_display() or None}
 
 
+def _scan_in_background(copy: Path) -> Future:
+    """The verdict on a spooled copy, by byte ranges on this machine's cores (worker processes: the scan holds
+    no lock the storing threads need)."""
+    from ..runner import LocalRunner
+    from ..scan_paths import scan_tarantool
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="walvault-scan")
+    future = pool.submit(lambda: scan_tarantool([copy], runner=LocalRunner())[str(copy)])
+    pool.shutdown(wait=False)
+    return future
+
+
 def _copy_prefix(src: Path, dst: Path) -> None:
-    size = src.stat().st_size
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        left = size
-        while left > 0:
-            data = fin.read(min(1 << 20, left))
-            if not data:
+    """The bytes src holds now, copied in the kernel (a reflink where the filesystem shares blocks)."""
+    left = src.stat().st_size
+    in_kernel = True
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        while left > 0:  # both files' offsets move on either way
+            if in_kernel:
+                try:
+                    n = os.copy_file_range(fin.fileno(), fout.fileno(), left)
+                except OSError:  # not between these filesystems: through this process
+                    in_kernel = False
+                    continue
+            else:
+                n = fout.write(fin.read(min(1 << 20, left)))
+            if not n:
                 break
-            fout.write(data)
-            left -= len(data)
+            left -= n
