@@ -164,6 +164,13 @@ def test_archive_snapshot_and_retention_dry_run(airflow_env, tmp_path):
     assert list((tmp_path / "work").iterdir()) == [], "the teardown removed the run's work directory"
     summaries = [json.loads(p.read_text()) for p in repo.glob("reports/verify/*/summary.json")]
     assert len(summaries) == 1, "the Spark verify job keeps its report in the repository"
+    # what archive scanned is proved by its hash, not scanned again (limestone's files, which have no ledger, are)
+    import pyarrow.parquet as pq
+
+    (report_dir,) = repo.glob("reports/verify/*")
+    checked = {r["path"]: r["checked_by"] for r in pq.read_table(report_dir / "files.parquet").to_pylist()}
+    tarantool_checked = {c for p, c in checked.items() if not Path(p).is_relative_to(airflow_env["ls"])}
+    assert tarantool_checked == {"ledger"} and "scan" in checked.values(), summaries[0]["checked_by"]
     rotated = list(airflow_env["ls"].glob("pwal_????.*"))
     assert rotated, "the limestone source was rotated under limestone's names"
     archived = {p.name.removesuffix(".zst.json") for p in repo.rglob("archive/**/*.zst.json")}
