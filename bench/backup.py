@@ -8,7 +8,7 @@ zstd blocks), warms the page cache, then, every round, in this order:
 
   a. `zstd -3 -T0` compressing every file into a directory on the same filesystem as the repositories
      (what it reads and writes is what a backup reads and stores); then `sync` of its output, timed
-     apart: zstd does not fsync, walvault does
+     apart: zstd does not fsync, walvault does; then `zstd -d -T0` of that output (a restore's floor)
   b. `walvault archive` of the data dir into a fresh repository (it verifies every sealed file, stores
      it and records each verdict in the ledger by SHA-256), then `walvault backup` (full) into that same
      repository: the sealed files' verdicts come from the ledger, only the newest (open) xlog is scanned
@@ -18,6 +18,10 @@ zstd blocks), warms the page cache, then, every round, in this order:
      (as Tarantool rotates its log); `walvault backup --type incremental` into repository (b)
   e. `walvault restore latest` from repository (b) (the incremental over the full) into an empty
      directory; every restored file's SHA-256 is compared with the source's
+
+With `restic` installed (Debian's 0.14: encrypted, deduplicating, zstd), restic runs beside walvault on the same
+files: a backup into a fresh repository after (c), a second backup after the growth of (d), and a restore of
+that latest snapshot before (e), compared with the source file by file.
 
 Every step is a subprocess timed by wall time (process start included), its peak RSS from
 /usr/bin/time, its CPU time (user + system) from getrusage; `sync` runs (untimed) before each, so that no
@@ -66,15 +70,23 @@ INSTANCE = "00000000-0000-4000-8000-0000000000aa"  # generate_wal's default
 SPACE = 512
 ZSTD = shutil.which("zstd")
 
+RESTIC = shutil.which("restic")
+RESTIC_PASSWORD = "walvault bench restic password"
+
 STEPS = {
     "zstd": "zstd -3 -T0",
+    "unzstd": "zstd -d -T0 of zstd's output",
     "archive": "walvault archive (verify + store)",
     "ledger": "walvault backup, ledger on record",
     "full": "walvault backup, verification included",
     "encrypted": "walvault backup, encrypted repository",
+    "restic_backup": "restic backup",
     "incremental": "walvault backup --type incremental",
+    "restic_incremental": "restic backup, after the growth",
+    "restic_restore": "restic restore latest",
     "restore": "walvault restore (incremental + full)",
 }
+RESTIC_STEPS = ("restic_backup", "restic_incremental", "restic_restore")
 
 
 # --------------------------------------------------------------------------- data
@@ -97,7 +109,7 @@ def prepare_data(root: Path, size_mb: int, file_mib: int) -> tuple[list[Path], d
                          instance=INSTANCE)
     newest = files[-1]
     scan = scan_file(newest)
-    if scan.findings or scan.meta is None or len(files) < 3:
+    if scan.findings or scan.meta is None or len(files) < 2:
         raise SystemExit(f"!! the generated data is not what this bench needs: {len(files)} files, "
                          f"{newest.name}: {scan.findings[:1]}")
     record = {"name": newest.name, "size": newest.stat().st_size, "first_lsn": scan.meta.vclock[1],
@@ -296,7 +308,7 @@ class Round:
                 busy = wait_idle(idle_wait)
                 return {**fn(), "busy_before": [busy]}
             return run_step
-        return {STEPS[k]: step(getattr(self, k)) for k in STEPS}
+        return {STEPS[k]: step(getattr(self, k)) for k in STEPS if RESTIC or k not in RESTIC_STEPS}
 
     def _check(self, name: str, r: dict) -> None:
         if r["rc"]:
@@ -310,9 +322,56 @@ class Round:
         t0 = time.perf_counter()
         subprocess.run(["sync", *map(str, out.iterdir())], check=True)  # fsync every output file
         synced = r["seconds"] + time.perf_counter() - t0
-        shutil.rmtree(out)
         self._check("zstd", r)
         return step_result(r, self.nbytes, files=len(self.paths), stored_bytes=written, synced_runs=[synced])
+
+    def unzstd(self) -> dict:
+        """zstd's output decompressed (the floor of a restore: the same bytes, no hashes, no fsync)."""
+        packed, out = self.scratch / "zstd", self.scratch / "unzstd"
+        out.mkdir()
+        try:
+            r = run([ZSTD, "-d", "-T0", "-q", "-f", "--output-dir-flat", str(out), *map(str, packed.iterdir())],
+                    "zstd -d")
+            self._check("zstd -d", r)
+            return step_result(r, tree_bytes(out), files=len(self.paths))
+        finally:
+            shutil.rmtree(packed)
+            shutil.rmtree(out)
+
+    def _restic(self, *args: str) -> list[str]:
+        return [RESTIC, "--repo", str(self.scratch / "repo-restic"), "--password-file", str(self.restic_key),
+                "--quiet", "--no-cache", *args]
+
+    def restic_backup(self) -> dict:
+        """restic 0.14 (Debian's) into a fresh repository of format 2: encrypted, deduplicating, zstd (auto)."""
+        self.restic_key = self.scratch / "restic.key"
+        self.restic_key.write_text(RESTIC_PASSWORD + "\n")
+        subprocess.run(self._restic("init", "--repository-version", "2"), check=True, capture_output=True)
+        r = run(self._restic("backup", str(self.data)), "restic backup")
+        self._check("restic backup", r)
+        return step_result(r, self.nbytes, stored_bytes=tree_bytes(self.scratch / "repo-restic"))
+
+    def restic_incremental(self) -> dict:
+        before = tree_bytes(self.scratch / "repo-restic")
+        r = run(self._restic("backup", str(self.data)), "restic backup (incremental)")
+        self._check("restic incremental", r)
+        return step_result(r, self.nbytes_grown, stored_bytes=tree_bytes(self.scratch / "repo-restic") - before)
+
+    def restic_restore(self) -> dict:
+        """The latest snapshot (the grown data dir) restored and compared with the source, file by file."""
+        target = self.scratch / "restored-restic"
+        try:
+            r = run(self._restic("restore", "latest", "--target", str(target)), "restic restore")
+            self._check("restic restore", r)
+            restored = target / self.data.relative_to(self.data.anchor)  # restic restores the absolute path
+            differ = [p.name for p in self.data.iterdir()
+                      if not (restored / p.name).is_file() or sha256_file(restored / p.name) != sha256_file(p)]
+            if differ:
+                self.bad.append(f"restic restore: {len(differ)} files differ from the source: {differ[:5]}")
+            return step_result(r, tree_bytes(target), files=len(list(restored.iterdir())))
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(self.scratch / "repo-restic", ignore_errors=True)
 
     def archive(self) -> dict:
         self.repo_a = init(self.scratch / "repo-ledger")
@@ -454,6 +513,18 @@ def main() -> int:
         "incremental_over_full_median": statistics.median(
             i / f for i, f in zip(inc["runs"], ledger["runs"], strict=True)),
     }
+    restore, unzstd = by[STEPS["restore"]], by[STEPS["unzstd"]]
+    ratios["restore_x_unzstd"] = unzstd["best_s"] / restore["best_s"]
+    ratios["restore_x_unzstd_median"] = common.median_ratio(unzstd["runs"], restore["runs"])
+    if RESTIC:
+        restic_b, restic_i, restic_r = (by[STEPS[k]] for k in RESTIC_STEPS)
+        ratios |= {
+            "full_x_restic": restic_b["best_s"] / full["best_s"],
+            "full_x_restic_median": common.median_ratio(restic_b["runs"], full["runs"]),
+            "incremental_x_restic": restic_i["best_s"] / inc["best_s"],
+            "restore_x_restic": restic_r["best_s"] / restore["best_s"],
+            "restore_x_restic_median": common.median_ratio(restic_r["runs"], restore["runs"]),
+        }
     print()
     print_table(results)
     print(f"\ntotals: {len(paths)} files, {nbytes:,} bytes; zstd wrote {zstd['stored_bytes']:,}; "
@@ -470,6 +541,15 @@ def main() -> int:
           f"{ratios['encrypted_over_plain_median']:.3f}x median of rounds (target <= 1.10)")
     print(f"incremental / full (ledger): {100 * ratios['incremental_over_full']:.1f}% best, "
           f"{100 * ratios['incremental_over_full_median']:.1f}% median of rounds (target <= 5%)")
+    print(f"restore / zstd -d -T0 of the same files: {ratios['restore_x_unzstd']:.2f}x best, "
+          f"{ratios['restore_x_unzstd_median']:.2f}x median of rounds (target >= 0.8)")
+    if RESTIC:
+        print(f"against restic (> 1: walvault is faster): full backup {ratios['full_x_restic']:.2f}x best, "
+              f"{ratios['full_x_restic_median']:.2f}x median; incremental {ratios['incremental_x_restic']:.2f}x; "
+              f"restore {ratios['restore_x_restic']:.2f}x best, {ratios['restore_x_restic_median']:.2f}x median "
+              "(target >= 1.5)")
+    else:
+        print("restic is not installed (apt-get install restic): its steps were left out")
     print(f"MB = 10**6 bytes; {args.rounds} rounds; MB/s of source bytes (restore: bytes restored); "
           f"'x zstd' = speed relative to zstd -3 -T0 (> 1 is faster); wall times including process start; "
           f"CPU s = user + system CPU of the command's least run")
@@ -483,6 +563,7 @@ def main() -> int:
         "data_dir": str(data), "files": len(paths), "bytes": nbytes, "grow_bytes": grow_bytes,
         "rounds": args.rounds, "cores": os.cpu_count(), "load_avg_before": load_before,
         "load_avg_after": load_after, "python": platform.python_version(), "zstd": zstd_version,
+        "restic": subprocess.run([RESTIC, "version"], capture_output=True, text=True).stdout.strip() if RESTIC else None,
         "elapsed_s": elapsed, "results": results, "ratios": ratios, "problems": bad,
         "restore_equal": all(by[STEPS["restore"]]["equal"]),
     })

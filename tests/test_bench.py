@@ -8,6 +8,7 @@ JSON has every reader the tables of docs/performance.md show.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,16 +67,21 @@ def test_limestone_bench_readers_agree(tmp_path):
 def test_backup_bench_backs_up_and_restores(tmp_path):
     report = _run("backup.py", tmp_path, "--size-mb", "4", "--file-mib", "1", "--rounds", "2")
     steps = {r["step"]: r for r in report["results"]}
-    assert set(steps) == {"zstd -3 -T0", "zstd -3 -T0, then sync of its output", "walvault archive (verify + store)",
+    restic = {"restic backup", "restic backup, after the growth", "restic restore latest"}  # where installed
+    assert set(steps) == {"zstd -3 -T0", "zstd -3 -T0, then sync of its output", "zstd -d -T0 of zstd's output",
+                          "walvault archive (verify + store)",
                           "walvault backup, ledger on record", "walvault backup, verification included",
                           "walvault backup, encrypted repository",
-                          "walvault backup --type incremental", "walvault restore (incremental + full)"}
+                          "walvault backup --type incremental",
+                          "walvault restore (incremental + full)"} | (restic if shutil.which("restic") else set())
     for name, r in steps.items():
         assert len(r["runs"]) == 2 and r["exit_codes"] == [0, 0], name
     assert report["problems"] == [] and report["restore_equal"] is True
     files, nbytes = report["files"], report["bytes"]
     assert files >= 4 and nbytes >= 4 * 10**6 and report["grow_bytes"] > 0
     assert steps["zstd -3 -T0"]["files"] == files and 0 < steps["zstd -3 -T0"]["stored_bytes"] < nbytes
+    assert steps["zstd -d -T0 of zstd's output"]["bytes"] == nbytes  # the restore's floor: the same bytes back
+    assert report["ratios"]["restore_x_unzstd"] > 0
     # archive: every sealed file (all but the open xlog), each verified and put in the ledger
     archive = steps["walvault archive (verify + store)"]
     assert archive["files"] == files - 1 and len(archive["not_sealed"]) == 1
