@@ -49,7 +49,8 @@ os.exit(0)
 def _stored(target) -> dict[str, bytes]:
     """Every object as stored: its raw bytes, by name."""
     storage = open_storage(target.url, target.options)
-    storage.fs.invalidate_cache()
+    if not storage.caps.consistent_listing:
+        storage.fs.invalidate_cache()  # s3fs caches listings per process; other processes wrote here
     return {name: b"".join(storage.iter_bytes(name)) for name in storage.list()}
 
 

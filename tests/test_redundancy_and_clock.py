@@ -70,8 +70,7 @@ class Repo:
         """Every object -> the SHA-256 of its bytes."""
         storage = self.storage()
         root = storage.root.rstrip("/")
-        return {p[len(root) + 1:]: hashlib.sha256(storage.fs.cat_file(p)).hexdigest()
-                for p in storage.fs.find(root)}
+        return {name: hashlib.sha256(b"".join(storage.iter_bytes(name))).hexdigest() for name in storage.list()}
 
     def backup(self, src: Path, incremental: bool = False) -> str:
         from walcore.command.backup import backup
