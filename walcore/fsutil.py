@@ -59,6 +59,48 @@ def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):
             yield chunk
 
 
+class Sha256:
+    """SHA-256, fed on a thread of its own when `threaded` (hashlib releases the GIL), so that the thread feeding
+    it goes on reading, compressing and writing: a big file's copy then runs on more than one core. Chunks must
+    not be changed once given. `hexdigest()` ends the thread; a with block ends it on an error too."""
+
+    def __init__(self, threaded: bool = False):
+        self._hash = hashlib.sha256()
+        self._thread = None
+        if threaded:
+            import queue
+            import threading
+
+            self._queue: queue.Queue = queue.Queue(maxsize=8)  # at most 8 chunks waiting: bounded memory
+            self._thread = threading.Thread(target=self._run, name="walvault-sha256", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._hash.update(data)
+
+    def update(self, data: bytes) -> None:
+        if self._thread is None:
+            self._hash.update(data)
+        else:
+            self._queue.put(data)
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._hash.hexdigest()
+
+    def __enter__(self) -> Sha256:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

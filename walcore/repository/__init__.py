@@ -30,7 +30,6 @@ Layout under the root (names are what `Repository` builds; nothing else is writt
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time
@@ -38,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import Sha256
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
@@ -355,10 +355,10 @@ class Repository:
         import zstandard
 
         before = os.stat(path)
-        src_hash, out_hash = hashlib.sha256(), hashlib.sha256()
         counts = [0, 0]
         size = before.st_size if limit is None else min(limit, before.st_size)
-        if size >= PARALLEL_COMPRESSION_BYTES:  # one thread per core, in jobs of 1 MiB: ~15 MiB held, not ~80
+        big = size >= PARALLEL_COMPRESSION_BYTES
+        if big:  # one thread per core, in jobs of 1 MiB: ~15 MiB held, not ~80
             params = zstandard.ZstdCompressionParameters.from_level(level, threads=-1, job_size=1 << 20)
             compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
         else:
@@ -395,7 +395,8 @@ class Repository:
             counts[1] += len(out)
             yield out
 
-        self.storage.write(name, chunks())
+        with Sha256(threaded=big) as src_hash, Sha256(threaded=big) as out_hash:
+            self.storage.write(name, chunks())
         after = os.stat(path)
         expected = limit if limit is not None else before.st_size
         if counts[0] != expected or (limit is None and (after.st_size, after.st_mtime_ns) != (before.st_size,
@@ -408,9 +409,14 @@ class Repository:
     def read_object(self, stored: str, *, size: int, sha256: str, stored_sha256: str) -> Iterator[bytes]:
         """The original bytes of a stored object, streamed; ObjectDamaged (after the last chunk) when its stored
         bytes, its size or its content hash differ from what is recorded. Nothing is trusted before that."""
+        big = size >= PARALLEL_COMPRESSION_BYTES
+        with Sha256(threaded=big) as out_hash, Sha256(threaded=big) as in_hash:
+            yield from self._checked_chunks(stored, size, sha256, stored_sha256, out_hash, in_hash)
+
+    def _checked_chunks(self, stored: str, size: int, sha256: str, stored_sha256: str, out_hash: Sha256,
+                        in_hash: Sha256) -> Iterator[bytes]:
         import zstandard
 
-        out_hash, in_hash = hashlib.sha256(), hashlib.sha256()
         total = 0
         decompressor = zstandard.ZstdDecompressor().decompressobj()
         try:
