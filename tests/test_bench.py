@@ -69,6 +69,7 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     steps = {r["step"]: r for r in report["results"]}
     restic = {"restic backup", "restic backup, after the growth", "restic restore latest"}  # where installed
     assert set(steps) == {"zstd -3 -T0", "zstd -3 -T0, then sync of its output", "zstd -d -T0 of zstd's output",
+                          "zstd -d -T0, then sync of its output",
                           "walvault archive (verify + store)",
                           "walvault backup, ledger on record", "walvault backup, verification included",
                           "walvault backup, encrypted repository",
