@@ -25,10 +25,6 @@ import os
 import struct
 from collections.abc import Iterable, Iterator
 
-from crc32c import crc32c
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 MAGIC = b"WVENC\x00\x02\x00"  # envelope format 2: the CRC32C trailer (format 1's SHA-256 cost 4% of a backup)
 _MAGIC_1 = b"WVENC\x00\x01\x00"  # named when met, never read
@@ -55,12 +51,26 @@ class WrongKey(ValueError):
     """The passphrase does not open the key file (nothing about the key is said)."""
 
 
+class InvalidTag(Exception):
+    """A GCM tag that does not authenticate its ciphertext (cryptography's, raised as ours)."""
+
+
+# cryptography and crc32c are imported on first use: a command on a plain repository needs neither, and their
+# imports (crc32c's reads importlib.metadata) took 50 ms of every command's start.
+def crc32c(data, value: int = 0) -> int:
+    from crc32c import crc32c as compute
+
+    return compute(data, value)
+
+
 # AES-256-GCM through the streaming cipher API into one buffer: the same bytes as `AESGCM` gives (ciphertext, then
 # the 16-byte tag), at 3.5 times its speed on 1 MiB chunks here (AESGCM.encrypt: 0.6 GB/s of CPU; this: 2.1).
 
 
 def _encrypt(key: bytes, nonce: bytes, data: bytes, aad: bytes) -> bytearray:
     """Ciphertext and tag, in the buffer they were written into (not copied again: it only goes to storage)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     cipher = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
     cipher.authenticate_additional_data(aad)
     out = bytearray(len(data) + TAG_BYTES)  # update_into wants room for a block more than the data: the tag's
@@ -72,6 +82,9 @@ def _encrypt(key: bytes, nonce: bytes, data: bytes, aad: bytes) -> bytearray:
 
 def _decrypt(key: bytes, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
     """The plaintext of `sealed` (ciphertext and tag); InvalidTag when it does not authenticate."""
+    import cryptography.exceptions
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     if len(sealed) < TAG_BYTES:
         raise InvalidTag
     view = memoryview(sealed)
@@ -79,7 +92,10 @@ def _decrypt(key: bytes, nonce: bytes, sealed: bytes, aad: bytes) -> bytes:
     cipher.authenticate_additional_data(aad)
     out = bytearray(len(sealed))
     size = cipher.update_into(view[:-TAG_BYTES], out)
-    cipher.finalize()  # checks the tag: nothing is returned before
+    try:
+        cipher.finalize()  # checks the tag: nothing is returned before
+    except cryptography.exceptions.InvalidTag:
+        raise InvalidTag from None
     return bytes(memoryview(out)[:size])
 
 
@@ -231,6 +247,8 @@ def _unb64(text) -> bytes:
 
 
 def derive(passphrase: str, salt: bytes, params: dict) -> bytes:
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
     return Scrypt(salt=salt, length=KEY_BYTES, n=params["n"], r=params["r"], p=params["p"]).derive(passphrase.encode())
 
 
