@@ -20,8 +20,8 @@ snapshot and a chain of xlogs of Tarantool's 64 MiB, the newest open; generated 
 beside the data dir matches). The page cache is warmed, then every round runs both paths side by side, each into
 a fresh repository:
 
-  CLI path      `walvault archive SRC --repo R --json`; `walvault verify` of the files archive stored now (what
-                the archive DAG's Spark job checks); `walvault backup SRC --repo R --json` (full, the sealed files'
+  CLI path      `walvault archive SRC --repo R --json`; `walvault verify --repo R` of the files archive stored
+                now (what the archive DAG's Spark job checks: the Tarantool files by their verdicts in the ledger); `walvault backup SRC --repo R --json` (full, the sealed files'
                 verdicts from the ledger archive filled); `walvault verify --repo R <backup id>`
   Airflow path  `airflow dags test walvault_archive` (archive task, then the Spark verify job of the files it
                 stored); `airflow dags test walvault_backup --conf {"source": ..., "type": "full", "verify": true,
@@ -331,7 +331,8 @@ class Round:
         r = self._step("walvault archive", walvault("archive", str(self.data), "--repo", str(self.repo_cli)))
         stored = (json_out(r) or {}).get("stored", [])
         self.cli_stored = sorted(Path(p).name for p in stored)
-        r = self._step("walvault verify (the files archived now)", walvault("verify", *stored))
+        r = self._step("walvault verify (the files archived now)",
+                       walvault("verify", *stored, "--repo", str(self.repo_cli)))
         report = json_out(r) or {}
         bad = [f["path"] for f in report.get("files", []) if f.get("status") != "ok"]
         if not stored or len(report.get("files", [])) != len(stored) or bad:
