@@ -6,6 +6,7 @@ walcore's reader; `replace_payload` builds damaged copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgpack
 import zstandard
@@ -144,3 +145,15 @@ def replace_payload(data: bytes, blk: Blk, rows_or_payload: bytes, *, compressed
         payload = zstandard.ZstdCompressor(level=3, write_content_size=False,
                                            write_checksum=False).compress(rows_or_payload)
     return data[:blk.pos] + encode_fixheader(compressed, payload) + payload + data[blk.end:]
+
+
+def tear_newest_xlog(src: Path) -> tuple[str, bytes]:
+    """Make the newest xlog end inside a block, as a copy taken while Tarantool writes one does: the first half of
+    a block (the newest xlog's last, or an older one's when it holds none) appended after its last whole one.
+    Returns its name and the bytes it holds up to there."""
+    xlogs = sorted(src.rglob("*.xlog"))
+    whole = xlogs[-1].read_bytes().removesuffix(EOF_MAGIC)  # a crash leaves no EOF marker
+    data, last = next((d, f.blocks[-1]) for d in (p.read_bytes() for p in reversed(xlogs))
+                      if (f := framing(d.removesuffix(EOF_MAGIC))).blocks)
+    xlogs[-1].write_bytes(whole + data[last.pos:last.pos + HEADER + last.length // 2])
+    return xlogs[-1].relative_to(src).as_posix(), whole

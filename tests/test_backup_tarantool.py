@@ -139,3 +139,37 @@ def test_crashed_source_restores(crashed_instance, tmp_path):
     restored = tr.dump_data_dir(tmp_path / "restored")
     assert restored["vclock"] == expected["vclock"]
     assert restored["spaces"] == expected["spaces"]
+
+
+def test_a_newest_xlog_that_ends_inside_a_block_is_stored_cut_and_restores_cut(crashed_instance, repo_target,
+                                                                                encryption, monkeypatch, tmp_path):
+    """The spooled copy is stored while it is scanned; found torn, it is cut after its last whole block and stored
+    again: the stored object, the manifest's record and the restored file are the cut bytes, and the note says so."""
+    import hashlib
+
+    from conftest import encrypted_target
+    from tarantool_bytes import tear_newest_xlog
+
+    target = encrypted_target(repo_target, monkeypatch) if encryption == "encrypted" else repo_target
+    if encryption == "plain":
+        target.repository(create=True)
+    src = tmp_path / "src"
+    shutil.copytree(crashed_instance, src)
+    name, whole = tear_newest_xlog(src)
+    torn_size = (src / name).stat().st_size
+    full = _json(run_main("backup", src, *target.cli, "--json"))
+    assert [n for n in full["notes"] if "ends inside a block" in n] == [
+        f"{name} ends inside a block at byte {len(whole)} (being written, or torn by a crash): the "
+        f"{torn_size - len(whole)} bytes after its last whole block are not stored"]
+    repo = target.repository(create=False)
+    entry = next(e for e in repo.find(full["id"]).manifest.files if e.name == name)
+    assert (entry.size, entry.sha256) == (len(whole), hashlib.sha256(whole).hexdigest())
+    stored = b"".join(repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
+                                       stored_sha256=entry.stored_sha256))
+    assert stored == whole
+    assert entry.verification["status"] == "open" and not entry.verification.get("findings"), entry.verification
+    restored = tmp_path / "restored"
+    proc = run_main("restore", full["id"], restored, *target.cli)
+    assert proc.returncode == 0, proc.stderr
+    assert (restored / name).read_bytes() == whole
+    assert _json(run_main("verify", *target.cli, "--json"))["intact"] is True
