@@ -214,3 +214,21 @@ def test_a_repository_without_a_lock_plans_as_before(s3_endpoint, tmp_path):
     assert all("ObjectLockMode" not in h for h in _objects(s3_endpoint, bucket).values())
     applied = _json(run_main("expire", *repo, "--days", "1", "--apply", "--json"))
     assert applied["deleted"] > 0 and old in {d["path"].rsplit("/", 1)[-1] for d in applied["sources"][0]["delete"]}
+
+
+def test_a_torn_newest_xlog_leaves_no_hidden_locked_version(s3_endpoint, tmp_path):
+    """A newest xlog that ends inside a block is cut after its last whole block. Stored before its scan said so,
+    then stored again under the same name, it would leave its first, uncut version behind the new one: locked, no
+    manifest naming it, and back as the current object once expiry deletes the version it reads."""
+    from tarantool_bytes import tear_newest_xlog
+
+    bucket = _bucket(s3_endpoint, lock=True)
+    repo = _cli(bucket, s3_endpoint)
+    assert run_main("init", *repo, "--lock-days", "1").returncode == 0
+    src = copy_tree(TARANTOOL_FIXTURES / "many-xlogs", tmp_path / "src")
+    name, _whole = tear_newest_xlog(src)
+    result = _json(run_main("backup", src, *repo, "--json"))
+    assert any(n.startswith(f"{name} ends inside a block") for n in result["notes"]), result["notes"]
+    versions = _client(s3_endpoint).list_object_versions(Bucket=bucket).get("Versions", [])
+    stored = [v for v in versions if v["Key"].endswith(f"/{result['id']}/{name}.zst")]
+    assert len(stored) == 1, [(v["Key"], v["VersionId"], v["IsLatest"]) for v in stored]

@@ -238,14 +238,21 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads, the biggest file first. A
     # spooled copy is on this machine only: another runner stores the rest.
     items = sorted(by_item, key=lambda i: -by_item[i].path.stat().st_size)
+    # Where Object Lock retains what is written, a spooled copy waits for its verdict: one cut after it was stored
+    # would be stored again over a locked version that no manifest names (current again once expiry deletes the
+    # version it reads).
+    settled_first = [i for i in items if by_item[i].spooled and repo.storage.lock is not None]
+    items = [i for i in items if i not in settled_first]
     if isinstance(runner, LocalRunner):
         results = run_all(runner, store, items, threads=True, done=stored_one)
     else:
         results = run_all(runner, store, [i for i in items if not by_item[i].spooled], threads=True, done=stored_one)
         results.update(run_all(LocalRunner(1), store, [i for i in items if by_item[i].spooled], done=stored_one))
-    for c in plan.settle(candidates):  # a copy cut after it was stored: what is stored is what was judged
-        item = (f"{prefix}/{c.name}.zst", str(c.path))
+    cut = [(f"{prefix}/{c.name}.zst", str(c.path)) for c in plan.settle(candidates)]
+    for item in settled_first + [i for i in cut if i not in settled_first]:  # what is stored is what was judged
         results[item] = store(item)
+        if item in settled_first:
+            stored_one(item)
     for item, c in by_item.items():
         stored = results[item]
         old = held.get(c.name)
