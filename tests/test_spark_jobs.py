@@ -282,6 +282,25 @@ def test_backup_job_stores_what_backup_stores(spark, tmp_path, repo_target):
     assert_restored(target, source, incremental["files"])
 
 
+
+def test_backup_job_stores_a_torn_newest_xlog_cut_as_backup_does(spark, tmp_path):
+    """The spooled newest xlog is stored on the driver while Spark stores the rest; found ending inside a block,
+    it is cut and stored again: the note and the restored bytes are the local backup's."""
+    from tarantool_bytes import tear_newest_xlog
+
+    source = tarantool_copy(tmp_path)
+    name, whole = tear_newest_xlog(source)
+    repo_url = new_repository(tmp_path / "repo")
+    code, out, err = run_job(spark, "backup", {"sources": [str(source)], "repo": str(repo_url),
+                                               "options": {"json": True}}, tmp_path)
+    assert code == 0, err
+    notes = [n for n in json.loads(out)["notes"] if "ends inside a block" in n]
+    assert notes and notes[0].startswith(f"{name} ends inside a block at byte {len(whole)} "), notes
+    target = tmp_path / "restored"
+    code, _out, err = run_local(["restore", "latest", str(target), "--repo", str(repo_url)])
+    assert code == 0, err
+    assert (target / name).read_bytes() == whole
+
 def assert_restored(target: Path, source: Path, count: int) -> None:
     """Every restored file has its source's bytes (the sources here are stopped: nothing grew meanwhile)."""
     restored = [p for p in target.rglob("*") if p.is_file()]
