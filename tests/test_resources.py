@@ -78,3 +78,27 @@ def test_cli_imports_no_airflow_or_spark():
                          cwd=__file__.rsplit("/tests/", 1)[0])
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
+
+
+def test_backup_jobs_1_starts_no_worker_process(tmp_path):
+    """`--jobs N`: worker processes. With --jobs 1 a backup, the scan of its spooled newest xlog included, runs
+    in its own process: a host given one core for it gets no more. (Split size lowered so that the newest xlog
+    is cut into byte ranges, as one over 32 MiB is.)"""
+    wal = tmp_path / "wal"
+    generate_wal(wal, target_bytes=3 << 20, file_bytes=1 << 20)  # its last xlog left open: spooled
+    repo = tmp_path / "repo"
+    script = f"""
+import os, sys
+forks = []
+os.register_at_fork(before=lambda: forks.append(1))
+import walcore.scan_paths
+walcore.scan_paths.SPLIT_SIZE = 256 << 10
+from walcore.cli import main
+from walcore.repository import Repository
+Repository({str(repo)!r}, {{}}, create=True)
+code = main(["backup", {str(wal)!r}, "--repo", {str(repo)!r}, "--jobs", "1"])
+print(code, len(forks))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["0", "0"], (proc.stdout, proc.stderr[-2000:])
