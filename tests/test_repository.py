@@ -387,6 +387,40 @@ def test_put_and_read_object(plain_or_encrypted, tmp_path):
     assert read_all(repo, "objects/prefix.zst", prefix) == data[:1000]
 
 
+
+def test_big_objects_compressed_by_zstd_threads_round_trip_from_threads_at_once(plain_or_encrypted, tmp_path):
+    """A file of PARALLEL_COMPRESSION_BYTES or more is compressed by zstd's own threads: stored from three threads
+    at once (as a backup's pool does), each reads back as its bytes; a `limit` below the threshold takes the
+    single-threaded path on the same file; the frame is one zstd stream any decompressor reads."""
+    import threading
+
+    from walcore.repository import PARALLEL_COMPRESSION_BYTES
+
+    repo = plain_or_encrypted.repository()
+    sources = [source_file(tmp_path / f"{i:020d}.xlog", PARALLEL_COMPRESSION_BYTES + 12345 * i) for i in range(3)]
+    stored, errors = {}, []
+
+    def put(i: int) -> None:
+        try:
+            stored[i] = repo.put_object(f"objects/{i}.zst", sources[i])
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    workers = [threading.Thread(target=put, args=(i,)) for i in range(3)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert errors == []
+    for i, source in enumerate(sources):
+        data = source.read_bytes()
+        assert (stored[i].size, stored[i].sha256) == (len(data), hashlib.sha256(data).hexdigest())
+        assert read_all(repo, f"objects/{i}.zst", stored[i]) == data
+    raw = repo.storage.read_bytes("objects/0.zst")
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(raw) == sources[0].read_bytes()
+    small = repo.put_object("objects/limit.zst", sources[2], limit=PARALLEL_COMPRESSION_BYTES - 1)
+    assert read_all(repo, "objects/limit.zst", small) == sources[2].read_bytes()[:PARALLEL_COMPRESSION_BYTES - 1]
+
 def test_damaged_objects_are_reported(repo_target, tmp_path):
     repo = repo_target.repository()
     source = source_file(tmp_path / "source", 2 * (1 << 20))
