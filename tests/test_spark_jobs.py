@@ -326,8 +326,8 @@ def test_task_failing_on_one_file_fails_the_job_without_a_manifest(spark, tmp_pa
     victim = sorted((source / "wal").glob("*.xlog"))[-2]  # sealed, in the set
     real = backup_tarantool.TarantoolPlan.candidates
 
-    def listed_then_replaced(self, parent):
-        found = real(self, parent)
+    def listed_then_replaced(self, parent, runner):
+        found = real(self, parent, runner)
         victim.unlink()  # replaced after the driver listed it: the executor's task cannot read it
         victim.mkdir()
         return found

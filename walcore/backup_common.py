@@ -134,7 +134,7 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
         chain = repo.chain(parent)
     started = utc_now()
     with plan:
-        candidates = plan.candidates(parent)
+        candidates = plan.candidates(parent, runner or LocalRunner())
         backup_id = new_backup_id(repo, plan.family, plan.instance, parent, kind)
         prefix = repo.backup_dir(plan.family, plan.instance, backup_id)
         try:
@@ -230,7 +230,8 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
             to_store.append(c)
     tracker = Progress(len(to_store), sum(c.path.stat().st_size for c in to_store), progress, "stored")
     by_item = {(f"{prefix}/{c.name}.zst", str(c.path)): c for c in to_store}
-    store = partial(store_object, repo, level)
+    # A local runner's cores go to a big file's zstd threads too; a Spark task has one core (spark.task.cpus)
+    store = partial(store_object, repo, level, runner.parallelism if isinstance(runner, LocalRunner) else 1)
 
     def stored_one(item) -> None:
         tracker.advance(by_item[item].path.stat().st_size)
@@ -347,10 +348,10 @@ def _begins_with(path: Path, entry: FileEntry) -> bool:
     return digest.hexdigest() == entry.sha256
 
 
-def store_object(repo: Repository, level: int, item: tuple[str, str]) -> Stored:
+def store_object(repo: Repository, level: int, cores: int, item: tuple[str, str]) -> Stored:
     """One unit of a backup's copy: a source file stored as an object (wherever the runner runs it)."""
     name, path = item
-    return repo.put_object(name, Path(path), level=level)
+    return repo.put_object(name, Path(path), level=level, cores=cores)
 
 
 def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:

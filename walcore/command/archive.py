@@ -16,6 +16,7 @@ bytes are kept beside the old as `<name>.conflict-<sha12>` and the conflict is r
 from __future__ import annotations
 
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -70,9 +71,11 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     with ExitStack() as stack:
         leases = {source: stack.enter_context(repo.archive_lease(*source, "archive", wait=ARCHIVE_WAIT))
                   for source in sources}  # in one order: two archives of overlapping sources cannot deadlock
+        # the stores run here whatever the runner: this machine's cores (a local runner's) for a big file's zstd
+        cores = runner.parallelism if isinstance(runner, LocalRunner) else os.cpu_count() or 1
         with ThreadPoolExecutor(max_workers=runner.parallelism) as pool:
-            list(pool.map(lambda item: _store(repo, item, result, level, tracker, leases[item.family, item.instance]),
-                          items))
+            list(pool.map(lambda item: _store(repo, item, result, level, cores, tracker,
+                                              leases[item.family, item.instance]), items))
         archived = set(result.stored) | set(result.already) | set(result.expired)
         for family in families:
             family.record_archived(repo, report, archived, leases, result)
@@ -81,7 +84,8 @@ def archive(sources: list[Path], repo: Repository, *, level: int = 3, runner=Non
     return result
 
 
-def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: int, tracker: Progress, lease) -> None:
+def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: int, cores: int, tracker: Progress,
+           lease) -> None:
     fam = family_named(item.family)
     base = f"{repo.source_dir(item.family, item.instance)}/archive"
     digest = functools.cache(lambda: file_sha256(item.path))  # the file is read once, whatever asks for its hash
@@ -103,7 +107,7 @@ def _store(repo: Repository, item: ArchiveItem, result: ArchiveResult, level: in
         object_name = f"{base}/{name}.conflict-{digest()[:12]}.zst"
         record_name = object_name + RECORD_SUFFIX
     try:
-        stored = repo.put_object(object_name, item.path, level=level)
+        stored = repo.put_object(object_name, item.path, level=level, cores=cores)
     except SourceChanged as e:
         result.refused.append({"path": str(item.path), "findings": [{"code": "changed", "offset": None,
                                                                      "message": str(e)}]})

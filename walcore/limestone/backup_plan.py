@@ -55,7 +55,7 @@ class LimestonePlan:
         lock, self._lock = self._lock, None
         return lock.__exit__(*exc) if lock is not None else None
 
-    def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
+    def candidates(self, parent: BackupManifest | None, runner) -> list[Candidate]:
         from .layout import DERIVED, kind_of
 
         out = []

@@ -48,8 +48,8 @@ FAMILIES = ("tarantool", "limestone")
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BACKUP_ID = re.compile(r"\d{8}-\d{6}(F(_\d{8}-\d{6}I)?|S)")
 READ_CHUNK = 1 << 20
-# A file this large is compressed by zstd's own threads, on every core: one big xlog (the common case, up to
-# 256 MB) would otherwise take one core while the others wait. Its frame differs from one compressed without
+# A file this large is compressed by zstd's own threads, on the cores it is given: one big xlog (the common case,
+# up to 256 MB) would otherwise take one core while the others wait. Its frame differs from one compressed without
 # threads; the repository records the bytes stored, whichever they are.
 PARALLEL_COMPRESSION_BYTES = 16 << 20
 
@@ -349,17 +349,19 @@ class Repository:
 
     # -- objects
 
-    def put_object(self, name: str, path: Path, *, limit: int | None = None, level: int = 3) -> Stored:
+    def put_object(self, name: str, path: Path, *, limit: int | None = None, level: int = 3,
+                   cores: int = 1) -> Stored:
         """Store the bytes of a source file (its first `limit` bytes when given), zstd-compressed, hashing
-        both sides; SourceChanged when the file changed meanwhile (its size, or its mtime for a whole copy)."""
+        both sides; SourceChanged when the file changed meanwhile (its size, or its mtime for a whole copy). A
+        big file takes up to `cores` cores (zstd's threads, the hashes on threads of their own)."""
         import zstandard
 
         before = os.stat(path)
         counts = [0, 0]
         size = before.st_size if limit is None else min(limit, before.st_size)
-        big = size >= PARALLEL_COMPRESSION_BYTES
+        big = size >= PARALLEL_COMPRESSION_BYTES and cores > 1
         if big:  # one thread per core, in jobs of 1 MiB: ~15 MiB held, not ~80
-            params = zstandard.ZstdCompressionParameters.from_level(level, threads=-1, job_size=1 << 20)
+            params = zstandard.ZstdCompressionParameters.from_level(level, threads=cores, job_size=1 << 20)
             compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
         else:
             compressor = zstandard.ZstdCompressor(level=level).compressobj()
@@ -409,7 +411,7 @@ class Repository:
     def read_object(self, stored: str, *, size: int, sha256: str, stored_sha256: str) -> Iterator[bytes]:
         """The original bytes of a stored object, streamed; ObjectDamaged (after the last chunk) when its stored
         bytes, its size or its content hash differ from what is recorded. Nothing is trusted before that."""
-        big = size >= PARALLEL_COMPRESSION_BYTES
+        big = size >= PARALLEL_COMPRESSION_BYTES and (os.cpu_count() or 1) > 1
         with Sha256(threaded=big) as out_hash, Sha256(threaded=big) as in_hash:
             yield from self._checked_chunks(stored, size, sha256, stored_sha256, out_hash, in_hash)
 

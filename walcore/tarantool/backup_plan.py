@@ -49,11 +49,13 @@ class TarantoolPlan:
         return self
 
     def __exit__(self, *exc):
-        for future in self.scanning.values():  # a failed backup's: done before their copies are removed
-            future.cancel() or future.exception()
         try:
-            if self.session is not None:
-                self.session.__exit__(*exc)  # box.backup.stop(), also when the copy failed
+            try:
+                for future in self.scanning.values():  # a failed backup's: done before their copies are removed
+                    future.cancel() or future.exception()
+            finally:
+                if self.session is not None:
+                    self.session.__exit__(*exc)  # box.backup.stop(), also when the copy failed or was interrupted
         finally:
             if self.spool is not None:
                 shutil.rmtree(self.spool, ignore_errors=True)
@@ -65,7 +67,9 @@ class TarantoolPlan:
 
         return redact_uri(self.connect)
 
-    def candidates(self, parent: BackupManifest | None) -> list[Candidate]:
+    def candidates(self, parent: BackupManifest | None, runner) -> list[Candidate]:
+        """The set's files; the newest xlog spooled, and scanned on this machine's cores that `runner` uses (all
+        of them for a runner elsewhere) while it is stored."""
         from .backup_set import select
 
         since = None
@@ -89,7 +93,7 @@ class TarantoolPlan:
                 c.path = self.spool / Path(f.name).name
                 c.spooled = True
                 _copy_prefix(f.path, c.path)
-                self.scanning[c.name] = _scan_in_background(c.path)  # while the copy is stored
+                self.scanning[c.name] = _scan_in_background(c.path, _local(runner))  # while the copy is stored
             out.append(c)
         return out
 
@@ -181,14 +185,19 @@ class TarantoolPlan:
                 "live": self.connect is not None, "connect": self._connect_display() or None}
 
 
-def _scan_in_background(copy: Path) -> Future:
-    """The verdict on a spooled copy, by byte ranges on this machine's cores (worker processes: the scan holds
-    no lock the storing threads need)."""
+def _local(runner):
     from ..runner import LocalRunner
+
+    return runner if isinstance(runner, LocalRunner) else LocalRunner()
+
+
+def _scan_in_background(copy: Path, runner) -> Future:
+    """The verdict on a spooled copy, by byte ranges on the local runner's cores (worker processes: the scan
+    holds no lock the storing threads need; none with one job)."""
     from ..scan_paths import scan_tarantool
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="walvault-scan")
-    future = pool.submit(lambda: scan_tarantool([copy], runner=LocalRunner())[str(copy)])
+    future = pool.submit(lambda: scan_tarantool([copy], runner=runner)[str(copy)])
     pool.shutdown(wait=False)
     return future
 
@@ -206,7 +215,11 @@ def _copy_prefix(src: Path, dst: Path) -> None:
                     in_kernel = False
                     continue
             else:
-                n = fout.write(fin.read(min(1 << 20, left)))
+                data = fin.read(min(1 << 20, left))
+                view = memoryview(data)
+                while view:  # an unbuffered write may take less than it is given
+                    view = view[fout.write(view):]
+                n = len(data)
             if not n:
                 break
             left -= n
