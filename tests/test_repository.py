@@ -130,6 +130,38 @@ def test_symlink_staying_inside_is_followed_local_only(tmp_path):
     assert storage.read_bytes("alias/object") == b"inside"
 
 
+def test_symlinks_below_the_root_are_listed_as_fsspec_lists_them_local_only(tmp_path):
+    """A local repository's listings say what fsspec's local file system said (LocalFiles stands in for it): a
+    symlink below the root is an entry, never walked, so that a symlinked directory's objects are not listed twice
+    (nor, through a loop, without end) and removing a tree removes the link, not what it leads to."""
+    import fsspec
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"outside bytes")
+    root = tmp_path / "repo"
+    storage = open_storage(str(root))
+    storage.write_bytes("real/object", b"inside")
+    storage.write_bytes("backups/own", b"own")
+    (root / "backups" / ".own.0123abcd.walvault-tmp").write_bytes(b"killed write")
+    (root / "backups" / "alias").symlink_to(root / "real")
+    (root / "backups" / "file-alias").symlink_to(root / "real" / "object")
+    (root / "backups" / "dangling").symlink_to(root / "absent")
+    (root / "loop").symlink_to(root)
+    (root / "out").symlink_to(outside)
+    as_fsspec = open_storage(str(root))
+    as_fsspec.fs = fsspec.filesystem("file")
+    for prefix in (None, "backups"):
+        assert storage.list(prefix) == as_fsspec.list(prefix)
+    assert storage.sizes() == as_fsspec.sizes()
+    assert storage.list_dirs("backups") == as_fsspec.list_dirs("backups") == []
+    assert storage.list().count("backups/own") == 1 and "real/object" in storage.list()
+    assert not [n for n in storage.list() if n.startswith(("loop/", "out/", "backups/alias/"))]
+    storage.remove_tree("backups")
+    assert storage.read_bytes("real/object") == b"inside"
+    assert (outside / "secret").read_bytes() == b"outside bytes"
+
+
 # -- 2. atomic writes
 
 
