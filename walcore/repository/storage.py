@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from stat import S_ISLNK
 
 from ..fsutil import fsync_dir, write_atomic
 
@@ -435,7 +436,8 @@ class Storage(ABC):
 
 class LocalFiles:
     """The calls Storage makes on fsspec's local file system, made on os directly (importing fsspec costs a
-    command 0.1 s): the same paths, the same answers, symlinks followed as fsspec follows them."""
+    command 0.1 s): the same paths, the same answers, symlinks as fsspec takes them (followed where named, listed
+    but never walked below a directory listed)."""
 
     exists = staticmethod(os.path.exists)
     rm_file = staticmethod(os.remove)
@@ -461,8 +463,8 @@ class LocalFiles:
             os.stat(path)  # FileNotFoundError when missing
             entries = [(path, False)]
         else:
-            with os.scandir(path) as found:
-                entries = [(e.path, e.is_dir()) for e in found]
+            with os.scandir(path) as found:  # a symlink is no directory here, as fsspec says ("other")
+                entries = [(e.path, e.is_dir(follow_symlinks=False)) for e in found]
         if not detail:
             return [p for p, _ in entries]
         return [{"name": p, "type": "directory" if is_dir else "file"} for p, is_dir in entries]
@@ -470,14 +472,25 @@ class LocalFiles:
     @staticmethod
     def find(path: str, withdirs: bool = False, detail: bool = False):
         """Every file under a directory, recursive, sorted (with detail: by path, each with its size); none when
-        the directory is missing."""
+        the directory is missing. A symlink below `path` is an entry, never walked, as fsspec lists it: a symlinked
+        directory's files are listed once, where they are (removing a tree removes the link, not what it leads
+        to), and a loop ends; its size is its target's (0 when it dangles)."""
         assert not withdirs
         found = {}
-        for root, _dirs, names in os.walk(path, followlinks=True):
-            for n in names:
+        for root, dirs, names in os.walk(path):
+            for n in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
                 full = os.path.join(root, n)
-                with contextlib.suppress(FileNotFoundError):  # removed meanwhile
-                    found[full] = {"name": full, "size": os.stat(full).st_size, "type": "file"} if detail else None
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue  # removed meanwhile
+                size = st.st_size
+                if S_ISLNK(st.st_mode):  # its target's size; 0 when it dangles
+                    try:
+                        size = os.stat(full).st_size
+                    except OSError:
+                        size = 0
+                found[full] = {"name": full, "size": size, "type": "file"} if detail else None
         if not found and os.path.isfile(path):
             found[path] = {"name": path, "size": os.stat(path).st_size, "type": "file"}
         return dict(sorted(found.items())) if detail else sorted(found)
