@@ -419,14 +419,20 @@ def test_put_and_read_object(plain_or_encrypted, tmp_path):
     assert read_all(repo, "objects/prefix.zst", prefix) == data[:1000]
 
 
-
 def test_big_objects_compressed_by_zstd_threads_round_trip_from_threads_at_once(plain_or_encrypted, tmp_path):
-    """A file of PARALLEL_COMPRESSION_BYTES or more is compressed by zstd's own threads: stored from three threads
-    at once (as a backup's pool does), each reads back as its bytes; a `limit` below the threshold takes the
-    single-threaded path on the same file; the frame is one zstd stream any decompressor reads."""
+    """A file of PARALLEL_COMPRESSION_BYTES or more given more than one core is compressed by zstd's own threads
+    (its hashes on threads of their own): stored from three threads at once (as a backup's pool does), each reads
+    back as its bytes; a `limit` below the threshold takes the single-threaded path on the same file, and so does
+    one core; the frame is one zstd stream any decompressor reads, not the one a single thread writes."""
     import threading
 
-    from walcore.repository import PARALLEL_COMPRESSION_BYTES
+    from walcore.repository import PARALLEL_COMPRESSION_BYTES, READ_CHUNK
+
+    def single_threaded(data: bytes) -> bytes:
+        """The frame put_object writes without zstd's threads (the same 1 MiB reads)."""
+        compressor = zstandard.ZstdCompressor(level=3).compressobj()
+        return b"".join(compressor.compress(data[i:i + READ_CHUNK]) for i in range(0, len(data), READ_CHUNK)) \
+            + compressor.flush()
 
     repo = plain_or_encrypted.repository()
     sources = [source_file(tmp_path / f"{i:020d}.xlog", PARALLEL_COMPRESSION_BYTES + 12345 * i) for i in range(3)]
@@ -434,7 +440,7 @@ def test_big_objects_compressed_by_zstd_threads_round_trip_from_threads_at_once(
 
     def put(i: int) -> None:
         try:
-            stored[i] = repo.put_object(f"objects/{i}.zst", sources[i])
+            stored[i] = repo.put_object(f"objects/{i}.zst", sources[i], cores=2)
         except BaseException as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
@@ -450,8 +456,15 @@ def test_big_objects_compressed_by_zstd_threads_round_trip_from_threads_at_once(
         assert read_all(repo, f"objects/{i}.zst", stored[i]) == data
     raw = repo.storage.read_bytes("objects/0.zst")
     assert zstandard.ZstdDecompressor().decompressobj().decompress(raw) == sources[0].read_bytes()
-    small = repo.put_object("objects/limit.zst", sources[2], limit=PARALLEL_COMPRESSION_BYTES - 1)
+    assert raw != single_threaded(sources[0].read_bytes())
+    one_core = repo.put_object("objects/one-core.zst", sources[0], cores=1)
+    assert repo.storage.read_bytes("objects/one-core.zst") == single_threaded(sources[0].read_bytes())
+    assert read_all(repo, "objects/one-core.zst", one_core) == sources[0].read_bytes()
+    small = repo.put_object("objects/limit.zst", sources[2], limit=PARALLEL_COMPRESSION_BYTES - 1, cores=2)
     assert read_all(repo, "objects/limit.zst", small) == sources[2].read_bytes()[:PARALLEL_COMPRESSION_BYTES - 1]
+    assert repo.storage.read_bytes("objects/limit.zst") == single_threaded(sources[2].read_bytes()[
+        :PARALLEL_COMPRESSION_BYTES - 1])
+
 
 def test_damaged_objects_are_reported(repo_target, tmp_path):
     repo = repo_target.repository()
