@@ -678,6 +678,15 @@ def test_options_from_the_environment_must_be_an_object(repo_target, monkeypatch
             storage_of(repo_target)
 
 
+def test_a_local_url_names_the_directory_fsspec_named(tmp_path, monkeypatch):
+    """A local repository's root is where fsspec's split put it: `file://` and `local://` are schemes, one letter
+    before `://` is none (fsspec takes it for a Windows drive), so `x://repo` is the directory `x:/repo` here."""
+    monkeypatch.chdir(tmp_path)
+    for url, root in (("file://repo", "repo"), ("local:///abs/repo", "/abs/repo"), ("x://repo", "x:/repo"),
+                      ("repo/", "repo")):
+        assert open_storage(url).root == str(tmp_path / root)
+
+
 def test_redact_url():
     assert redact_url("sftp://backup:pw-123@host/path") == "sftp://backup:***@host/path"
     assert redact_url("sftp://backup:p@ss@host/path") == "sftp://backup:***@host/path"
