@@ -506,7 +506,8 @@ class LocalStorage(Storage):
     def __init__(self, url: str, options: dict | None = None):
         super().__init__(url, options)
         self.fs = LocalFiles()
-        self.root = os.path.abspath(url.split("://", 1)[1] if "://" in url else url)
+        scheme, sep, path = url.partition("://")  # as fsspec splits it: one letter is a drive, not a scheme
+        self.root = os.path.abspath(path if sep and len(scheme) > 1 else url)
 
     def _resolve(self, repo_name: str) -> str:
         full = super()._resolve(repo_name)
