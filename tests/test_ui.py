@@ -401,8 +401,13 @@ def test_a_repository_connection_from_the_form_and_its_test_button(stack, browse
 
         # the list may render its rows again between the button's lookup and its click: looked up again then
         WebDriverWait(driver, 60, ignored_exceptions=[StaleElementReferenceException]).until(clicked)
-        return wait.until(EC.visibility_of_element_located(
-            (By.XPATH, "//*[@data-scope='toast' and @data-part='root']"))).text
+        toast = (By.XPATH, "//*[@data-scope='toast' and @data-part='root']")
+
+        def answered(d) -> str | bool:  # the toast shows its title before its description: both are waited for
+            found = EC.visibility_of_element_located(toast)(d)
+            return bool(found) and "\n" in found.text and found.text
+
+        return WebDriverWait(driver, 60, ignored_exceptions=[StaleElementReferenceException]).until(answered)
 
     bad = tmp_path / "no-repository"
     try:
