@@ -37,22 +37,14 @@ def materialize(repo: Repository, entries: list[tuple[str, FileEntry]], root: Pa
     """Write each (name, entry) under root from the repository, checked; returns how many were there already.
     Files are written on every core at once, the biggest first (reading, zstd and SHA-256 release the GIL); the
     first error is raised once the others stopped. `progress` (a backup_common.Progress) advances by each file."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from ..runner import LocalRunner
 
     paths = [(_inside(root, name), entry) for name, entry in entries]  # every name checked before a write
     paths.sort(key=lambda p: -p[1].size)
     reused = 0
-    with ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, len(paths)) or 1,
-                            thread_name_prefix="walvault-restore") as pool:
-        futures = {pool.submit(_write_checked, repo, path, entry): entry for path, entry in paths}
-        try:
-            for future in as_completed(futures):
-                reused += future.result()
-                progress.advance(futures[future].size)
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+    for (_path, entry), was_there in LocalRunner().map(lambda p: _write_checked(repo, *p), paths, threads=True):
+        reused += was_there
+        progress.advance(entry.size)
     return reused
 
 
