@@ -503,6 +503,7 @@ FILE_TIERS = {
     "test_airflow_config.py": "integration",
     "test_architecture.py": "unit",
     "test_archive.py": "integration",
+    "test_backup_delta.py": "integration",  # a real Tarantool writing all the time
     "test_backup_failures.py": "integration",
     "test_backup_limestone.py": "integration",
     "test_backup_live.py": "integration",

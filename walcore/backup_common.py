@@ -5,16 +5,18 @@ how old a temporary file is left over."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from . import sha256_state
 from .findings import Refused
 from .repository import Repository, Stored, utc_now, walvault_version
 from .repository.lease import Lease, LeaseLost
-from .repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, commit_checked,
+from .repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, Piece, commit_checked,
                                   decode_checked, source_identity)
 from .repository.storage import ObjectLocked
 from .runner import LocalRunner, run_all
@@ -39,6 +41,9 @@ class Candidate:
     checked_by: str = "scan"  # scan | ledger (a verdict on record for the same bytes)
     mtime_ns: int | None = None  # of the source file, when it was listed
     spooled: bool = False  # its bytes are a copy on this machine (the newest xlog): stored from here
+    # The parent chain's entry of a file that was appended to since (the newest xlog then): only the bytes from
+    # its size on are stored, as the last of its pieces; its verdict continues the recorded one
+    extends: tuple[BackupManifest, FileEntry] | None = None
 
 
 @dataclass
@@ -220,7 +225,7 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     for c in candidates:
         old = held.get(c.name)
         st = c.path.stat()
-        c.mtime_ns = st.st_mtime_ns
+        c.mtime_ns = c.mtime_ns or st.st_mtime_ns  # a copy's is the source's, taken by the plan
         # A sealed file never changes: the same name, size and modification time (as pgBackRest compares them)
         # say it is the one the parent chain holds. Another history reusing a name differs in its mtime.
         if old and not c.mutable and not old[1].mutable and (old[1].size, old[1].mtime_ns) == (st.st_size,
@@ -228,17 +233,17 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
             c.entry = _reference(old[0], old[1])
         else:
             to_store.append(c)
-    tracker = Progress(len(to_store), sum(c.path.stat().st_size for c in to_store), progress, "stored")
-    by_item = {(f"{prefix}/{c.name}.zst", str(c.path)): c for c in to_store}
+    tracker = Progress(len(to_store), sum(map(_to_read, to_store)), progress, "stored")
+    by_item = {_item(prefix, c): c for c in to_store}
     # A local runner's cores go to a big file's zstd threads too; a Spark task has one core (spark.task.cpus)
     store = partial(store_object, repo, level, runner.parallelism if isinstance(runner, LocalRunner) else 1)
 
     def stored_one(item) -> None:
-        tracker.advance(by_item[item].path.stat().st_size)
+        tracker.advance(_to_read(by_item[item]))
 
     # Reading, SHA-256 and zstd all release the GIL: a local runner uses threads, the biggest file first. A
     # spooled copy is on this machine only: another runner stores the rest.
-    items = sorted(by_item, key=lambda i: -by_item[i].path.stat().st_size)
+    items = sorted(by_item, key=lambda i: -_to_read(by_item[i]))
     # Where Object Lock retains what is written, a spooled copy waits for its verdict: one cut after it was stored
     # would be stored again over a locked version that no manifest names (current again once expiry deletes the
     # version it reads).
@@ -249,16 +254,19 @@ def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[Backup
     else:
         results = run_all(runner, store, [i for i in items if not by_item[i].spooled], threads=True, done=stored_one)
         results.update(run_all(LocalRunner(1), store, [i for i in items if by_item[i].spooled], done=stored_one))
-    cut = [(f"{prefix}/{c.name}.zst", str(c.path)) for c in plan.settle(candidates)]
+    cut = [_item(prefix, c) for c in plan.settle(candidates)]
     for item in settled_first + [i for i in cut if i not in settled_first]:  # what is stored is what was judged
         results[item] = store(item)
         if item in settled_first:
             stored_one(item)
     for item, c in by_item.items():
         stored = results[item]
-        old = held.get(c.name)
-        if old and old[1].sha256 == stored.sha256 and old[1].size == stored.size and _removed(repo, item[0]):
-            c.entry = _reference(old[0], old[1])  # the same bytes are held already
+        old = c.extends or held.get(c.name)
+        if c.extends is not None and not stored.size and _removed(repo, item[0]):
+            c.entry = _reference(*old)  # nothing was appended
+        elif c.extends is None and old and (old[1].sha256, old[1].size) == (stored.sha256, stored.size) \
+                and _removed(repo, item[0]):
+            c.entry = _reference(*old)  # the same bytes are held already
         else:
             c.entry = _own(c, item[0], stored)
     if chain:
@@ -296,6 +304,8 @@ def _check_extends(plan, held: dict[str, tuple[BackupManifest, FileEntry]], cand
             continue
         c = by_name.get(name)
         path = c.path if c is not None else plan.root / name
+        if c is not None and c.extends is not None:
+            continue  # its plan found the recorded bytes' end where the file holds it (its fingerprint)
         if entry.mutable:
             if path.is_file() and _begins_with(path, entry):
                 continue
@@ -348,10 +358,27 @@ def _begins_with(path: Path, entry: FileEntry) -> bool:
     return digest.hexdigest() == entry.sha256
 
 
-def store_object(repo: Repository, level: int, cores: int, item: tuple[str, str]) -> Stored:
+def _to_read(c: Candidate) -> int:
+    """The bytes a candidate's store reads: of a file appended to, those past what its parent chain holds."""
+    return c.path.stat().st_size - (c.extends[1].size if c.extends is not None else 0)
+
+
+def _item(prefix: str, c: Candidate) -> tuple:
+    """What stores a candidate: its object's name, its path, and from which byte (what it appends to), with the
+    SHA-256 state of the bytes before (JSON) and whether the state after is kept (a mutable xlog's)."""
+    keep_state = c.kind == "xlog" and (c.mutable or c.extends is not None) and sha256_state.available()
+    if c.extends is None:
+        return f"{prefix}/{c.name}.zst", str(c.path), 0, None, keep_state
+    entry = c.extends[1]
+    return (f"{prefix}/{c.name}.zst", str(c.path), entry.size, json.dumps(entry.append_state["sha256_state"]),
+            True)
+
+
+def store_object(repo: Repository, level: int, cores: int, item: tuple) -> Stored:
     """One unit of a backup's copy: a source file stored as an object (wherever the runner runs it)."""
-    name, path = item
-    return repo.put_object(name, Path(path), level=level, cores=cores)
+    name, path, offset, state, resumable = item
+    return repo.put_object(name, Path(path), offset=offset, level=level, cores=cores, resumable=resumable,
+                           continues=None if state is None else json.loads(state))
 
 
 def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:
@@ -359,7 +386,31 @@ def _reference(manifest: BackupManifest, entry: FileEntry) -> FileEntry:
 
 
 def _own(c: Candidate, stored_name: str, stored: Stored) -> FileEntry:
-    return FileEntry(name=c.name, kind=c.kind, size=stored.size, sha256=stored.sha256, stored=stored_name,
-                     stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
-                     mutable=c.mutable, range={}, verification={}, mtime_ns=c.mtime_ns)
+    entry = FileEntry(name=c.name, kind=c.kind, size=stored.size, sha256=stored.sha256, stored=stored_name,
+                      stored_size=stored.stored_size, stored_sha256=stored.stored_sha256, reference=None,
+                      mutable=c.mutable, range={}, verification={}, mtime_ns=c.mtime_ns)
+    if c.extends is not None:
+        base = c.extends[1]
+        entry.pieces = base.objects() + [Piece(stored_name, stored.stored_size, stored.stored_sha256, stored.size,
+                                               stored.sha256)]
+        entry.size, entry.sha256 = base.size + stored.size, stored.whole_sha256
+    if c.mutable and stored.state is not None:
+        entry.append_state = {"sha256_state": stored.state, "last": last_bytes(c.path, entry.size)}
+    return entry
+
+
+# How much of a mutable xlog's end its record fingerprints: what says, without reading it again, that the file
+# still begins with the bytes stored (a copy of the data dir that wrote on elsewhere holds other rows there).
+FINGERPRINT_BYTES = 64 << 10
+
+
+def last_bytes(path: Path, size: int) -> list:
+    """[offset, SHA-256] of the last FINGERPRINT_BYTES of a file's first `size` bytes."""
+    import hashlib
+
+    offset = max(0, size - FINGERPRINT_BYTES)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size - offset)
+    return [offset, hashlib.sha256(data).hexdigest()]
 

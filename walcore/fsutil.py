@@ -62,10 +62,11 @@ def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):
 class Sha256:
     """SHA-256, fed on a thread of its own when `threaded` (hashlib releases the GIL), so that the thread feeding
     it goes on reading, compressing and writing: a big file's copy then runs on more than one core. Chunks must
-    not be changed once given. `hexdigest()` ends the thread; a with block ends it on an error too."""
+    not be changed once given. `hexdigest()` ends the thread; a with block ends it on an error too. `hasher`: the
+    hash object fed (a sha256_state.ResumableSha256), else a new hashlib one."""
 
-    def __init__(self, threaded: bool = False):
-        self._hash = hashlib.sha256()
+    def __init__(self, threaded: bool = False, hasher=None):
+        self._hash = hasher if hasher is not None else hashlib.sha256()
         self._thread = None
         if threaded:
             import queue

@@ -212,7 +212,9 @@ class _Lineage:
         aside: Tarantool writes over it when it reopens the empty xlog a clean shutdown left)."""
         key = (shorter.stored, longer.stored)
         if key not in self._prefixes:
-            self._prefixes[key] = _object_begins_with(self.repo, longer, shorter)
+            held = shorter.objects()  # a longer one kept in pieces that begin with the shorter one's: said so
+            self._prefixes[key] = longer.objects()[:len(held)] == held or _object_begins_with(self.repo, longer,
+                                                                                              shorter)
         return self._prefixes[key]
 
     def log_from(self, start: dict[int, int]) -> tuple[list[FileEntry], str | None]:
@@ -395,8 +397,7 @@ def _object_begins_with(repo: Repository, longer: FileEntry, shorter: FileEntry)
     if longer.size < left:
         return False
     digest = hashlib.sha256()
-    for chunk in repo.read_object(longer.stored, size=longer.size, sha256=longer.sha256,
-                                  stored_sha256=longer.stored_sha256):
+    for chunk in repo.read_entry(longer):
         take = chunk[:left]
         digest.update(take)
         left -= len(take)

@@ -86,7 +86,7 @@ def backup_doubts(repo: Repository, family: str, instance: str,
             chain = repo.chain(m)
         except RepositoryError:
             return "broken"
-        if not all(e.stored in stored for e in m.files):
+        if not all(o.stored in stored for e in m.files for o in e.objects()):
             return "broken"
         return "doubted" if any(judged_failed(c) for c in chain) else None
 

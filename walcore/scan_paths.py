@@ -10,6 +10,7 @@ one sequential scan would give.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ from .tarantool.layout import discover, kind_of
 
 if TYPE_CHECKING:  # the Tarantool reader (crc32c, zstandard) is imported only when there are Tarantool files
     from .tarantool.check import Chain, TarantoolFile
-    from .tarantool.xlog import FileScan
+    from .tarantool.xlog import FileScan, Span
 
 
 # A file larger than this is split so that both cores work on it.
@@ -58,12 +59,14 @@ class Report:
                 "dirs": [d.to_json() for d in self.dirs]}
 
 
-def _units(size: int, jobs: int) -> list[tuple[int | None, int | None]]:
-    if jobs < 2 or size <= SPLIT_SIZE:
-        return [(None, None)]
-    n = max(2, min(size // (SPLIT_SIZE // 2), jobs * 8))
-    cuts = [size * i // n for i in range(n + 1)]
-    return [(None if i == 0 else cuts[i], None if i == n - 1 else cuts[i + 1]) for i in range(n)]
+def _units(size: int, jobs: int, start: int | None = None) -> list[tuple[int | None, int | None]]:
+    """Byte ranges of a file to scan, [start, size) (from its first block when `start` is None)."""
+    begin = start or 0
+    if jobs < 2 or size - begin <= SPLIT_SIZE:
+        return [(start, None)]
+    n = max(2, min((size - begin) // (SPLIT_SIZE // 2), jobs * 8))
+    cuts = [begin + (size - begin) * i // n for i in range(n + 1)]
+    return [(start if i == 0 else cuts[i], None if i == n - 1 else cuts[i + 1]) for i in range(n)]
 
 
 def _run_unit(unit: tuple):
@@ -71,8 +74,10 @@ def _run_unit(unit: tuple):
         return scan_pwal(unit[1], unit[2])
     from .tarantool.xlog import scan_file
 
-    _, path, start, stop = unit
-    return scan_file(path, start=start, stop=stop)
+    _, path, start, stop, exact = unit
+    # A range from the middle begins at the first block found in it; one that continues a verified prefix (exact)
+    # must hold a block right at its start
+    return scan_file(path, start=start, stop=stop, search=not exact)
 
 
 def _join(path: str, parts: list[tuple[int | None, int | None, FileScan]]) -> FileScan:
@@ -162,14 +167,16 @@ def _run_work(work: list[tuple], unit_bytes, runner, tracker: Progress) -> dict[
     return results
 
 
-def _tarantool_units(paths: list[Path], sizes: dict[str, int], jobs: int) -> list[tuple]:
+def _tarantool_units(paths: list[Path], sizes: dict[str, int], jobs: int,
+                     after: dict[str, Span] | None = None) -> list[tuple]:
     work = []
     for p in paths:
         kind = kind_of(p)
         if kind and kind[1]:
             continue
-        for start, stop in _units(sizes[str(p)], jobs):
-            work.append(("tarantool", str(p), start, stop))
+        start = after[str(p)].end_pos if after and str(p) in after else None
+        for i, (first, stop) in enumerate(_units(sizes[str(p)], jobs, start)):
+            work.append(("tarantool", str(p), first, stop, i == 0 and start is not None))
     return work
 
 
@@ -181,17 +188,31 @@ def _unit_bytes(sizes: dict[str, int]):
     return unit_bytes
 
 
-def scan_tarantool(paths: list[Path], *, runner=None, progress: bool = False) -> dict[str, TarantoolFile]:
-    """The verdict on each Tarantool file seen alone (no chain checks), by str(path), scanned on the runner."""
+def scan_tarantool(paths: list[Path], *, runner=None, progress: bool = False,
+                   after: dict[str, Span] | None = None) -> dict[str, TarantoolFile]:
+    """The verdict on each Tarantool file seen alone (no chain checks), by str(path), scanned on the runner.
+    `after`: for a file whose first bytes were verified before (an xlog that grew since), their span: only the
+    bytes past it are scanned, and must continue it."""
     from .tarantool.check import file_verdict, in_progress_file
+    from .tarantool.xlog import merge_spans
 
     runner = runner or LocalRunner()
     sizes = {str(p): p.stat().st_size for p in paths}
-    work = _tarantool_units(paths, sizes, runner.parallelism)
+    work = _tarantool_units(paths, sizes, runner.parallelism, after)
     unit_bytes = _unit_bytes(sizes)
     results = _run_work(work, unit_bytes, runner, Progress(sum(map(unit_bytes, work)), progress))
-    return {str(p): file_verdict(_join(str(p), [(u[2], u[3], r) for u, r in results[str(p)]]))
-            if str(p) in results else in_progress_file(p, sizes[str(p)]) for p in paths}
+    out = {}
+    for p in paths:
+        if str(p) not in results:
+            out[str(p)] = in_progress_file(p, sizes[str(p)])
+            continue
+        scan = _join(str(p), [(u[2], u[3], r) for u, r in results[str(p)]])
+        if after and str(p) in after and scan.meta is not None:
+            prefix = copy.deepcopy(after[str(p)])
+            merge_spans(prefix, scan.span, scan.findings, xlog=scan.kind == "xlog")
+            scan.span = prefix
+        out[str(p)] = file_verdict(scan)
+    return out
 
 
 def verify_paths(paths: list[Path], *, runner=None, progress: bool = False, ledger=None) -> Report:

@@ -288,7 +288,7 @@ def plan_source(repo: Repository, family: str, instance: str, days: float, keep_
     if shown is not None:
         plan.anchor = describe_anchor(fam, shown)
     plan.anchor_files = [e for a in anchors.values() if a is not None for e in a.files]
-    referenced = {e.stored for m in manifests if m.id in kept for e in m.files}
+    referenced = {o.stored for m in manifests if m.id in kept for e in m.files for o in e.objects()}
     for m in sorted(manifests, key=lambda m: fam.position_key(m), reverse=True):
         prefix = repo.backup_dir(family, instance, m.id)
         anchor = anchors[m.identity]
@@ -393,7 +393,7 @@ def _keep_locked(repo: Repository, plan: SourcePlan, manifests: dict[str, Backup
                 except RepositoryError:
                     chain = [manifests[item.backup_id]]
                 for m in chain:
-                    referenced.update(e.stored for e in m.files)
+                    referenced.update(o.stored for e in m.files for o in e.objects())
                 for parent in chain[:-1]:
                     locked.setdefault(repo.backup_dir(plan.family, plan.instance, parent.id),
                                       f"in the parent chain of {item.backup_id}, which is {locked[item.path]}")
@@ -520,7 +520,7 @@ def _damaged_anchor_object(repo: Repository, plan: SourcePlan) -> str | None:
     and its size and SHA-256 checked against its manifest."""
     import hashlib
 
-    for entry in plan.anchor_files:
+    for entry in (o for e in plan.anchor_files for o in e.objects()):
         digest, size = hashlib.sha256(), 0
         try:
             for chunk in repo.storage.iter_bytes(entry.stored):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from functools import partial
 from pathlib import PurePosixPath
 
@@ -21,7 +21,7 @@ from ..repository.copies import copies_of
 from ..repository.archive import DIFFERS_SUFFIX, RECORD_SUFFIX, STREAM_DIR, load_record
 from ..repository.pins import read_pin
 from ..repository.verdicts import VERIFY_NAME, last_drill, last_verification, write_verdict
-from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState,
+from ..repository.manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, FileEntry, PairState, Piece,
                                    inspect_pair)
 from ..runner import LocalRunner, run_all
 from ..tarantool.ledger import record_verdict, recorded_verdict
@@ -70,7 +70,12 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
     entries += [e for _names, found in archived.values() for name, e in found.items()
                 if e is not None and e.stored == name[: -len(RECORD_SUFFIX)]]
     # Each stored object is read once, however many backups reference it, on the runner's workers.
-    objects = {e.stored: (e.stored, e.size, e.sha256, e.stored_sha256, e.name, e.kind) for e in entries}
+    objects = {}
+    for e in entries:  # a piece of a file is a unit of its own (re-hashed), unless a backup's file is that object
+        for p in (e.pieces or [])[:-1]:
+            objects.setdefault(p.stored, (p.stored, p.size, p.sha256, p.stored_sha256, e.name, EARLIER_PIECE, ()))
+    for e in entries:
+        objects[e.stored] = (e.stored, e.size, e.sha256, e.stored_sha256, e.name, e.kind, _pieces(e))
     tracker = Progress(len(objects), sum(o[1] for o in objects.values()), progress, "verified")
     # Processes scan on every core; an object store's client (s3fs) is not safe across fork: threads there.
     results = run_all(runner or LocalRunner(), partial(check_object, repo, full), list(objects.values()),
@@ -113,9 +118,9 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
                 if entry.reference is not None and entry.reference not in ids:
                     findings.append({"code": "reference_broken", "file": entry.name,
                                      "message": f"refers to backup {entry.reference}, not in its chain"})
-                problem = checked[entry.stored]
-                if problem:
-                    findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
+                for problem in dict.fromkeys(checked[o.stored] for o in entry.objects()):
+                    if problem:
+                        findings.append({"code": "object_damaged", "file": entry.name, "message": problem})
                 for f in scans[entry.stored] or []:
                     findings.append({"code": "file_damaged", "file": entry.name,
                                      "message": f"{f['code']} at {f['offset']}: {f['message']}"})
@@ -195,8 +200,10 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     """One unit of the work: a stored object re-read and checked against its recorded hashes and, when it holds
     a Tarantool file whose bytes the ledger does not know as verified (or `full`), scanned as `verify` scans a
     file (from a local copy under its own name, so that its name is checked too). Returns its problem (None:
-    intact), the findings of the scan (None: not scanned), and how its content was checked."""
-    stored, size, sha256, stored_sha256, name, kind = obj
+    intact), the findings of the scan (None: not scanned), and how its content was checked. A file kept in
+    pieces is the unit of its last piece: that piece alone is re-hashed (each other piece is a unit of its
+    own), and the file whole, all its pieces in order, when it is scanned."""
+    stored, size, sha256, stored_sha256, name, kind, pieces = obj
     family, instance = stored.split("/")[:2]
     base = PurePosixPath(name).name
     if base in ("", ".", ".."):
@@ -212,7 +219,7 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
         copy = scratch / base if scratch else None
         try:
             with open(copy, "wb") if copy else contextlib.nullcontext() as out:
-                for chunk in repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256):
+                for chunk in _content(repo, obj, whole=scan):
                     if out is not None:
                         out.write(chunk)
         except ObjectDamaged as e:
@@ -238,6 +245,22 @@ def check_object(repo: Repository, full: bool, obj: tuple) -> tuple[str | None, 
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+EARLIER_PIECE = "earlier-piece"  # the kind of a unit that re-hashes a piece of a file which is not the last
+
+
+def _pieces(entry: FileEntry) -> tuple:
+    return () if entry.pieces is None else tuple(astuple(p) for p in entry.pieces)
+
+
+def _content(repo: Repository, obj: tuple, whole: bool):
+    """An object's bytes, checked; of a file in pieces, its last piece's, or `whole`, the file's."""
+    stored, size, sha256, stored_sha256, name, _kind, pieces = obj
+    if not pieces:
+        return repo.read_object(stored, size=size, sha256=sha256, stored_sha256=stored_sha256)
+    pieces = [Piece(*p) for p in pieces]
+    return repo.read_pieces(name, pieces if whole else pieces[-1:], size=size, sha256=sha256)
 
 
 def _archive_entries(repo: Repository, family: str, instance: str) -> tuple[list[str], dict[str, FileEntry | None]]:

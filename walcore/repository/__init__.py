@@ -34,6 +34,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,10 @@ class Stored:
     sha256: str
     stored_size: int
     stored_sha256: str
+    # put_object(resumable=True): the SHA-256 state after the bytes before `offset` (`continues`) and these, and
+    # the digest of them all
+    state: dict | None = None
+    whole_sha256: str | None = None
 
 
 @dataclass
@@ -349,16 +354,20 @@ class Repository:
 
     # -- objects
 
-    def put_object(self, name: str, path: Path, *, limit: int | None = None, level: int = 3,
-                   cores: int = 1) -> Stored:
-        """Store the bytes of a source file (its first `limit` bytes when given), zstd-compressed, hashing
-        both sides; SourceChanged when the file changed meanwhile (its size, or its mtime for a whole copy). A
-        big file takes up to `cores` cores (zstd's threads, the hashes on threads of their own)."""
+    def put_object(self, name: str, path: Path, *, offset: int = 0, limit: int | None = None, level: int = 3,
+                   cores: int = 1, resumable: bool = False, continues: dict | None = None) -> Stored:
+        """Store the bytes of a source file from `offset` (its first `limit` of them when given), zstd-compressed,
+        hashing both sides; SourceChanged when the file changed meanwhile (its size, or its mtime for a copy to its
+        end). A big file takes up to `cores` cores (zstd's threads, the hashes on threads of their own).
+        `resumable`: the source bytes are hashed also as the continuation of `continues` (the SHA-256 state after
+        the file's bytes before `offset`; None: from its start), whose state the result carries."""
         import zstandard
+
+        from ..sha256_state import ResumableSha256
 
         before = os.stat(path)
         counts = [0, 0]
-        size = before.st_size if limit is None else min(limit, before.st_size)
+        size = max(0, before.st_size - offset) if limit is None else min(limit, max(0, before.st_size - offset))
         big = size >= PARALLEL_COMPRESSION_BYTES and cores > 1
         if big:  # one thread per core, in jobs of 1 MiB: ~15 MiB held, not ~80
             params = zstandard.ZstdCompressionParameters.from_level(level, threads=cores, job_size=1 << 20)
@@ -378,6 +387,7 @@ class Repository:
             except OSError as e:
                 raise SourceUnreadable(f"cannot read the source file {path}: {e.strerror or e}") from None
             with f:
+                f.seek(offset)
                 left = limit if limit is not None else None
                 while left is None or left > 0:
                     data = read(f, READ_CHUNK if left is None else min(READ_CHUNK, left))
@@ -386,6 +396,8 @@ class Repository:
                     if left is not None:
                         left -= len(data)
                     src_hash.update(data)
+                    if whole_hash is not None:
+                        whole_hash.update(data)
                     counts[0] += len(data)
                     out = compressor.compress(data)
                     if out:
@@ -397,16 +409,28 @@ class Repository:
             counts[1] += len(out)
             yield out
 
-        with Sha256(threaded=big) as src_hash, Sha256(threaded=big) as out_hash:
+        resumed = None
+        if resumable:
+            resumed = ResumableSha256.resume(continues) if continues is not None else ResumableSha256()
+        own = resumed if continues is None else None  # from the file's start, it is the source hash itself
+        with ExitStack() as hashes:
+            src_hash = hashes.enter_context(Sha256(threaded=big, hasher=own))
+            out_hash = hashes.enter_context(Sha256(threaded=big))
+            whole_hash = None
+            if resumed is not None and own is None:
+                whole_hash = hashes.enter_context(Sha256(threaded=big, hasher=resumed))
             self.storage.write(name, chunks())
         after = os.stat(path)
-        expected = limit if limit is not None else before.st_size
+        expected = limit if limit is not None else before.st_size - offset
         if counts[0] != expected or (limit is None and (after.st_size, after.st_mtime_ns) != (before.st_size,
                                                                                               before.st_mtime_ns)):
             self.storage.remove(name)
             raise SourceChanged(f"{path} changed while it was copied ({before.st_size} bytes before, {counts[0]} "
-                                f"read, {after.st_size} after): its copy is not trusted")
-        return Stored(counts[0], src_hash.hexdigest(), counts[1], out_hash.hexdigest())
+                                f"read from byte {offset}, {after.st_size} after): its copy is not trusted")
+        stored = Stored(counts[0], src_hash.hexdigest(), counts[1], out_hash.hexdigest())
+        if resumed is not None:
+            stored.whole_sha256, stored.state = resumed.hexdigest(), resumed.state()
+        return stored
 
     def read_object(self, stored: str, *, size: int, sha256: str, stored_sha256: str) -> Iterator[bytes]:
         """The original bytes of a stored object, streamed; ObjectDamaged (after the last chunk) when its stored
@@ -414,6 +438,30 @@ class Repository:
         big = size >= PARALLEL_COMPRESSION_BYTES and (os.cpu_count() or 1) > 1
         with Sha256(threaded=big) as out_hash, Sha256(threaded=big) as in_hash:
             yield from self._checked_chunks(stored, size, sha256, stored_sha256, out_hash, in_hash)
+
+    def read_entry(self, entry) -> Iterator[bytes]:
+        """A backup file's bytes (a manifest's FileEntry), streamed from its object or its pieces in order, checked
+        as read_pieces checks them."""
+        return self.read_pieces(entry.name, entry.objects(), size=entry.size, sha256=entry.sha256)
+
+    def read_pieces(self, what: str, pieces: list, *, size: int, sha256: str) -> Iterator[bytes]:
+        """The bytes of stored objects one after the other (manifest.Piece: each checked as read_object checks
+        it); of more than one, the whole is checked against `size` and `sha256` too (ObjectDamaged naming `what`
+        after the last chunk)."""
+        if len(pieces) == 1:
+            p = pieces[0]
+            yield from self.read_object(p.stored, size=p.size, sha256=p.sha256, stored_sha256=p.stored_sha256)
+            return
+        total = 0
+        with Sha256(threaded=size >= PARALLEL_COMPRESSION_BYTES) as whole:
+            for p in pieces:
+                for chunk in self.read_object(p.stored, size=p.size, sha256=p.sha256, stored_sha256=p.stored_sha256):
+                    whole.update(chunk)
+                    total += len(chunk)
+                    yield chunk
+            if (total, whole.hexdigest()) != (size, sha256):
+                raise ObjectDamaged(f"{what}: its pieces ({', '.join(p.stored for p in pieces)}) do not make the "
+                                    "file recorded (its size or SHA-256 differs)")
 
     def _checked_chunks(self, stored: str, size: int, sha256: str, stored_sha256: str, out_hash: Sha256,
                         in_hash: Sha256) -> Iterator[bytes]:

@@ -125,7 +125,7 @@ def commit_record(repo: Repository, record_name: str, entry: FileEntry, origin: 
     """Create the record of a stored object (its entry and `origin`: where it came from), exclusively; then make
     sure the object it names is still the one stored (an expiry that took it for an orphan meanwhile removed it:
     the record goes too). None when committed, else why not. The caller proved its lease just before."""
-    data = encode_checked({**entry.__dict__, "archived": utc_now(), **origin})
+    data = encode_checked({**entry.to_json(), "archived": utc_now(), **origin})
     if not repo.storage.create(record_name, data):
         found = load_record(repo, record_name)
         if found is None:  # a damaged record (taken for none): replaced, under the lease just proven

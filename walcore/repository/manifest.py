@@ -21,6 +21,7 @@ INFO_NAME = "walvault.repo"
 MANIFEST_NAME = "backup.manifest"
 POLICY_NAME = "walvault.policy"
 COPY_SUFFIX = ".copy"
+PIECES_FORMAT = 2  # a backup manifest with a file in pieces (FileEntry.pieces): older walvaults refuse it
 
 
 class ManifestError(RepositoryError):
@@ -214,31 +215,81 @@ def parse_notes(pairs: list[str]) -> dict[str, str]:
 
 
 @dataclass
+class Piece:
+    """One stored object of a file kept in pieces: its bytes follow the previous piece's."""
+
+    stored: str
+    stored_size: int
+    stored_sha256: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def from_json(cls, obj) -> Piece:
+        try:
+            piece = cls(**{k: obj[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError) as e:
+            raise ManifestError(f"a file's piece is incomplete: {e}") from None
+        check_name(piece.stored)
+        if not isinstance(piece.size, int) or piece.size < 0:
+            raise ManifestError(f"{piece.stored}: bad size {piece.size!r}")
+        return piece
+
+
+@dataclass
 class FileEntry:
     """One file of a backup: its source name (relative to the source directory) and where its bytes live."""
 
     name: str
     kind: str
     size: int
-    sha256: str
-    stored: str  # the repository object holding the bytes, zstd-compressed
+    sha256: str  # of the whole file, also when it is kept in pieces
+    stored: str  # the repository object holding the bytes, zstd-compressed (in pieces: this backup's own piece)
     stored_size: int
     stored_sha256: str
     reference: str | None  # the backup (of the parent chain) whose object this is; None: this backup's own
-    mutable: bool  # written to after this backup (the newest xlog, an active pwal, epoch): stored whole each time
+    mutable: bool  # written to after this backup (the newest xlog, an active pwal, epoch)
     range: dict  # {"vclock": [from, to]} or {"epochs": [min, max]}; {} when the file has none
     verification: dict  # {"status", "findings", "checked_by": "scan"|"ledger"}
     mtime_ns: int | None = None  # the source file's modification time: with name and size, what says it is unchanged
+    # A file that grew since the parent chain stored it (the newest xlog): the chain's pieces, then this backup's
+    # object of the bytes appended (the last piece, `stored`). None: the file is one object, `stored`.
+    pieces: list[Piece] | None = None
+    # Of a mutable xlog: what lets the next incremental store only what is appended to it. {"sha256_state": the
+    # SHA-256 state after its bytes (sha256_state.py), "last": [offset, SHA-256 of its bytes from there]: what
+    # says that the file still begins with them}.
+    append_state: dict | None = None
+
+    OPTIONAL = ("mtime_ns", "pieces", "append_state")
 
     @classmethod
     def from_json(cls, obj: dict) -> FileEntry:
         try:
-            entry = cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj or k != "mtime_ns"})
+            entry = cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj or k not in cls.OPTIONAL})
         except (KeyError, TypeError) as e:
             raise ManifestError(f"a file entry is incomplete: {e}") from None
         check_name(entry.name)
         check_name(entry.stored)
+        if entry.pieces is not None:
+            if not isinstance(entry.pieces, list) or len(entry.pieces) < 2:
+                raise ManifestError(f"{entry.name}: its pieces are not a list of two or more")
+            entry.pieces = [Piece.from_json(p) for p in entry.pieces]
+            if sum(p.size for p in entry.pieces) != entry.size or entry.pieces[-1].stored != entry.stored:
+                raise ManifestError(f"{entry.name}: its pieces do not add up to it")
         return entry
+
+    def objects(self) -> list[Piece]:
+        """The stored objects the file's bytes are in, in order (one, unless it is kept in pieces)."""
+        if self.pieces is not None:
+            return self.pieces
+        return [Piece(self.stored, self.stored_size, self.stored_sha256, self.size, self.sha256)]
+
+    def to_json(self) -> dict:
+        found = asdict(self)
+        for key in ("pieces", "append_state"):  # an entry without them is written as before they existed
+            if found[key] is None:
+                del found[key]
+        return found
 
 
 def source_identity(family: str, source: dict) -> tuple:
@@ -275,13 +326,16 @@ class BackupManifest:
 
     def to_json(self) -> dict:
         found = asdict(self)
+        found["files"] = [f.to_json() for f in self.files]
         if not found["notes"]:  # a manifest without notes is written as before they existed
             del found["notes"]
+        if any(f.pieces for f in self.files):
+            found["format"] = max(self.format, PIECES_FORMAT)
         return found
 
     @classmethod
     def from_json(cls, obj: dict) -> BackupManifest:
-        if obj.get("format", 0) > REPO_FORMAT:
+        if obj.get("format", 0) > PIECES_FORMAT:
             raise ManifestError(f"backup manifest format {obj.get('format')} is newer than this walvault reads")
         try:
             fields = {k: obj[k] for k in cls.__dataclass_fields__ if k != "files" and (k in obj or k != "notes")}

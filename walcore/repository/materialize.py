@@ -56,8 +56,7 @@ def _write_checked(repo: Repository, path: Path, entry: FileEntry) -> bool:
     part = path.with_name(path.name + ".walvault-part")
     try:
         with open(part, "wb") as f:
-            for chunk in repo.read_object(entry.stored, size=entry.size, sha256=entry.sha256,
-                                          stored_sha256=entry.stored_sha256):
+            for chunk in repo.read_entry(entry):
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())

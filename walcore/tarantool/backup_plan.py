@@ -3,17 +3,23 @@ what is stored is what was verified, a running instance through box.backup.start
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..backup_common import LEDGER_VERDICTS, Candidate
+from ..backup_common import FINGERPRINT_BYTES, LEDGER_VERDICTS, Candidate
 from ..findings import Refused
 from ..fsutil import host_name, owned_tempdir
 from ..repository import Repository
 from ..repository.manifest import BackupManifest, FileEntry
 from .times import file_range, snapshot_time
+
+if TYPE_CHECKING:
+    from .xlog import Span
 
 
 class TarantoolPlan:
@@ -30,6 +36,7 @@ class TarantoolPlan:
         self.checkpoint = None
         self.spool: Path | None = None
         self.scanning: dict[str, Future] = {}  # the spooled copies' scans, by name
+        self.prefixes: dict = {}  # of a copy of what was appended to an xlog: the recorded bytes' span, by name
         self.wal_dir: str | None = None
         self.instance = instance_of(root)
         if connect is None:
@@ -69,13 +76,16 @@ class TarantoolPlan:
 
     def candidates(self, parent: BackupManifest | None, runner) -> list[Candidate]:
         """The set's files; the newest xlog spooled, and scanned on this machine's cores that `runner` uses (all
-        of them for a runner elsewhere) while it is stored."""
+        of them for a runner elsewhere) while it is stored. The parent's newest xlog, appended to since, is
+        spooled from where the parent's copy ended: only the appended bytes are stored and scanned."""
         from .backup_set import select
 
         since = None
+        recorded = {}
         if parent is not None:
             xlogs = [e.name for e in parent.files if e.kind == "xlog"]
             since = xlogs[-1] if xlogs else None
+            recorded = {e.name: e for e in parent.files}
         self.set = select(self.root, since_xlog=since, checkpoint=self.checkpoint.files if self.checkpoint else None)
         if self.snapshot:
             xlogs = [f for f in self.set.files if f.kind == "xlog"]
@@ -86,16 +96,36 @@ class TarantoolPlan:
         out = []
         for f in self.set.files:
             c = Candidate(f.path, f.name, f.kind, f.mutable)
-            if f.mutable:
+            base = recorded.get(f.name)
+            st = f.path.stat()  # before its bytes are read: the mtime of what is copied, at most these bytes
+            prefix = _extendable(f.path, st.st_size, base)
+            if prefix is not None:
+                c.extends, c.mtime_ns = (parent, base), st.st_mtime_ns
+                c.path = self._spool(f.name)
+                # the meta block, the end of what is stored already (its fingerprint, row times), what follows
+                lead = max(prefix.first_pos, base.size - FINGERPRINT_BYTES)
+                _copy_ranges(f.path, c.path, [(0, prefix.first_pos), (lead, st.st_size)])
+                self.prefixes[c.name] = prefix
+            elif f.mutable:
                 # The newest xlog may grow while it is read: copy what it holds now to a spool, judge that copy,
                 # and store exactly what was judged.
-                self.spool = self.spool or owned_tempdir("walvault-spool-")  # a killed backup's is removed later
-                c.path = self.spool / Path(f.name).name
-                c.spooled = True
-                _copy_prefix(f.path, c.path)
-                self.scanning[c.name] = _scan_in_background(c.path, _local(runner))  # while the copy is stored
+                c.path = self._spool(f.name)
+                _copy_ranges(f.path, c.path, [(0, st.st_size)])
+            else:
+                out.append(c)
+                continue
+            c.spooled = True
+            self.scanning[c.name] = _scan_in_background(c.path, _local(runner), self._after(c))  # while stored
             out.append(c)
         return out
+
+    def _spool(self, name: str) -> Path:
+        self.spool = self.spool or owned_tempdir("walvault-spool-")  # a killed backup's is removed later
+        return self.spool / Path(name).name
+
+    def _after(self, c: Candidate) -> dict | None:
+        """What scan_tarantool continues for a spooled copy of an xlog that grew: the recorded prefix's span."""
+        return {str(c.path): self.prefixes[c.name]} if c.name in self.prefixes else None
 
     def settle(self, candidates: list[Candidate]) -> list[Candidate]:
         """The verdicts on the spooled copies, scanned while they were stored; the copies cut after their last
@@ -112,8 +142,8 @@ class TarantoolPlan:
         """Cut a copy of the newest xlog after its last whole block when it ends inside one (True then): a
         running instance was writing that block as it was copied, or a crash tore it (Tarantool discards such a
         tail too). Any other finding stays, and refuses the backup."""
-        from .check import file_verdict
-        from .xlog import scan_file
+        from ..runner import LocalRunner
+        from ..scan_paths import scan_tarantool
 
         torn = [x for x in c.verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
         if not torn or len(torn) != len(c.verdict.findings):
@@ -121,7 +151,7 @@ class TarantoolPlan:
         cut = min(x.offset for x in torn)
         size = c.path.stat().st_size
         os.truncate(c.path, cut)
-        c.verdict = file_verdict(scan_file(c.path))
+        c.verdict = scan_tarantool([c.path], runner=LocalRunner(1), after=self._after(c))[str(c.path)]
         self.notes.append(f"{c.name} ends inside a block at byte {cut} (being written, or torn by a crash): "
                           f"the {size - cut} bytes after its last whole block are not stored")
         return True
@@ -154,7 +184,7 @@ class TarantoolPlan:
         checks["snapshot"]["time"] = snapshot_time(self.set.snapshot.path)
         if self.snapshot:
             checks["snapshot"]["wal_dir"] = self.wal_dir
-        for c in unknown:
+        for c in unknown + [c for c in candidates if c.extends is not None]:  # what was scanned here
             if c.verdict.status in LEDGER_VERDICTS and not c.mutable:
                 from .ledger import record_verdict
 
@@ -169,8 +199,24 @@ class TarantoolPlan:
 
         record = verdict_record(c.verdict)
         record["checked_by"] = getattr(c, "checked_by", "scan")
-        c.entry.range = file_range(c.verdict, c.path)
+        c.entry.range = self._range(c)
         return record
+
+    def _range(self, c: Candidate) -> dict:
+        """The file's range; of a copy of what was appended, its rows' times from the recorded prefix's first
+        to its own last block's (the copy does not hold the file's first block)."""
+        if c.name not in self.prefixes:
+            return file_range(c.verdict, c.path)
+        prefix, recorded = self.prefixes[c.name], c.extends[1].range
+        if c.verdict.edge_blocks is None or c.verdict.edge_blocks[1] < prefix.end_pos:  # no row was appended
+            return dict(recorded)
+        last = c.verdict.edge_blocks[1]
+        out = file_range(replace(c.verdict, edge_blocks=[last, last]), c.path)
+        if out.get("time") and recorded.get("time"):
+            out["time"] = [recorded["time"][0], out["time"][1]]
+        else:
+            out["time"] = None
+        return out
 
     def renamed_since(self, name: str, entry: FileEntry, candidates: list[Candidate], held: dict) -> list[Candidate]:
         """Tarantool never renames an xlog: no other file carries its recorded bytes."""
@@ -191,35 +237,59 @@ def _local(runner):
     return runner if isinstance(runner, LocalRunner) else LocalRunner()
 
 
-def _scan_in_background(copy: Path, runner) -> Future:
+def _scan_in_background(copy: Path, runner, after: dict | None) -> Future:
     """The verdict on a spooled copy, by byte ranges on the local runner's cores (worker processes: the scan
-    holds no lock the storing threads need; none with one job)."""
+    holds no lock the storing threads need; none with one job); `after`: as scan_tarantool takes it."""
     from ..scan_paths import scan_tarantool
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="walvault-scan")
-    future = pool.submit(lambda: scan_tarantool([copy], runner=runner)[str(copy)])
+    future = pool.submit(lambda: scan_tarantool([copy], runner=runner, after=after)[str(copy)])
     pool.shutdown(wait=False)
     return future
 
 
-def _copy_prefix(src: Path, dst: Path) -> None:
-    """The bytes src holds now, copied in the kernel (a reflink where the filesystem shares blocks)."""
-    left = src.stat().st_size
+def _extendable(path: Path, size: int, entry: FileEntry | None) -> Span | None:
+    """The span of the bytes a parent's entry recorded of the newest xlog it stored, when the file (`size` bytes
+    now) still begins with them, as far as the end of them says (their fingerprint), and its hash can go on
+    from them: only what was appended since is then stored and scanned."""
+    from .. import sha256_state
+    from .backup_set import span_from_record
+
+    if entry is None or entry.kind != "xlog" or not entry.mutable or not entry.append_state \
+            or size < entry.size or not sha256_state.available():
+        return None
+    prefix = span_from_record(entry.verification, entry.size)
+    if prefix is None:
+        return None
+    offset, digest = entry.append_state["last"]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        held = f.read(entry.size - offset)
+    return prefix if hashlib.sha256(held).hexdigest() == digest else None
+
+
+def _copy_ranges(src: Path, dst: Path, ranges: list[tuple[int, int]]) -> None:
+    """Byte ranges of src copied to the same offsets of dst (a hole between them), in the kernel where it can (a
+    reflink where the filesystem shares blocks)."""
     in_kernel = True
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        while left > 0:  # both files' offsets move on either way
-            if in_kernel:
-                try:
-                    n = os.copy_file_range(fin.fileno(), fout.fileno(), left)
-                except OSError:  # not between these filesystems: through this process
-                    in_kernel = False
-                    continue
-            else:
-                data = fin.read(min(1 << 20, left))
-                view = memoryview(data)
-                while view:  # an unbuffered write may take less than it is given
-                    view = view[fout.write(view):]
-                n = len(data)
-            if not n:
-                break
-            left -= n
+        for start, stop in ranges:
+            pos = start
+            while pos < stop:
+                if in_kernel:
+                    try:
+                        n = os.copy_file_range(fin.fileno(), fout.fileno(), stop - pos, pos, pos)
+                    except OSError:  # not between these filesystems: through this process
+                        in_kernel = False
+                        continue
+                else:
+                    data = os.pread(fin.fileno(), min(1 << 20, stop - pos), pos)
+                    view = memoryview(data)
+                    at = pos
+                    while view:  # a write may take less than it is given
+                        done = os.pwrite(fout.fileno(), view, at)
+                        view, at = view[done:], at + done
+                    n = len(data)
+                if not n:
+                    break
+                pos += n

@@ -19,7 +19,7 @@ from .check import TarantoolFile, check_chains, check_vinyl
 from .layout import DataDir, discover, kind_of
 from .meta import MAX_META_SIZE, MetaError, Vclock, format_vclock, parse_meta, vclock_leq
 from .vinyl import VylogError, replay
-from .xlog import read_rows
+from .xlog import Span, read_rows
 
 
 @dataclass
@@ -204,4 +204,18 @@ def verdict_from_record(path: str, record: dict) -> TarantoolFile:
                          edge_blocks=record.get("edge_blocks"))
 
 
-__all__ = ["SetFile", "TarantoolSet", "select", "judge", "instance_of", "verdict_record", "verdict_from_record"]
+def span_from_record(record: dict, size: int) -> Span | None:
+    """The span of the first `size` bytes of an xlog as its verdict recorded them, for a scan of what was appended
+    since to continue (None when the record cannot say: no block in it, or not a clean open xlog)."""
+    edges = record.get("edge_blocks")
+    if record.get("kind") != "xlog" or record.get("status") != "open" or record.get("eof") or not edges \
+            or record.get("size") != size:
+        return None
+    # open and clean: its last row committed its transaction (else it would have been found damaged)
+    return Span(first_pos=edges[0], end_pos=size, blocks=record["blocks"], zstd_blocks=record["zstd_blocks"],
+                rows=record["rows"], lsns={int(c): list(r) for c, r in record["lsns"].items()}, last_commit=True,
+                last_block_pos=edges[1])
+
+
+__all__ = ["SetFile", "TarantoolSet", "select", "judge", "instance_of", "verdict_record", "verdict_from_record",
+           "span_from_record"]
