@@ -210,3 +210,22 @@ def test_a_manifest_s_pieces_must_make_its_file():
     newer = {**_pieced_manifest(), "format": PIECES_FORMAT + 1}
     with pytest.raises(ManifestError, match="newer"):
         BackupManifest.from_json(newer)
+
+
+@require_tarantool
+def test_without_a_resumable_sha256_the_grown_xlog_is_stored_whole(live, tmp_path, monkeypatch):
+    """Where libcrypto's SHA256_* cannot be loaded (a Python whose hashlib does not use the system's OpenSSL, say),
+    nothing records a SHA-256 state and the grown xlog is stored whole, as before pieces: slower, never wrong."""
+    monkeypatch.setattr(sha256_state, "_library", lambda: None)  # the library missing, in this process only
+    assert not sha256_state.available()
+    repo = new_repository(tmp_path / "repo")
+    full = _backup(live, repo, "full")
+    first = _newest_xlog(_manifest(repo, full["id"]))
+    assert "append_state" not in first
+    _call_mark(live, 900004)
+    incr = _backup(live, repo, "incremental")
+    manifest = _manifest(repo, incr["id"])
+    grown = next(f for f in manifest["files"] if f["name"] == first["name"])
+    assert "pieces" not in grown and grown["size"] > first["size"] and manifest["format"] < PIECES_FORMAT
+    _ok(run_main("restore", incr["id"], tmp_path / "restored", "--repo", repo))
+    assert [900004, "marker"] in tr.dump_data_dir(tmp_path / "restored")["spaces"]["mem"]
