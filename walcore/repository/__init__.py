@@ -56,12 +56,10 @@ PARALLEL_COMPRESSION_BYTES = 16 << 20
 
 
 def walvault_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """The version that manifests, records and the ledger name (pyproject.toml reads it from here too)."""
+    from .. import __version__
 
-    try:
-        return version("walvault")
-    except PackageNotFoundError:
-        return "unknown"
+    return __version__
 
 
 STAMP = "%Y-%m-%dT%H:%M:%SZ"  # how manifests and records write a time
