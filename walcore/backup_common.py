@@ -126,17 +126,17 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
     """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
     caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers),
     `notes` kept in it."""
-    removed = _remove_leftovers(repo, plan.family, plan.instance, lease)
+    removed, records = _remove_leftovers(repo, plan.family, plan.instance, lease)
     parent = None
     chain: list[BackupManifest] = []
     if kind == "incremental":
-        parent = _latest(repo, plan)
+        parent = _latest(records, plan)
         if parent is None:
             source = plan.source_info()
             raise Refused(f"no full backup of {plan.family} instance {plan.instance} from this source "
                           f"({source['host']}:{source['path']}) to build an incremental on: take a full backup "
                           "first (a backup of another copy of the instance is never the parent)", "refused")
-        chain = repo.chain(parent)
+        chain = repo.chain(parent, {r.id: r.manifest for r in records if r.manifest is not None})
     started = utc_now()
     with plan:
         candidates = plan.candidates(parent, runner or LocalRunner())
@@ -190,28 +190,32 @@ def _lost_first(lease: Lease, error: Exception) -> None:
         pass
 
 
-def _latest(repo: Repository, plan) -> BackupManifest | None:
-    """The newest full or incremental backup of the plan's source identity (a snapshot is no parent: it holds no
-    log). A copy of a data dir shares the instance but not the source: its backups are never the parent."""
+def _latest(records: list, plan) -> BackupManifest | None:
+    """The newest full or incremental backup of the plan's source identity among the source's backup records (a
+    snapshot is no parent: it holds no log). A copy of a data dir shares the instance but not the source: its
+    backups are never the parent."""
     identity = source_identity(plan.family, plan.source_info())
-    done = [r.manifest for r in repo.source_backups(plan.family, plan.instance)
+    done = [r.manifest for r in records
             if r.manifest is not None and r.manifest.type != "snapshot" and r.manifest.identity == identity]
     if not done:
         return None
     return max(done, key=lambda m: (m.id, m.finished))
 
 
-def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease) -> list[str]:
+def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease) -> tuple[list[str], list]:
     """Backups without a main manifest (killed, or paused past their lease: fenced first), and the temporary files
-    of killed writes under the source and at the repository's root."""
+    of killed writes under the source and at the repository's root; returns the ids removed and the source's
+    backup records left, each manifest read once (under the lease, none changes meanwhile)."""
     for prefix in (repo.source_dir(family, instance), None):
         repo.storage.remove_stale_temporaries(prefix, STALE_TEMPORARY)
-    removed = []
+    removed, records = [], []
     for backup_id in repo.backup_ids(family, instance):
         record = repo.load_backup(family, instance, backup_id)
         if not record.complete and repo.clear_leftovers(record, lease):
             removed.append(backup_id)
-    return removed
+        elif not record.cleared:
+            records.append(record)
+    return removed, records
 
 
 def _run(repo: Repository, plan, candidates: list[Candidate], chain: list[BackupManifest], backup_id: str,

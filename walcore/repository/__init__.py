@@ -603,11 +603,14 @@ class Repository:
             raise RepositoryError(f"backup {backup_id} cannot be used: {record.problem}")
         return record
 
-    def chain(self, manifest: BackupManifest) -> list[BackupManifest]:
-        """The backup and its parents, full first; RepositoryError when a parent is missing or unreadable."""
+    def chain(self, manifest: BackupManifest, known: dict[str, BackupManifest] | None = None) -> list[BackupManifest]:
+        """The backup and its parents, full first; RepositoryError when a parent is missing or unreadable. `known`:
+        manifests of the source read already, by id (not read again)."""
         chain = [manifest]
         while chain[0].parent is not None:
-            record = self.load_backup(manifest.family, manifest.instance, chain[0].parent)
+            parent = (known or {}).get(chain[0].parent)
+            record = BackupRecord(manifest.family, manifest.instance, parent.id, parent) if parent else \
+                self.load_backup(manifest.family, manifest.instance, chain[0].parent)
             if record.manifest is None:
                 raise RepositoryError(f"backup {chain[0].id} needs its parent {chain[0].parent}, which cannot be "
                                       f"read: {record.problem}")
