@@ -614,7 +614,7 @@ class Repository:
             if record.manifest is None:
                 raise RepositoryError(f"backup {chain[0].id} needs its parent {chain[0].parent}, which cannot be "
                                       f"read: {record.problem}")
-            if len(chain) > 10000 or record.manifest in chain:
+            if len(chain) > 10000 or any(m.id == record.manifest.id for m in chain):
                 raise RepositoryError(f"backup {manifest.id}: its parent chain loops")
             chain.insert(0, record.manifest)
         if chain[0].type not in ("full", "snapshot") or any(m.type == "snapshot" for m in chain[1:]):
