@@ -258,10 +258,16 @@ def _extendable(path: Path, size: int, entry: FileEntry | None) -> Span | None:
     if entry is None or entry.kind != "xlog" or not entry.mutable or not entry.append_state \
             or size < entry.size or not sha256_state.available():
         return None
-    prefix = span_from_record(entry.verification, entry.size)
+    try:  # a record that does not hold together (a manifest another program wrote): the file is stored whole
+        prefix = span_from_record(entry.verification, entry.size)
+        sha256_state.ResumableSha256.resume(entry.append_state["sha256_state"])
+        offset, digest = entry.append_state["last"]
+        if not 0 <= offset <= entry.size:
+            return None
+    except (sha256_state.StateError, KeyError, TypeError, ValueError):
+        return None
     if prefix is None:
         return None
-    offset, digest = entry.append_state["last"]
     with open(path, "rb") as f:
         f.seek(offset)
         held = f.read(entry.size - offset)
