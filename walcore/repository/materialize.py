@@ -56,7 +56,7 @@ def _write_checked(repo: Repository, path: Path, entry: FileEntry) -> bool:
     part = path.with_name(path.name + ".walvault-part")
     try:
         with open(part, "wb") as f:
-            for chunk in repo.read_entry(entry):
+            for chunk in repo.read_entry(entry, check_stored=False):  # what is written is checked
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
