@@ -189,7 +189,7 @@ def _pieced_manifest() -> dict:
     entry = {"name": "00000000000000000001.xlog", "kind": "xlog", "size": 30, "sha256": "2" * 64,
              "stored": "b.zst", "stored_size": 7, "stored_sha256": "3" * 64, "reference": None, "mutable": True,
              "range": {}, "verification": {},
-             "pieces": [piece, {**piece, "stored": "b.zst", "size": 20}]}
+             "pieces": [piece, {**piece, "stored": "b.zst", "stored_size": 7, "stored_sha256": "3" * 64, "size": 20}]}
     return {"id": "x", "type": "incremental", "parent": "y", "family": "tarantool", "source": {"instance": "i"},
             "walvault": "0", "started": "", "finished": "", "position": {}, "compression": {}, "files": [entry],
             "checks": {}, "format": PIECES_FORMAT}
@@ -203,10 +203,11 @@ def test_a_manifest_s_pieces_must_make_its_file():
     short["files"][0]["size"] = 31
     with pytest.raises(ManifestError, match="do not add up"):
         BackupManifest.from_json(short)
-    other = _pieced_manifest()
-    other["files"][0]["stored"] = "c.zst"
-    with pytest.raises(ManifestError, match="do not add up"):
-        BackupManifest.from_json(other)
+    for field, value in (("stored", "c.zst"), ("stored_sha256", "4" * 64)):  # the last piece is the entry's own
+        other = _pieced_manifest()
+        other["files"][0][field] = value
+        with pytest.raises(ManifestError, match="do not add up"):
+            BackupManifest.from_json(other)
     newer = {**_pieced_manifest(), "format": PIECES_FORMAT + 1}
     with pytest.raises(ManifestError, match="newer"):
         BackupManifest.from_json(newer)

@@ -274,7 +274,9 @@ class FileEntry:
             if not isinstance(entry.pieces, list) or len(entry.pieces) < 2:
                 raise ManifestError(f"{entry.name}: its pieces are not a list of two or more")
             entry.pieces = [Piece.from_json(p) for p in entry.pieces]
-            if sum(p.size for p in entry.pieces) != entry.size or entry.pieces[-1].stored != entry.stored:
+            own = entry.pieces[-1]
+            if sum(p.size for p in entry.pieces) != entry.size or (own.stored, own.stored_size, own.stored_sha256) \
+                    != (entry.stored, entry.stored_size, entry.stored_sha256):
                 raise ManifestError(f"{entry.name}: its pieces do not add up to it")
         return entry
 
