@@ -15,12 +15,13 @@ import pytest
 
 import tarantool_real as tr
 import test_tarantool_live
-from conftest import new_repository, require_tarantool, run_main
+from conftest import copy_tree, new_repository, require_tarantool, run_main
 from test_backup_live import _call_mark
 from test_tarantool_live import covers
 from walcore import sha256_state
 from walcore.backup_common import FINGERPRINT_BYTES
 from walcore.repository.manifest import PIECES_FORMAT, BackupManifest, ManifestError
+from walcore.tarantool.xlog import read_rows
 
 live = test_tarantool_live.live  # the writing instance on a loopback port (a fixture)
 
@@ -165,6 +166,27 @@ def test_bytes_changed_before_the_recorded_end_are_not_read_again(live, tmp_path
     with open(next(restored.rglob(Path(first["name"]).name)), "rb") as f:
         f.seek(offset)
         assert f.read(1) == original
+
+
+@require_tarantool
+def test_a_torn_tail_a_crash_left_in_the_parent_s_newest_xlog_is_damage_as_a_full_finds_it(crashed_instance, tmp_path):
+    """The parent's newest xlog grew, then a crash tore its last block and Tarantool went on in a newer xlog: that
+    file is sealed, and its torn tail is damage to the incremental as to a full backup (cut, it would be recorded
+    shorter than the file, and every later incremental refused as of another history)."""
+    work = copy_tree(crashed_instance, tmp_path / "data")
+    xlog = max((work / "wal").glob("*.xlog"))
+    grown = xlog.read_bytes()
+    blocks = sorted({pos for pos, _row in read_rows(xlog)})
+    xlog.write_bytes(grown[:blocks[len(blocks) // 2]])  # as the parent finds it: the instance writing on
+    repo = new_repository(tmp_path / "repo")
+    _ok(run_main("backup", work, "--repo", repo, "--type", "full"))
+    xlog.write_bytes(grown + grown[blocks[-1]:blocks[-1] + 40])  # grown since, its last block torn by a crash
+    tr.write_more(work, rows=20, snapshot=False, seed=7)  # started again: a newer xlog follows
+    full = run_main("backup", work, "--repo", new_repository(tmp_path / "other"), "--type", "full")
+    incremental = run_main("backup", work, "--repo", repo, "--type", "incremental")
+    for proc in (full, incremental):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert f"{xlog.name} is damaged: truncated_block" in proc.stderr, proc.stderr
 
 
 def test_a_resumed_sha256_is_hashlib_s_whatever_the_cut():

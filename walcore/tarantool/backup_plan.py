@@ -146,7 +146,9 @@ class TarantoolPlan:
         from ..scan_paths import scan_tarantool
 
         torn = [x for x in c.verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
-        if not torn or len(torn) != len(c.verdict.findings):
+        # A sealed xlog (the parent's newest, rotated or left by a crash since: only its appended bytes copied) is
+        # written no more: a torn tail there is damage, as a full backup finds it, not a block being written
+        if not torn or len(torn) != len(c.verdict.findings) or not c.mutable:
             return False
         cut = min(x.offset for x in torn)
         size = c.path.stat().st_size
