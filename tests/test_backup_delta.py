@@ -222,6 +222,32 @@ def test_an_append_state_not_of_the_recorded_bytes_is_not_carried_on(crashed_ins
     assert next((tmp_path / "restored").rglob(xlog.name)).read_bytes() == grown
 
 
+@require_tarantool
+def test_a_piece_that_is_no_object_of_the_parent_chain_is_named_by_verify(crashed_instance, tmp_path):
+    """A manifest rewritten with its checksum whose earlier piece is another object with the same bytes: restore
+    reads it, but it is no object of the parent chain (a copy does not carry it, an expiry does not keep it for
+    this backup): verify --repo names it."""
+    work, xlog, grown, _blocks = _half_written(crashed_instance, tmp_path)
+    repo = new_repository(tmp_path / "repo")
+    full = _json(run_main("backup", work, "--repo", repo, "--type", "full", "--json"))
+    xlog.write_bytes(grown)
+    incr = _json(run_main("backup", work, "--repo", repo, "--type", "incremental", "--json"))
+    assert _json(run_main("verify", "--repo", repo, "--json"))["intact"]
+    path = next(repo.rglob(f"{incr['id']}/backup.manifest"))
+    manifest = decode_checked(path.read_bytes(), str(path))
+    piece = _newest_xlog(manifest)["pieces"][0]
+    elsewhere = piece["stored"].replace(f"/{full['id']}/", f"/{full['id'][:-1]}S/")
+    (repo / elsewhere).parent.mkdir(parents=True)
+    (repo / elsewhere).write_bytes((repo / piece["stored"]).read_bytes())
+    piece["stored"] = elsewhere
+    for name in (path, path.with_name(path.name + ".copy")):
+        name.write_bytes(encode_checked(manifest))
+    report = json.loads(run_main("verify", "--repo", repo, incr["id"], "--json").stdout)
+    assert not report["intact"]
+    assert [(f["code"], f["message"]) for b in report["backups"] for f in b["findings"]] == [
+        ("piece_outside_chain", f"its piece {elsewhere} is no object of its parent chain")]
+
+
 def test_a_resumed_sha256_is_hashlib_s_whatever_the_cut():
     assert sha256_state.available(), "libcrypto's SHA256_* are where CI runs: deltas depend on them"
     data = os.urandom(300_000)
