@@ -15,12 +15,13 @@ import pytest
 
 import tarantool_real as tr
 import test_tarantool_live
-from conftest import new_repository, require_tarantool, run_main
+from conftest import copy_tree, new_repository, require_tarantool, run_main
 from test_backup_live import _call_mark
 from test_tarantool_live import covers
 from walcore import sha256_state
 from walcore.backup_common import FINGERPRINT_BYTES
-from walcore.repository.manifest import PIECES_FORMAT, BackupManifest, ManifestError
+from walcore.repository.manifest import PIECES_FORMAT, BackupManifest, ManifestError, decode_checked, encode_checked
+from walcore.tarantool.xlog import read_rows
 
 live = test_tarantool_live.live  # the writing instance on a loopback port (a fixture)
 
@@ -165,6 +166,86 @@ def test_bytes_changed_before_the_recorded_end_are_not_read_again(live, tmp_path
     with open(next(restored.rglob(Path(first["name"]).name)), "rb") as f:
         f.seek(offset)
         assert f.read(1) == original
+
+
+def _half_written(crashed_instance, tmp_path: Path) -> tuple[Path, Path, bytes, list[int]]:
+    """A copy of the crashed instance whose newest xlog holds its first half of blocks (as a backup finds it while
+    the instance writes on); that xlog, its whole bytes and where its blocks begin."""
+    work = copy_tree(crashed_instance, tmp_path / "data")
+    xlog = max((work / "wal").glob("*.xlog"))
+    grown = xlog.read_bytes()
+    blocks = sorted({pos for pos, _row in read_rows(xlog)})
+    xlog.write_bytes(grown[:blocks[len(blocks) // 2]])
+    return work, xlog, grown, blocks
+
+
+@require_tarantool
+def test_a_torn_tail_a_crash_left_in_the_parent_s_newest_xlog_is_damage_as_a_full_finds_it(crashed_instance, tmp_path):
+    """The parent's newest xlog grew, then a crash tore its last block and Tarantool went on in a newer xlog: that
+    file is sealed, and its torn tail is damage to the incremental as to a full backup (cut, it would be recorded
+    shorter than the file, and every later incremental refused as of another history)."""
+    work, xlog, grown, blocks = _half_written(crashed_instance, tmp_path)
+    repo = new_repository(tmp_path / "repo")
+    _ok(run_main("backup", work, "--repo", repo, "--type", "full"))
+    xlog.write_bytes(grown + grown[blocks[-1]:blocks[-1] + 40])  # grown since, its last block torn by a crash
+    tr.write_more(work, rows=20, snapshot=False, seed=7)  # started again: a newer xlog follows
+    full = run_main("backup", work, "--repo", new_repository(tmp_path / "other"), "--type", "full")
+    incremental = run_main("backup", work, "--repo", repo, "--type", "incremental")
+    for proc in (full, incremental):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert f"{xlog.name} is damaged: truncated_block" in proc.stderr, proc.stderr
+
+
+@require_tarantool
+@pytest.mark.parametrize("tamper", ["sha256_state", "last"])
+def test_an_append_state_not_of_the_recorded_bytes_is_not_carried_on(crashed_instance, tmp_path, tamper):
+    """A parent's append_state that does not end in its file's SHA-256 (or a fingerprint that does not hold
+    together) — a manifest rewritten with its checksum — is not what the whole file's SHA-256 is carried on from:
+    the grown xlog is stored whole, and the incremental restores (carried on, it would be recorded with a SHA-256
+    its pieces never make)."""
+    work, xlog, grown, _blocks = _half_written(crashed_instance, tmp_path)
+    repo = new_repository(tmp_path / "repo")
+    full = _json(run_main("backup", work, "--repo", repo, "--type", "full", "--json"))
+    path = next(repo.rglob(f"{full['id']}/backup.manifest"))
+    manifest = decode_checked(path.read_bytes(), str(path))
+    state = _newest_xlog(manifest)["append_state"]
+    if tamper == "sha256_state":
+        state["sha256_state"]["h"] = "0" * 8 + state["sha256_state"]["h"][8:]
+    else:
+        state["last"] = [state["last"][0]]
+    for name in (path, path.with_name(path.name + ".copy")):
+        name.write_bytes(encode_checked(manifest))
+    xlog.write_bytes(grown)
+    incr = _json(run_main("backup", work, "--repo", repo, "--type", "incremental", "--json"))
+    assert "pieces" not in _newest_xlog(_manifest(repo, incr["id"]))
+    _ok(run_main("restore", incr["id"], tmp_path / "restored", "--repo", repo))
+    assert next((tmp_path / "restored").rglob(xlog.name)).read_bytes() == grown
+
+
+@require_tarantool
+def test_a_piece_that_is_no_object_of_the_parent_chain_is_named_by_verify(crashed_instance, tmp_path):
+    """A manifest rewritten with its checksum whose earlier piece is another object with the same bytes: restore
+    reads it, but it is no object of the parent chain (a copy does not carry it, an expiry does not keep it for
+    this backup): verify --repo names it."""
+    work, xlog, grown, _blocks = _half_written(crashed_instance, tmp_path)
+    repo = new_repository(tmp_path / "repo")
+    full = _json(run_main("backup", work, "--repo", repo, "--type", "full", "--json"))
+    xlog.write_bytes(grown)
+    incr = _json(run_main("backup", work, "--repo", repo, "--type", "incremental", "--json"))
+    assert _json(run_main("verify", "--repo", repo, "--json"))["intact"]
+    path = next(repo.rglob(f"{incr['id']}/backup.manifest"))
+    manifest = decode_checked(path.read_bytes(), str(path))
+    piece = _newest_xlog(manifest)["pieces"][0]
+    elsewhere = piece["stored"].replace(f"/{full['id']}/", f"/{full['id'][:-1]}S/")
+    (repo / elsewhere).parent.mkdir(parents=True)
+    (repo / elsewhere).write_bytes((repo / piece["stored"]).read_bytes())
+    piece["stored"] = elsewhere
+    for name in (path, path.with_name(path.name + ".copy")):
+        name.write_bytes(encode_checked(manifest))
+    report = json.loads(run_main("verify", "--repo", repo, incr["id"], "--json").stdout)
+    assert not report["intact"]
+    assert [(f["code"], f["message"]) for b in report["backups"] for f in b["findings"]] == [
+        ("piece_outside_chain", f"its piece {elsewhere} is no object of its parent chain")]
 
 
 def test_a_resumed_sha256_is_hashlib_s_whatever_the_cut():

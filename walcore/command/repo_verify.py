@@ -98,9 +98,11 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
         if record.manifest is None:
             findings.append({"code": "manifest_unreadable", "message": record.problem})
         else:
+            parents: set[str] = set()  # where the objects of the backup's parent chain are
             try:
                 chain = repo.chain(record.manifest)
                 ids = {m.id for m in chain}
+                parents = {repo.backup_dir(m.family, m.instance, m.id) + "/" for m in chain[:-1]}
                 # Verifying one backup checks the redundancy of every manifest it is read with: its parents' too.
                 for m in chain if backup_id is not None else [record.manifest]:
                     findings += redundancy_findings(
@@ -118,6 +120,11 @@ def verify_repository(repo: Repository, backup_id: str | None = None, *, runner=
                 if entry.reference is not None and entry.reference not in ids:
                     findings.append({"code": "reference_broken", "file": entry.name,
                                      "message": f"refers to backup {entry.reference}, not in its chain"})
+                # a file's earlier pieces are objects its parent chain stored: another's may go with that one
+                for p in (entry.pieces or [])[:-1]:
+                    if not any(p.stored.startswith(d) for d in parents):
+                        findings.append({"code": "piece_outside_chain", "file": entry.name,
+                                         "message": f"its piece {p.stored} is no object of its parent chain"})
                 for problem in dict.fromkeys(checked[o.stored] for o in entry.objects()):
                     if problem:
                         findings.append({"code": "object_damaged", "file": entry.name, "message": problem})

@@ -146,7 +146,9 @@ class TarantoolPlan:
         from ..scan_paths import scan_tarantool
 
         torn = [x for x in c.verdict.findings if x.code in ("truncated_block", "unreadable_tail")]
-        if not torn or len(torn) != len(c.verdict.findings):
+        # A sealed xlog (the parent's newest, rotated or left by a crash since: only its appended bytes copied) is
+        # written no more: a torn tail there is damage, as a full backup finds it, not a block being written
+        if not torn or len(torn) != len(c.verdict.findings) or not c.mutable:
             return False
         cut = min(x.offset for x in torn)
         size = c.path.stat().st_size
@@ -260,9 +262,12 @@ def _extendable(path: Path, size: int, entry: FileEntry | None) -> Span | None:
         return None
     try:  # a record that does not hold together (a manifest another program wrote): the file is stored whole
         prefix = span_from_record(entry.verification, entry.size)
-        sha256_state.ResumableSha256.resume(entry.append_state["sha256_state"])
+        resumed = sha256_state.ResumableSha256.resume(entry.append_state["sha256_state"])
         offset, digest = entry.append_state["last"]
-        if not 0 <= offset <= entry.size:
+        # the state must end in the file's recorded SHA-256 and size: carried on from another one, the whole file
+        # would be recorded with a SHA-256 its pieces never make
+        if not 0 <= offset <= entry.size or (resumed.state()["length"], resumed.hexdigest()) != (entry.size,
+                                                                                               entry.sha256):
             return None
     except (sha256_state.StateError, KeyError, TypeError, ValueError):
         return None
