@@ -462,3 +462,20 @@ def test_point_is_a_vclock_or_a_time_and_describes_itself():
     assert Point(time=calendar.timegm((2026, 11, 23, 21, 0, 0))).describe() == "time 2026-11-23T21:00:00Z"
     assert parse_point("@1795467600.25").describe() == "time 2026-11-23T21:00:00.250000Z"
     assert parse_point(Point(vclock={1: 7}).describe().removeprefix("vclock ")) == Point(vclock={1: 7})
+
+
+def test_a_snapshot_is_taken_no_earlier_than_its_log_says():
+    """Tarantool 2.6 stamps the rows of a running instance's later checkpoints with its first checkpoint's time:
+    the log bounds when the snapshot's last row was committed, and a recorded row time earlier than that is not
+    taken (restore --to @T and retention would take the snapshot for older than it is)."""
+    from walcore.tarantool.times import snapshot_taken
+
+    snap = {"0": 5, "1": 100}
+    before = {"vclock": [{"1": 50}, {"0": 5, "1": 100}], "time": [10.0, 20.0]}  # ends at the snapshot
+    after = {"vclock": [{"0": 5, "1": 100}, {"0": 5, "1": 130}], "time": [25.0, 30.0]}  # starts at it
+    elsewhere = {"vclock": [{"1": 130}, {"1": 160}], "time": [31.0, 40.0]}
+    empty = {"vclock": [{"0": 5, "1": 100}, {"0": 5, "1": 100}], "time": None}
+    stale = 1.0
+    assert snapshot_taken(snap, stale, [before, after, elsewhere, empty]) == 20.0
+    assert snapshot_taken(snap, stale, [after, elsewhere]) == 25.0
+    assert snapshot_taken(snap, stale, [elsewhere, empty]) == stale  # the log does not say: the recorded time

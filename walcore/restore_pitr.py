@@ -42,6 +42,7 @@ def _planned_again(point_restore, *args):
 def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging: Path, progress: bool):
     from .tarantool.pitr import Point, PointError, cut_chain, parse_point
     from .tarantool.segments import build_tail
+    from .tarantool.times import snapshot_taken
     from .tarantool.writer import file_name
 
     to_end = to.strip() == "end"
@@ -59,7 +60,8 @@ def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging:
             return True
         if point.vclock is not None:
             return vclock_leq(snap_vclock(m), point.vclock)
-        taken = m.checks.get("snapshot", {}).get("time")
+        taken = snapshot_taken(snap_vclock(m), m.checks.get("snapshot", {}).get("time"),
+                               [e.range for versions in lineage.versions.values() for e in versions])
         if taken is None:  # the snapshot was taken before the backup started (recorded to the whole second)
             taken = stamp_seconds(m.started) + 1
         return taken <= point.time

@@ -15,6 +15,7 @@ from ..findings import Refused
 from ..repository import Repository, stamp_seconds
 from ..repository.manifest import BackupManifest, FileEntry
 from .meta import vclock_from_json, vclock_leq
+from .times import snapshot_taken
 
 _START = """
 local json = require('json')
@@ -56,7 +57,7 @@ class Tarantool:
         snap = m.checks.get("snapshot")
         if not isinstance(snap, dict) or snap.get("vclock") is None:
             return None
-        taken = snap.get("time")
+        taken = snapshot_taken(snap["vclock"], snap.get("time"), [e.range for e in m.files if e.kind == "xlog"])
         # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
         return vclock_from_json(snap["vclock"]), float(taken) if taken is not None else stamp_seconds(m.started) + 1
 

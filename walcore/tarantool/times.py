@@ -93,3 +93,30 @@ def file_range(f, path: Path) -> dict:
         taken = snapshot_time(path)
         out["time"] = None if taken is None else [taken, taken]
     return out
+
+
+def snapshot_taken(vclock: dict[int, int], recorded: float | None, ranges: list[dict]) -> float | None:
+    """When a snapshot at `vclock` holds rows up to: a time no earlier than its last row's commit. Tarantool 2.6
+    stamps the rows of every checkpoint a running instance makes after its first with that first one's time, so
+    the snapshot's own row time (`recorded`) may say too early a time: a restore to a point before the checkpoint
+    would take it for a base and hold rows committed after the point. The log says better, from xlogs' ranges
+    ({"vclock": [from, to], "time": [first, last]}): the first row of the xlog that starts at the snapshot, or the
+    last row of one that holds the snapshot's last row, was committed no earlier; the earliest of those, else
+    `recorded`."""
+    from .meta import vclock_leq
+
+    def nonzero(v: dict) -> dict[int, int]:
+        return {int(k): n for k, n in v.items() if n}
+
+    snap = nonzero(vclock)
+    bounds = []
+    for r in ranges:
+        times, span = r.get("time"), r.get("vclock")
+        if not times or not span:
+            continue
+        begins, ends = nonzero(span[0]), nonzero(span[1])
+        if begins == snap:
+            bounds.append(times[0])
+        elif vclock_leq(begins, snap) and vclock_leq(snap, ends):
+            bounds.append(times[1])
+    return min(bounds) if bounds else recorded
