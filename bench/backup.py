@@ -474,6 +474,7 @@ def main() -> int:
     if ZSTD is None:
         print("!! the zstd command is not installed (apt-get install zstd)")
         return 2
+    common.byte_compile()
     t_start = time.perf_counter()
     root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
