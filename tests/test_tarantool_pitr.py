@@ -476,6 +476,10 @@ def test_a_snapshot_is_taken_no_earlier_than_its_log_says():
     elsewhere = {"vclock": [{"1": 130}, {"1": 160}], "time": [31.0, 40.0]}
     empty = {"vclock": [{"0": 5, "1": 100}, {"0": 5, "1": 100}], "time": None}
     stale = 1.0
-    assert snapshot_taken(snap, stale, [before, after, elsewhere, empty]) == 20.0
-    assert snapshot_taken(snap, stale, [after, elsewhere]) == 25.0
-    assert snapshot_taken(snap, stale, [elsewhere, empty]) == stale  # the log does not say: the recorded time
+    stored = {"started": 50.0, "finished": 60.0}  # the backup that stored the snapshot
+    assert snapshot_taken(snap, stale, [before, after, elsewhere, empty], **stored) == 20.0
+    assert snapshot_taken(snap, stale, [after, elsewhere], **stored) == 25.0
+    # The log does not say: the snapshot existed when its backup finished (the recorded row time may be stale);
+    # with no row time, it was taken before the backup started.
+    assert snapshot_taken(snap, stale, [elsewhere, empty], **stored) == 61.0
+    assert snapshot_taken(snap, None, [elsewhere], **stored) == 51.0

@@ -61,9 +61,8 @@ def _tarantool_point(repo: Repository, newest: BackupManifest, to: str, staging:
         if point.vclock is not None:
             return vclock_leq(snap_vclock(m), point.vclock)
         taken = snapshot_taken(snap_vclock(m), m.checks.get("snapshot", {}).get("time"),
-                               [e.range for versions in lineage.versions.values() for e in versions])
-        if taken is None:  # the snapshot was taken before the backup started (recorded to the whole second)
-            taken = stamp_seconds(m.started) + 1
+                               [e.range for versions in lineage.versions.values() for e in versions],
+                               started=stamp_seconds(m.started), finished=stamp_seconds(m.finished))
         return taken <= point.time
 
     bases = [m for m in lineage.bases if before(m)]

@@ -57,9 +57,9 @@ class Tarantool:
         snap = m.checks.get("snapshot")
         if not isinstance(snap, dict) or snap.get("vclock") is None:
             return None
-        taken = snapshot_taken(snap["vclock"], snap.get("time"), [e.range for e in m.files if e.kind == "xlog"])
-        # With no row time recorded, the snapshot was taken before the backup started (recorded to the second).
-        return vclock_from_json(snap["vclock"]), float(taken) if taken is not None else stamp_seconds(m.started) + 1
+        taken = snapshot_taken(snap["vclock"], snap.get("time"), [e.range for e in m.files if e.kind == "xlog"],
+                               started=stamp_seconds(m.started), finished=stamp_seconds(m.finished))
+        return vclock_from_json(snap["vclock"]), float(taken)
 
     def snapshot_rank(self, position) -> int:
         return sum(position.values())

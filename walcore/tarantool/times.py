@@ -95,14 +95,18 @@ def file_range(f, path: Path) -> dict:
     return out
 
 
-def snapshot_taken(vclock: dict[int, int], recorded: float | None, ranges: list[dict]) -> float | None:
-    """When a snapshot at `vclock` holds rows up to: a time no earlier than its last row's commit. Tarantool 2.6
-    stamps the rows of every checkpoint a running instance makes after its first with that first one's time, so
-    the snapshot's own row time (`recorded`) may say too early a time: a restore to a point before the checkpoint
-    would take it for a base and hold rows committed after the point. The log says better, from xlogs' ranges
+def snapshot_taken(vclock: dict[int, int], recorded: float | None, ranges: list[dict], *, started: float,
+                   finished: float) -> float:
+    """When a snapshot at `vclock`, stored by a backup that ran from `started` to `finished` (recorded to the
+    second), holds rows up to: a time no earlier than its last row's commit. Tarantool 2.6 stamps the rows of
+    every checkpoint a running instance makes after its first with that first one's time, so the snapshot's own
+    row time (`recorded`) may say too early a time: a restore to a point before the checkpoint would take it for a
+    base and hold rows committed after the point. The log says better, from xlogs' ranges
     ({"vclock": [from, to], "time": [first, last]}): the first row of the xlog that starts at the snapshot, or the
-    last row of one that holds the snapshot's last row, was committed no earlier; the earliest of those, else
-    `recorded`."""
+    last row of one that holds the snapshot's last row, was committed no earlier; the earliest of those. When the
+    log says nothing (a snapshot backup, the xlog the checkpoint sealed removed), the snapshot existed when its
+    backup finished (`recorded` is no bound: `walvault snapshot --connect` makes a checkpoint of the running
+    instance); with no row time recorded at all, it was taken before the backup started."""
     from .meta import vclock_leq
 
     def nonzero(v: dict) -> dict[int, int]:
@@ -119,4 +123,6 @@ def snapshot_taken(vclock: dict[int, int], recorded: float | None, ranges: list[
             bounds.append(times[0])
         elif vclock_leq(begins, snap) and vclock_leq(snap, ends):
             bounds.append(times[1])
-    return min(bounds) if bounds else recorded
+    if bounds:
+        return min(bounds)
+    return started + 1 if recorded is None else finished + 1
