@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import sha256_state
 from .findings import Refused
 from .repository import Repository, Stored, utc_now, walvault_version
 from .repository.lease import Lease, LeaseLost
@@ -367,10 +366,16 @@ def _to_read(c: Candidate) -> int:
     return c.path.stat().st_size - (c.extends[1].size if c.extends is not None else 0)
 
 
+def _resumable_sha256() -> bool:
+    from . import sha256_state  # ctypes, imported where a mutable xlog is stored only (~15 ms)
+
+    return sha256_state.available()
+
+
 def _item(prefix: str, c: Candidate) -> tuple:
     """What stores a candidate: its object's name, its path, and from which byte (what it appends to), with the
     SHA-256 state of the bytes before (JSON) and whether the state after is kept (a mutable xlog's)."""
-    keep_state = c.kind == "xlog" and (c.mutable or c.extends is not None) and sha256_state.available()
+    keep_state = c.kind == "xlog" and (c.mutable or c.extends is not None) and _resumable_sha256()
     if c.extends is None:
         return f"{prefix}/{c.name}.zst", str(c.path), 0, None, keep_state
     entry = c.extends[1]

@@ -361,8 +361,6 @@ class Repository:
         the file's bytes before `offset`; None: from its start), whose state the result carries."""
         import zstandard
 
-        from ..sha256_state import ResumableSha256
-
         before = os.stat(path)
         counts = [0, 0]
         size = max(0, before.st_size - offset) if limit is None else min(limit, max(0, before.st_size - offset))
@@ -409,6 +407,8 @@ class Repository:
 
         resumed = None
         if resumable:
+            from ..sha256_state import ResumableSha256
+
             resumed = ResumableSha256.resume(continues) if continues is not None else ResumableSha256()
         own = resumed if continues is None else None  # from the file's start, it is the source hash itself
         with ExitStack() as hashes:
