@@ -415,11 +415,7 @@ FINGERPRINT_BYTES = 64 << 10
 
 def last_bytes(path: Path, size: int) -> list:
     """[offset, SHA-256] of the last FINGERPRINT_BYTES of a file's first `size` bytes."""
-    import hashlib
+    from .fsutil import file_sha256
 
     offset = max(0, size - FINGERPRINT_BYTES)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(size - offset)
-    return [offset, hashlib.sha256(data).hexdigest()]
-
+    return [offset, file_sha256(path, offset, size)]

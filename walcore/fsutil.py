@@ -102,11 +102,19 @@ class Sha256:
         self.close()
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, start: int = 0, stop: int | None = None) -> str:
+    """The SHA-256 of a file's bytes, or of those from `start` up to `stop`."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while data := f.read(1 << 20):
+        f.seek(start)
+        left = None if stop is None else stop - start
+        while left is None or left > 0:
+            data = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not data:
+                break
             h.update(data)
+            if left is not None:
+                left -= len(data)
     return h.hexdigest()
 
 

@@ -3,7 +3,6 @@ what is stored is what was verified, a running instance through box.backup.start
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..backup_common import FINGERPRINT_BYTES, LEDGER_VERDICTS, Candidate
 from ..findings import Refused
-from ..fsutil import host_name, owned_tempdir
+from ..fsutil import file_sha256, host_name, owned_tempdir
 from ..repository import Repository
 from ..repository.manifest import BackupManifest, FileEntry
 from .times import file_range, snapshot_time
@@ -273,10 +272,7 @@ def _extendable(path: Path, size: int, entry: FileEntry | None) -> Span | None:
         return None
     if prefix is None:
         return None
-    with open(path, "rb") as f:
-        f.seek(offset)
-        held = f.read(entry.size - offset)
-    return prefix if hashlib.sha256(held).hexdigest() == digest else None
+    return prefix if file_sha256(path, offset, entry.size) == digest else None
 
 
 def _copy_ranges(src: Path, dst: Path, ranges: list[tuple[int, int]]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .block import FIXHEADER_SIZE
 from .cursor import BLOCK, BlockCursor, CrcMismatch
-from .meta import MAX_META_SIZE, parse_meta
+from .meta import MAX_META_SIZE, parse_meta, vclock_leq
 from .row import TIMESTAMP, RowError, iter_rows
 
 
@@ -107,8 +107,6 @@ def snapshot_taken(vclock: dict[int, int], recorded: float | None, ranges: list[
     log says nothing (a snapshot backup, the xlog the checkpoint sealed removed), the snapshot existed when its
     backup finished (`recorded` is no bound: `walvault snapshot --connect` makes a checkpoint of the running
     instance); with no row time recorded at all, it was taken before the backup started."""
-    from .meta import vclock_leq
-
     def nonzero(v: dict) -> dict[int, int]:
         return {int(k): n for k, n in v.items() if n}
 
