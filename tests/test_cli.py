@@ -220,6 +220,22 @@ def test_help_exits_0():
     assert "--jobs" in proc.stdout and "--json" in proc.stdout
 
 
+def test_help_names_every_command_and_a_command_line_parses_alone():
+    """The parser of a command line holds its command's subparser alone (start-up time): the top-level help still
+    names every command, and a command's own help and parsing are those of the parser with all of them."""
+    from walcore.cli import COMMANDS, _parser
+
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert all(c.name in proc.stdout for c in COMMANDS)
+    argv = ["backup", "/data", "--repo", "/repo", "--type", "incremental", "--json"]
+    alone, whole = _parser(argv), _parser([])
+    assert vars(alone.parse_args(argv)) == vars(whole.parse_args(argv))
+    sub_alone, sub_whole = (next(a for a in p._actions if a.dest == "command").choices for p in (alone, whole))
+    assert list(sub_alone) == ["backup"] and len(sub_whole) == len(COMMANDS)
+    assert sub_alone["backup"].format_help() == sub_whole["backup"].format_help()
+
+
 # --------------------------------------------------------------------------- JSON
 
 

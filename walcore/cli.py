@@ -355,13 +355,16 @@ def _storage_options(request: rq.Request, pairs: list[str]) -> rq.Request:
 def _keys_to_environment(args: argparse.Namespace) -> None:
     """--key-file, --new-key-file and --to-key-file as WALVAULT_KEY, WALVAULT_NEW_KEY and WALVAULT_TO_KEY: where the
     repositories take their keys from, in this process and the workers and jobs it starts."""
+    options = [o for o in ("key_file", "new_key_file", "to_key_file") if getattr(args, o, None) is not None]
+    if not options:
+        return  # the repository module that names the variables is not needed
     import os
 
     from .repository.encrypted import KEY_ENV, NEW_KEY_ENV, TO_KEY_ENV
 
-    for option, env in (("key_file", KEY_ENV), ("new_key_file", NEW_KEY_ENV), ("to_key_file", TO_KEY_ENV)):
-        if (path := getattr(args, option, None)) is not None:
-            os.environ[env] = rq.secret_file_line(path, f"--{option.replace('_', '-')}")
+    env = {"key_file": KEY_ENV, "new_key_file": NEW_KEY_ENV, "to_key_file": TO_KEY_ENV}
+    for option in options:
+        os.environ[env[option]] = rq.secret_file_line(getattr(args, option), f"--{option.replace('_', '-')}")
 
 
 def _connect_uri(request) -> str:

@@ -112,10 +112,16 @@ class Family(Protocol):
 
 
 def family_named(name: str) -> Family:
-    from .limestone.family import Limestone
-    from .tarantool.family import Tarantool
+    """The family of that name (one of repository.FAMILIES; KeyError for another), its module alone imported."""
+    if name == "tarantool":
+        from .tarantool.family import Tarantool
 
-    return {"tarantool": Tarantool, "limestone": Limestone}[name]()
+        return Tarantool()
+    if name == "limestone":
+        from .limestone.family import Limestone
+
+        return Limestone()
+    raise KeyError(name)
 
 
 def family_of(source: Path) -> Family:

@@ -34,6 +34,23 @@ def refused(request: rq.Request) -> int | None:
 
 def run(request: rq.Request, runner) -> int:
     """Run one request that is not `refused` on `runner`: what it prints, and its exit code."""
+    # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    if getattr(request, "progress", False) is None:  # default: when stderr is a terminal
+        request = dataclasses.replace(request, progress=sys.stderr.isatty())
+    try:
+        return COMMANDS[type(request)](request, runner)
+    except Exception as e:
+        if (code := _failure_code(e)) is None:
+            raise
+        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+        return code
+
+
+def _failure_code(e: Exception) -> int | None:
+    """The exit code of a failure a command reports in one line; None: a bug, raised on. The modules that define
+    these exceptions are imported here, once one was raised, rather than by every command."""
     from .findings import Refused
     from .limestone.layout import LiveError
     from .repository import RepositoryError
@@ -42,22 +59,13 @@ def run(request: rq.Request, runner) -> int:
     from .runner import WorkFailed
     from .tarantool.live import LiveError as TarantoolLiveError
 
-    # A file name that is not valid UTF-8 must print (escaped) rather than end the run.
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")
-    if getattr(request, "progress", False) is None:  # default: when stderr is a terminal
-        request = dataclasses.replace(request, progress=sys.stderr.isatty())
-    try:
-        return COMMANDS[type(request)](request, runner)
-    except (LeaseBusy, LeaseLost, UnsafeName) as e:
-        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+    if isinstance(e, (LeaseBusy, LeaseLost, UnsafeName)):
         return EXIT_FINDINGS
-    except (OSError, LiveError, RepositoryError, TarantoolLiveError, WorkFailed) as e:
-        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+    if isinstance(e, (OSError, LiveError, RepositoryError, TarantoolLiveError, WorkFailed)):
         return EXIT_CANNOT_CHECK
-    except Refused as e:
-        print(f"walvault: {request.not_done}: {e}", file=sys.stderr)
+    if isinstance(e, Refused):
         return EXIT_CANNOT_CHECK if e.status == "cannot_check" else EXIT_FINDINGS
+    return None
 
 
 def outcome(request: rq.Request, runner):

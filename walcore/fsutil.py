@@ -8,8 +8,6 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,13 +20,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def random_hex(nbytes: int) -> str:
+    """2 * nbytes random hex digits, for a name or a token of its own (uuid4().hex without uuid: importing it, and
+    platform with it, took a twentieth of a short command's start-up)."""
+    return os.urandom(nbytes).hex()
+
+
 def write_atomic(path: Path, chunks: Iterable[bytes], *, mode: int = 0o666, exclusive: bool = False) -> bool:
     """Write `chunks` to `path` so that it either does not change or holds all of them: into a temporary file beside
     it (a name of its own, so that two writers of one name never share it), fsynced, renamed over `path` (or,
     `exclusive`, hard-linked to it: a link never replaces a file), then the directory fsynced. False when `exclusive`
     and `path` exists. No temporary file is left behind on an error; a killed writer's stays, named
     `.<name>.<hex8>.walvault-tmp`. `mode` (less the umask) from the moment the file exists: 0o600 for secrets."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.walvault-tmp")
+    tmp = path.with_name(f".{path.name}.{random_hex(4)}.walvault-tmp")
     try:
         with open(tmp, "xb", opener=lambda name, flags: os.open(name, flags, mode)) as f:
             for chunk in chunks:
@@ -162,10 +166,14 @@ def owned_tempdir(prefix: str) -> Path:
     if prefix not in _swept:
         _swept.add(prefix)
         remove_orphaned_tempdirs(prefix)
+    import tempfile  # with random and shutil's archivers: only where a scratch directory is made
+
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
 
 
 def remove_orphaned_tempdirs(prefix: str) -> list[str]:
+    import tempfile
+
     removed = []
     base = tempfile.gettempdir()
     pattern = re.compile(re.escape(prefix) + r"(\d+)-[^/]+")

@@ -35,14 +35,13 @@ import calendar
 import json
 import math
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backup_common import STALE_TEMPORARY
 from ..family import Family, family_named
 from ..findings import Refused
-from ..fsutil import host_name
+from ..fsutil import host_name, random_hex
 from ..repository import Repository, RepositoryError, stamp_seconds, walvault_version
 from ..repository.archive import DIFFERS_SUFFIX, EXPIRED_SUFFIX, RECORD_SUFFIX, STREAM_DIR
 from ..repository.manifest import (COPY_SUFFIX, MANIFEST_NAME, BackupManifest, FileEntry, ManifestError,
@@ -173,7 +172,7 @@ def expire(repo: Repository, days: float, *, keep_full: int = 0, as_of: float | 
         return result
     for family, instance in sources:  # an unreadable manifest anywhere stops it before anything is deleted
         _backup_records(repo, family, instance)
-    run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    run = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + random_hex(4)
     seq = [0]
     for family, instance in sources:
         plan = SourcePlan(family, instance)

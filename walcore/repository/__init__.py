@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fsutil import Sha256
+from ..fsutil import Sha256, random_hex
 from .lease import DEFAULT_TTL, Lease, acquire, describe, stale
 from .lease import read as read_lease
 from .manifest import (COPY_SUFFIX, INFO_NAME, MANIFEST_NAME, POLICY_NAME, BackupManifest, Loaded, ManifestError,
@@ -299,9 +299,7 @@ class Repository:
         """Mark a restore of the source in progress, so that an expiry leaves the source alone meanwhile; None
         when the repository cannot be written (a restore from a read-only copy needs no mark: nothing expires
         there)."""
-        import uuid
-
-        name = f"{family}-{check_instance(instance)}.restore-{uuid.uuid4().hex[:16]}.lease"
+        name = f"{family}-{check_instance(instance)}.restore-{random_hex(8)}.lease"
         try:
             return acquire(self.locks, name, "restore")
         except RepositoryError:

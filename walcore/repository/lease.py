@@ -21,10 +21,9 @@ import json
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
-from ..fsutil import host_name, pid_alive, process_start
+from ..fsutil import host_name, pid_alive, process_start, random_hex
 from .storage import RepositoryError, Storage
 
 DEFAULT_TTL = 60.0
@@ -154,7 +153,7 @@ def stale(info: dict) -> bool:
 def acquire(storage: Storage, name: str, command: str, *, ttl: float | None = None, wait: float = 0.0) -> Lease:
     """Take the lease `name` of `storage`, waiting up to `wait` seconds for a live holder; LeaseBusy when it stays held,
     LeaseUnreadable when what holds the name is not a lease."""
-    lease = Lease(storage, name, uuid.uuid4().hex, command, DEFAULT_TTL if ttl is None else ttl)
+    lease = Lease(storage, name, random_hex(16), command, DEFAULT_TTL if ttl is None else ttl)
     deadline = time.monotonic() + wait
     while True:
         lease.generation = 1

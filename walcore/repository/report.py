@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import io
 import time
-import uuid
 
-from ..fsutil import host_name
+from ..fsutil import host_name, random_hex
 from . import Repository, RepositoryError, utc_now, walvault_version
 from .manifest import encode_checked
 
@@ -22,7 +21,7 @@ FILES = "files.parquet"
 
 def _report_dir(repo: Repository, started: float) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started))
-    return f"reports/verify/{stamp}-{uuid.uuid4().hex[:8]}"
+    return f"reports/verify/{stamp}-{random_hex(4)}"
 
 
 def _files_table(rows: list[dict]):

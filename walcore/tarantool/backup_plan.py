@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +17,8 @@ from ..repository.manifest import BackupManifest, FileEntry
 from .times import file_range, snapshot_time
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from .xlog import Span
 
 
@@ -159,7 +160,6 @@ class TarantoolPlan:
 
     def verify(self, repo: Repository, candidates: list[Candidate], runner, progress: bool) -> dict:
         from .backup_set import judge, verdict_from_record
-        from ..scan_paths import scan_tarantool
 
         unknown = []
         for c in candidates:
@@ -173,10 +173,13 @@ class TarantoolPlan:
                 c.checked_by = "ledger"
             else:
                 unknown.append(c)
-        scanned = scan_tarantool([c.path for c in unknown], runner=runner, progress=progress)
-        for c in unknown:
-            c.verdict = scanned[str(c.path)]
-            c.checked_by = "scan"
+        if unknown:
+            from ..scan_paths import scan_tarantool
+
+            scanned = scan_tarantool([c.path for c in unknown], runner=runner, progress=progress)
+            for c in unknown:
+                c.verdict = scanned[str(c.path)]
+                c.checked_by = "scan"
         reports = {}  # the set's checks judge the files where they are in the source
         for c in candidates:
             c.verdict.path = str(self._source_path(c))
@@ -241,6 +244,8 @@ def _local(runner):
 def _scan_in_background(copy: Path, runner, after: dict | None) -> Future:
     """The verdict on a spooled copy, by byte ranges on the local runner's cores (worker processes: the scan
     holds no lock the storing threads need; none with one job); `after`: as scan_tarantool takes it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..scan_paths import scan_tarantool
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="walvault-scan")
@@ -253,11 +258,12 @@ def _extendable(path: Path, size: int, entry: FileEntry | None) -> Span | None:
     """The span of the bytes a parent's entry recorded of the newest xlog it stored, when the file (`size` bytes
     now) still begins with them, as far as the end of them says (their fingerprint), and its hash can go on
     from them: only what was appended since is then stored and scanned."""
+    if entry is None or entry.kind != "xlog" or not entry.mutable or not entry.append_state or size < entry.size:
+        return None
     from .. import sha256_state
     from .backup_set import span_from_record
 
-    if entry is None or entry.kind != "xlog" or not entry.mutable or not entry.append_state \
-            or size < entry.size or not sha256_state.available():
+    if not sha256_state.available():
         return None
     try:  # a record that does not hold together (a manifest another program wrote): the file is stored whole
         prefix = span_from_record(entry.verification, entry.size)

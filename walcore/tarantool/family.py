@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -272,6 +271,8 @@ class Tarantool:
 
     def prove_restore(self, m: BackupManifest, target: Path, work: Path) -> str:
         """A real `tarantool` (where installed) starts on the restore and reaches the recorded vclock."""
+        import subprocess  # here, not for every command of the family
+
         from ..repository.materialize import wal_dir_of
 
         binary = shutil.which("tarantool")
