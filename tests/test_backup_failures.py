@@ -12,6 +12,7 @@ line (run_main) unless a kill, a pause, a resource limit or another live process
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -407,8 +408,8 @@ def test_killed_backup_leaves_no_backup_and_is_cleaned_up(big_src, repo_target, 
     for backup_id in sorted(kept):
         assert f"backup {backup_id} (tarantool {instance}): ok\n" in text.stdout
     for backup_id in incomplete:
-        assert f"leftovers of an interrupted backup (removed by the next backup): tarantool/{instance}/{backup_id}" \
-               in text.stdout
+        assert ("leftovers of an interrupted backup (removed by the next backup of its source, or by expire): "
+                f"tarantool/{instance}/{backup_id}") in text.stdout
     # the next backup succeeds and says it removed them; nothing is left over afterwards
     text = _ok(run_main("backup", big_src, *repo.cli, "--jobs", "1"), json_out=False)
     for backup_id in incomplete:
@@ -867,3 +868,34 @@ def test_point_in_time_restore_does_not_use_a_backup_started_after_the_point(src
     result = _ok(run_main("restore", "latest", target, *repo.cli, "--to", f"@{point:.3f}", "--json"))
     assert result["point"]["base"] != later["id"], "the base's snapshot is after the point"
     assert tr.dump_data_dir(target)["vclock"] == moment["vclock"]
+
+
+def test_a_backup_reads_its_sources_manifests_no_further_than_its_parent(src, tmp_path):
+    """An incremental reads the source's backups newest first and stops at its parent: the leftovers it meets
+    (newer) are removed, an older backup directory without a manifest (what only a lease-lost writer killed late
+    leaves) is not read (an old code that read every manifest removed it), and `verify --repo` names it."""
+    repo_dir = tmp_path / "repo"
+    repo = Repo(_Local(repo_dir))
+    full = _ok(run_main("backup", src, *repo.cli, "--json"))
+    parent = _ok(run_main("backup", src, *repo.cli, "--type", "incremental", "--json"))
+    backups = repo_dir / Path(repo.manifest_name(full)).parent.parent
+
+    def stamp(backup_id: str, seconds: int) -> str:
+        when = datetime.datetime.strptime(backup_id.split("_")[-1][:15], "%Y%m%d-%H%M%S")
+        return (when + datetime.timedelta(seconds=seconds)).strftime("%Y%m%d-%H%M%S")
+
+    older = backups / f"{stamp(full['id'], -1)}F"  # a full's, a second before the full: below the parent
+    newer = backups / f"{full['id']}_{stamp(parent['id'], 1)}I"  # a killed incremental's, above it
+    for leftover in (older, newer):
+        leftover.mkdir()
+        (leftover / "00000000000000000000.snap.zst").write_bytes(b"left over")
+    assert older.name < full["id"] and repo.backups()[0]["id"] == older.name
+    text = _ok(run_main("verify", *repo.cli), json_out=False)
+    for leftover in (older, newer):
+        assert f"/{leftover.name}\n" in text and "leftovers of an interrupted backup" in text
+
+    out = _ok(run_main("backup", src, *repo.cli, "--type", "incremental", "--json"))
+    assert out["parent"] == parent["id"]
+    assert out["removed_leftovers"] == [newer.name] and not (newer / "00000000000000000000.snap.zst").exists()
+    assert (older / "00000000000000000000.snap.zst").read_bytes() == b"left over"
+    assert f"/{older.name}\n" in _ok(run_main("verify", *repo.cli), json_out=False)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from .findings import Refused
-from .repository import Repository, Stored, utc_now, walvault_version
+from .repository import Repository, Stored, backup_stamp, utc_now, walvault_version
 from .repository.lease import Lease, LeaseLost
 from .repository.manifest import (MANIFEST_NAME, BackupManifest, FileEntry, ManifestError, Piece, commit_checked,
                                   decode_checked, source_identity)
@@ -102,7 +103,7 @@ def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupMa
     and walvault's `YYYYMMDD-HHMMSSS` for a snapshot. A clock set back must not sort a new backup before older
     ones: the label then moves past the newest. A label another source of the repository uses is skipped too, so
     that an id names one backup (what restore and verify take)."""
-    existing = repo.backup_ids(family, instance)
+    newest = max(map(backup_stamp, repo.backup_ids(family, instance)), default="")
     others = {b for f, i in repo.sources() if (f, i) != (family, instance) for b in repo.backup_ids(f, i)}
     now = time.time()
     while True:
@@ -111,13 +112,9 @@ def new_backup_id(repo: Repository, family: str, instance: str, parent: BackupMa
             label = f"{parent.id.split('_')[0]}_{stamp}I"
         else:
             label = f"{stamp}{'S' if kind == 'snapshot' else 'F'}"
-        if all(_stamp(label) > _stamp(e) for e in existing) and label not in others:
+        if backup_stamp(label) > newest and label not in others:
             return label
         now += 1
-
-
-def _stamp(backup_id: str) -> str:
-    return backup_id.split("_")[-1][:15]
 
 
 def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3, runner=None,
@@ -125,11 +122,14 @@ def store_set(repo: Repository, plan, kind: str, lease: Lease, *, level: int = 3
     """Store a plan's set as a backup of `kind` (full, incremental or snapshot), under the source's lease (the
     caller holds it: proven before each commit). `checks` are added to the manifest's (what a snapshot covers),
     `notes` kept in it."""
-    removed, records = _remove_leftovers(repo, plan.family, plan.instance, lease)
+    identity = source_identity(plan.family, plan.source_info())
+    removed, records = _remove_leftovers(repo, plan.family, plan.instance, lease,
+                                         lambda m: kind != "incremental" or _extends(m, identity))
     parent = None
     chain: list[BackupManifest] = []
     if kind == "incremental":
-        parent = _latest(records, plan)
+        parent = next((r.manifest for r in records if r.manifest is not None and _extends(r.manifest, identity)),
+                      None)
         if parent is None:
             source = plan.source_info()
             raise Refused(f"no full backup of {plan.family} instance {plan.instance} from this source "
@@ -189,31 +189,30 @@ def _lost_first(lease: Lease, error: Exception) -> None:
         pass
 
 
-def _latest(records: list, plan) -> BackupManifest | None:
-    """The newest full or incremental backup of the plan's source identity among the source's backup records (a
-    snapshot is no parent: it holds no log). A copy of a data dir shares the instance but not the source: its
-    backups are never the parent."""
-    identity = source_identity(plan.family, plan.source_info())
-    done = [r.manifest for r in records
-            if r.manifest is not None and r.manifest.type != "snapshot" and r.manifest.identity == identity]
-    if not done:
-        return None
-    return max(done, key=lambda m: (m.id, m.finished))
+def _extends(m: BackupManifest, identity) -> bool:
+    """Whether an incremental of the source `identity` may build on backup `m`: a full or incremental one of that
+    identity (a snapshot holds no log; a copy of a data dir shares the instance but not the source: its backups
+    are never the parent). The newest such (Repository.newest_first) is the parent."""
+    return m.type != "snapshot" and m.identity == identity
 
 
-def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease) -> tuple[list[str], list]:
+def _remove_leftovers(repo: Repository, family: str, instance: str, lease: Lease,
+                      wanted: Callable[[BackupManifest], bool]) -> tuple[list[str], list]:
     """Backups without a main manifest (killed, or paused past their lease: fenced first), and the temporary files
     of killed writes under the source and at the repository's root; returns the ids removed and the source's
-    backup records left, each manifest read once (under the lease, none changes meanwhile)."""
+    backup records read, newest first, each manifest read once (under the lease, none changes meanwhile).
+    Reading stops at the newest backup `wanted`: every run clears what it finds newer than its own backup, so
+    older leftovers are the rare ones a lease-lost writer made late, which expire removes."""
     for prefix in (repo.source_dir(family, instance), None):
         repo.storage.remove_stale_temporaries(prefix, STALE_TEMPORARY)
     removed, records = [], []
-    for backup_id in repo.backup_ids(family, instance):
-        record = repo.load_backup(family, instance, backup_id)
+    for record in repo.newest_first(family, instance):
         if not record.complete and repo.clear_leftovers(record, lease):
-            removed.append(backup_id)
-        elif not record.cleared:
-            records.append(record)
+            removed.append(record.id)
+            continue
+        records.append(record)
+        if record.manifest is not None and wanted(record.manifest):
+            break
     return removed, records
 
 

@@ -162,7 +162,8 @@ def _show_repository_report(request: rq.VerifyRequest, report) -> None:
     for f in report.repository["findings"]:
         print(f"repository: {f['code']}: {f['message']}")
     for leftover in report.leftovers:
-        print(f"leftovers of an interrupted backup (removed by the next backup): {leftover}")
+        print("leftovers of an interrupted backup (removed by the next backup of its source, or by expire): "
+              f"{leftover}")
     scanned, known = report.checked_by.get("scan", 0), report.checked_by.get("ledger", 0)
     print(f"{report.objects} objects, {report.bytes:,} bytes re-hashed; {scanned} Tarantool files scanned, "
           f"{known} verified before (ledger); verdict: {'INTACT' if report.intact else 'DAMAGED'}")

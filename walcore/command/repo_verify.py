@@ -31,7 +31,7 @@ from ..tarantool.ledger import record_verdict, recorded_verdict
 class RepoReport:
     backups: list[dict] = field(default_factory=list)  # {"id", "family", "instance", "status", "findings"}
     archive: list[dict] = field(default_factory=list)  # {"family", "instance", "files", "status", "findings"}
-    leftovers: list[str] = field(default_factory=list)  # interrupted backups: removed by the next backup
+    leftovers: list[str] = field(default_factory=list)  # interrupted backups: removed by the next backup or expire
     objects: int = 0
     bytes: int = 0
     checked_by: dict = field(default_factory=dict)  # "scan" | "ledger" | "hash" -> objects checked so

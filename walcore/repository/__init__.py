@@ -150,6 +150,12 @@ def is_backup_id(text: str) -> bool:
     return bool(_BACKUP_ID.fullmatch(text))
 
 
+def backup_stamp(backup_id: str) -> str:
+    """When a backup id was given, YYYYMMDD-HHMMSS: its own part (an incremental's id begins with its full's).
+    Each new id of a source is given a later one than all before it (backup_common.new_backup_id)."""
+    return backup_id.split("_")[-1][:15]
+
+
 def check_instance(instance: str) -> str:
     if not isinstance(instance, str) or not _INSTANCE.fullmatch(instance):
         raise UnsafeName(f"refused instance name {instance!r}")
@@ -575,6 +581,16 @@ class Repository:
         records = [self.load_backup(family, instance, b) for b in self.backup_ids(family, instance)]
         return [r for r in records if not r.cleared]
 
+    def newest_first(self, family: str, instance: str) -> Iterator[BackupRecord]:
+        """The backups of one source as source_backups finds them, the one given its id last first (backup_stamp),
+        each manifest read only when it is reached: a caller looking for the newest of some kind reads no more of
+        them than it needs (a source backed up hourly for a month holds 720; on an object store each read is a
+        request)."""
+        for backup_id in sorted(self.backup_ids(family, instance), key=lambda b: (backup_stamp(b), b), reverse=True):
+            record = self.load_backup(family, instance, backup_id)
+            if not record.cleared:
+                yield record
+
     def backups(self) -> list[BackupRecord]:
         """Every backup of every source, oldest first (by id, then finish time)."""
         records = [r for f, i in self.sources() for r in self.source_backups(f, i)]
@@ -601,7 +617,8 @@ class Repository:
                                       "the backup: " + ", ".join(f"{r.id} ({f}/{i})" for (f, i), r in
                                                                  sorted(newest.items())))
             return next(iter(newest.values()))
-        found = [r for r in self.backups() if r.id == backup_id]
+        holders = [(f, i) for f, i in self.sources() if backup_id in self.backup_ids(f, i)]  # listings only
+        found = [r for r in (self.load_backup(f, i, backup_id) for f, i in holders) if not r.cleared]
         if not found:
             raise RepositoryError(f"no backup {backup_id} in the repository {self.display}")
         if len(found) > 1:
