@@ -14,7 +14,9 @@ zstd blocks), warms the page cache, then, every round, in this order:
      repository: the sealed files' verdicts come from the ledger, only the newest (open) xlog is scanned
   c. `walvault backup` (full) into a fresh repository: every file is verified; then the same into a fresh
      encrypted repository (docs/encryption.md): the cost of encryption, side by side (target <= 1.10x)
-  d. ~1% new data (--grow-percent): the newest xlog grows and is sealed, a new open xlog follows it
+  d. `walvault backup --type incremental` with nothing new into repository (b): a backup's fixed cost (start-up,
+     imports, lease, parent chain, manifest; target <= 0.1 s); then ~1% new data (--grow-percent): the newest
+     xlog grows and is sealed, a new open xlog follows it
      (as Tarantool rotates its log); `walvault backup --type incremental` into repository (b)
   e. `walvault restore latest` from repository (b) (the incremental over the full) into an empty
      directory; every restored file's SHA-256 is compared with the source's
@@ -81,6 +83,7 @@ STEPS = {
     "full": "walvault backup, verification included",
     "encrypted": "walvault backup, encrypted repository",
     "restic_backup": "restic backup",
+    "unchanged": "walvault backup --type incremental, nothing new",
     "incremental": "walvault backup --type incremental",
     "restic_incremental": "restic backup, after the growth",
     "restic_restore": "restic restore latest",
@@ -408,6 +411,11 @@ class Round:
         shutil.rmtree(repo)
         return result
 
+    def unchanged(self) -> dict:
+        """A backup's fixed cost (start-up, imports, lease, parent chain, manifest): an incremental with nothing new
+        since its parent (target <= 0.1 s). The next step's incremental builds on it."""
+        return {**self._backup("incremental, nothing new", self.repo_a, "--type", "incremental"), "bytes": self.nbytes}
+
     def incremental(self) -> dict:
         self.grown = grow(self.data, self.newest, self.grow_bytes)
         self.nbytes_grown = sum(p.stat().st_size for p in self.data.iterdir())
@@ -507,7 +515,8 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
 
     by = {r["step"]: r for r in results}
-    zstd_r, ledger, full, enc, inc = (by[STEPS[k]] for k in ("zstd", "ledger", "full", "encrypted", "incremental"))
+    zstd_r, ledger, full, enc, inc, unchanged = (by[STEPS[k]] for k in ("zstd", "ledger", "full", "encrypted",
+                                                                        "incremental", "unchanged"))
     ratios = {
         "ledger_x_zstd": ledger["x_zstd"], "ledger_x_zstd_median": ledger["median_x_zstd"],
         "ledger_x_zstd_synced": min(zstd["synced_runs"]) / ledger["best_s"],
@@ -519,6 +528,7 @@ def main() -> int:
         "incremental_over_full": inc["best_s"] / ledger["best_s"],
         "incremental_over_full_median": statistics.median(
             i / f for i, f in zip(inc["runs"], ledger["runs"], strict=True)),
+        "unchanged_s": unchanged["best_s"], "unchanged_s_median": unchanged["median_s"],
     }
     restore, unzstd = by[STEPS["restore"]], by[STEPS["unzstd"]]
     ratios["restore_x_unzstd"] = unzstd["best_s"] / restore["best_s"]
@@ -549,6 +559,8 @@ def main() -> int:
           f"{ratios['encrypted_over_plain_median']:.3f}x median of rounds (target <= 1.10)")
     print(f"incremental / full (ledger): {100 * ratios['incremental_over_full']:.1f}% best, "
           f"{100 * ratios['incremental_over_full_median']:.1f}% median of rounds (target <= 5%)")
+    print(f"incremental with nothing new (the fixed cost): {ratios['unchanged_s']:.3f} s best, "
+          f"{ratios['unchanged_s_median']:.3f} s median of rounds (target <= 0.1 s)")
     print(f"restore / zstd -d -T0 of the same files: {ratios['restore_x_unzstd']:.2f}x best, "
           f"{ratios['restore_x_unzstd_median']:.2f}x median of rounds (target >= 0.8); against zstd -d + sync: "
           f"{ratios['restore_x_unzstd_synced']:.2f}x")

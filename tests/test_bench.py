@@ -73,6 +73,7 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
                           "walvault archive (verify + store)",
                           "walvault backup, ledger on record", "walvault backup, verification included",
                           "walvault backup, encrypted repository",
+                          "walvault backup --type incremental, nothing new",
                           "walvault backup --type incremental",
                           "walvault restore (incremental + full)"} | (restic if shutil.which("restic") else set())
     for name, r in steps.items():
@@ -95,6 +96,10 @@ def test_backup_bench_backs_up_and_restores(tmp_path):
     encrypted = steps["walvault backup, encrypted repository"]
     assert encrypted["files"] == files and encrypted["checked_by"] == {"scan": files}
     assert report["ratios"]["encrypted_over_plain"] > 0
+    # an incremental with nothing new stores nothing: every file, the open xlog too, is referenced
+    unchanged = steps["walvault backup --type incremental, nothing new"]
+    assert unchanged["own_files"] == 0 and unchanged["referenced_files"] == files
+    assert 0 < report["ratios"]["unchanged_s"] <= report["ratios"]["unchanged_s_median"]
     # the incremental stores the grown xlog and the new one, and refers to the rest
     inc = steps["walvault backup --type incremental"]
     assert inc["own_files"] == 2 and inc["referenced_files"] == files - 1
