@@ -18,15 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .limestone import check as limestone_check
-from .limestone.check import LimestoneDir, LimestoneFile
 from .limestone.layout import is_limestone_dir
 from .limestone.layout import kind_of as limestone_kind
-from .limestone.scan import scan_pwal
 from .runner import LocalRunner, run_all
 from .tarantool.layout import discover, kind_of
 
-if TYPE_CHECKING:  # the Tarantool reader (crc32c, zstandard) is imported only when there are Tarantool files
+if TYPE_CHECKING:  # each family's reader is imported only when there are files of it
+    from .limestone.check import LimestoneDir, LimestoneFile
     from .tarantool.check import Chain, TarantoolFile
     from .tarantool.xlog import FileScan, Span
 
@@ -71,6 +69,8 @@ def _units(size: int, jobs: int, start: int | None = None) -> list[tuple[int | N
 
 def _run_unit(unit: tuple):
     if unit[0] == "limestone":
+        from .limestone.scan import scan_pwal
+
         return scan_pwal(unit[1], unit[2])
     from .tarantool.xlog import scan_file
 
@@ -220,6 +220,8 @@ def verify_paths(paths: list[Path], *, runner=None, progress: bool = False, ledg
 
     With a ledger (command.verify.Ledger), a sealed Tarantool file whose bytes (by SHA-256) this walvault version
     verified clean before is not scanned again, and each one scanned clean is recorded."""
+    from .limestone import check as limestone_check
+
     runner = runner or LocalRunner()
     layout, roots = _find(paths)
     plans = [limestone_check.prepare(root) for root in roots]

@@ -10,7 +10,6 @@ far and the bytes of its last partial 64-byte block (at most 63)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 from functools import cache
 
@@ -20,10 +19,26 @@ class _Context(ctypes.Structure):  # OpenSSL's SHA256_CTX (openssl/sha.h)
                 ("data", ctypes.c_uint8 * 64), ("num", ctypes.c_uint32), ("md_len", ctypes.c_uint32)]
 
 
+def _libcrypto() -> str | None:
+    """The libcrypto hashlib loaded, as this process maps it (Linux: no ldconfig run, no second library); else the
+    one ctypes finds."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and "/libcrypto.so" in fields[5]:
+                    return fields[5].strip()
+    except OSError:
+        pass
+    import ctypes.util  # with subprocess and shutil, and a run of ldconfig
+
+    return ctypes.util.find_library("crypto")
+
+
 @cache
 def _library():
     """libcrypto with the SHA-256 calls checked against hashlib, or None."""
-    name = ctypes.util.find_library("crypto")
+    name = _libcrypto()  # hashlib, imported above, has mapped its libcrypto where it has one
     if name is None:
         return None
     try:
