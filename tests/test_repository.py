@@ -540,6 +540,35 @@ def test_pieces_of_a_big_file_are_each_checked(repo_target, tmp_path):
             read(pieces, **whole)
 
 
+def test_a_big_file_is_written_checked(repo_target, tmp_path):
+    """A restored file big enough for its hashes to run on threads and its writeback to start while it is written:
+    what is written is its bytes; when its object does not hold what the manifest records, the restore fails
+    naming the object and leaves neither the file nor its part."""
+    from walcore.backup_common import Progress
+    from walcore.repository import PARALLEL_COMPRESSION_BYTES
+    from walcore.repository.manifest import FileEntry
+    from walcore.repository.materialize import WRITEBACK_BYTES, materialize
+
+    repo = repo_target.repository()
+    source = source_file(tmp_path / "source", max(PARALLEL_COMPRESSION_BYTES, 2 * WRITEBACK_BYTES) + 12345)
+    stored = repo.put_object("objects/big.zst", source)
+    record = {"name": "00000000000000000001.xlog", "kind": "xlog", "size": stored.size, "sha256": stored.sha256,
+              "stored": "objects/big.zst", "stored_size": stored.stored_size, "stored_sha256": stored.stored_sha256,
+              "reference": None, "mutable": False, "range": {}, "verification": {}}
+    root = tmp_path / "restored"
+    root.mkdir()
+
+    def restore(entry: FileEntry) -> None:
+        materialize(repo, [("wal/x.xlog", entry)], root, Progress(1, entry.size, False, "restored"))
+
+    restore(FileEntry.from_json(record))
+    assert (root / "wal" / "x.xlog").read_bytes() == source.read_bytes()
+    (root / "wal" / "x.xlog").unlink()
+    with pytest.raises(ObjectDamaged, match="objects/big.zst"):
+        restore(FileEntry.from_json({**record, "sha256": "0" * 64}))
+    assert list((root / "wal").iterdir()) == []
+
+
 @pytest.mark.parametrize("change", ["grown", "truncated"])
 def test_source_changing_while_copied(repo_target, tmp_path, change):
     """The source file really changes after the first stored chunk; its copy is refused and removed."""
