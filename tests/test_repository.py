@@ -509,6 +509,66 @@ def test_object_with_wrong_record_is_reported(repo_target, tmp_path):
             b"".join(repo.read_object("objects/a.zst", **record))
 
 
+def test_pieces_of_a_big_file_are_each_checked(repo_target, tmp_path):
+    """A file in two pieces, the first big enough for its hashes to run on threads: the first piece's SHA-256 is
+    read off the whole file's (one hash of its bytes, not two), and a wrong record of either piece, or of the
+    whole, still fails the read naming the object (or the file) it is about, after the last chunk."""
+    from walcore.repository import PARALLEL_COMPRESSION_BYTES
+    from walcore.repository.manifest import Piece
+
+    repo = repo_target.repository()
+    source = source_file(tmp_path / "source", PARALLEL_COMPRESSION_BYTES + 300_000)
+    first = repo.put_object("objects/first.zst", source, limit=PARALLEL_COMPRESSION_BYTES + 100_000)
+    second = repo.put_object("objects/second.zst", source, offset=first.size)
+    data = source.read_bytes()
+
+    def piece(name, stored, **wrong):
+        return Piece(name, stored.stored_size, stored.stored_sha256, **{"size": stored.size,
+                                                                         "sha256": stored.sha256, **wrong})
+
+    def read(pieces, **whole):
+        record = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), **whole}
+        return b"".join(repo.read_pieces("the file", pieces, check_stored=False, **record))
+
+    good = [piece("objects/first.zst", first), piece("objects/second.zst", second)]
+    assert read(good) == data
+    for pieces, whole, named in (
+            ([piece("objects/first.zst", first, sha256="0" * 64), good[1]], {}, "objects/first.zst"),
+            ([good[0], piece("objects/second.zst", second, sha256="0" * 64)], {}, "objects/second.zst"),
+            (good, {"sha256": "0" * 64}, "the file")):
+        with pytest.raises(ObjectDamaged, match=named):
+            read(pieces, **whole)
+
+
+def test_a_big_file_is_written_checked(repo_target, tmp_path):
+    """A restored file big enough for its hashes to run on threads and its writeback to start while it is written:
+    what is written is its bytes; when its object does not hold what the manifest records, the restore fails
+    naming the object and leaves neither the file nor its part."""
+    from walcore.backup_common import Progress
+    from walcore.repository import PARALLEL_COMPRESSION_BYTES
+    from walcore.repository.manifest import FileEntry
+    from walcore.repository.materialize import WRITEBACK_BYTES, materialize
+
+    repo = repo_target.repository()
+    source = source_file(tmp_path / "source", max(PARALLEL_COMPRESSION_BYTES, 2 * WRITEBACK_BYTES) + 12345)
+    stored = repo.put_object("objects/big.zst", source)
+    record = {"name": "00000000000000000001.xlog", "kind": "xlog", "size": stored.size, "sha256": stored.sha256,
+              "stored": "objects/big.zst", "stored_size": stored.stored_size, "stored_sha256": stored.stored_sha256,
+              "reference": None, "mutable": False, "range": {}, "verification": {}}
+    root = tmp_path / "restored"
+    root.mkdir()
+
+    def restore(entry: FileEntry) -> None:
+        materialize(repo, [("wal/x.xlog", entry)], root, Progress(1, entry.size, False, "restored"))
+
+    restore(FileEntry.from_json(record))
+    assert (root / "wal" / "x.xlog").read_bytes() == source.read_bytes()
+    (root / "wal" / "x.xlog").unlink()
+    with pytest.raises(ObjectDamaged, match="objects/big.zst"):
+        restore(FileEntry.from_json({**record, "sha256": "0" * 64}))
+    assert list((root / "wal").iterdir()) == []
+
+
 @pytest.mark.parametrize("change", ["grown", "truncated"])
 def test_source_changing_while_copied(repo_target, tmp_path, change):
     """The source file really changes after the first stored chunk; its copy is refused and removed."""

@@ -66,8 +66,9 @@ def read_chunks(path: Path, offset: int = 0, size: int = 1 << 20):
 class Sha256:
     """SHA-256, fed on a thread of its own when `threaded` (hashlib releases the GIL), so that the thread feeding
     it goes on reading, compressing and writing: a big file's copy then runs on more than one core. Chunks must
-    not be changed once given. `hexdigest()` ends the thread; a with block ends it on an error too. `hasher`: the
-    hash object fed (a sha256_state.ResumableSha256), else a new hashlib one."""
+    not be changed once given. `hexdigest()` is that of the chunks given so far (it waits for them), and more may
+    follow; the with block (or `close()`) ends the thread. `hasher`: the hash object fed (a
+    sha256_state.ResumableSha256), else a new hashlib one."""
 
     def __init__(self, threaded: bool = False, hasher=None):
         self._hash = hasher if hasher is not None else hashlib.sha256()
@@ -83,6 +84,7 @@ class Sha256:
     def _run(self) -> None:
         while (data := self._queue.get()) is not None:
             self._hash.update(data)
+            self._queue.task_done()
 
     def update(self, data: bytes) -> None:
         if self._thread is None:
@@ -96,7 +98,8 @@ class Sha256:
             self._thread.join()
 
     def hexdigest(self) -> str:
-        self.close()
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.join()
         return self._hash.hexdigest()
 
     def __enter__(self) -> Sha256:

@@ -435,13 +435,17 @@ class Repository:
         return stored
 
     def read_object(self, stored: str, *, size: int, sha256: str, stored_sha256: str,
-                    check_stored: bool = True) -> Iterator[bytes]:
+                    check_stored: bool = True, out_hash: Sha256 | None = None) -> Iterator[bytes]:
         """The original bytes of a stored object, streamed; ObjectDamaged (after the last chunk) when its stored
         bytes, its size or its content hash differ from what is recorded. Nothing is trusted before that.
         Without `check_stored`, the stored bytes' SHA-256 is left out: what a restore writes is proven by the
-        content's (a damaged object fails that, or zstd), and the other hash took a third of reading a big object."""
+        content's (a damaged object fails that, or zstd), and the other hash took a third of reading a big object.
+        `out_hash`: the hash fed the bytes read (one given nothing yet), else a new one."""
         big = size >= PARALLEL_COMPRESSION_BYTES and (os.cpu_count() or 1) > 1
-        with Sha256(threaded=big) as out_hash, Sha256(threaded=big and check_stored) as in_hash:
+        with ExitStack() as hashes:
+            if out_hash is None:
+                out_hash = hashes.enter_context(Sha256(threaded=big))
+            in_hash = hashes.enter_context(Sha256(threaded=big and check_stored))
             yield from self._checked_chunks(stored, size, sha256, stored_sha256 if check_stored else None,
                                             out_hash, in_hash)
 
@@ -456,16 +460,20 @@ class Repository:
         """The bytes of stored objects one after the other (manifest.Piece: each checked as read_object checks
         it); of more than one, the whole is checked against `size` and `sha256` too (ObjectDamaged naming `what`
         after the last chunk)."""
-        def read(p):
+        def read(p, out_hash=None):
             return self.read_object(p.stored, size=p.size, sha256=p.sha256, stored_sha256=p.stored_sha256,
-                                    check_stored=check_stored)
+                                    check_stored=check_stored, out_hash=out_hash)
 
         if len(pieces) == 1:
             yield from read(pieces[0])
             return
         total = 0
         with Sha256(threaded=size >= PARALLEL_COMPRESSION_BYTES) as whole:
-            for p in pieces:
+            # the first piece's SHA-256 is the whole's after its bytes: they are hashed once, not twice
+            for chunk in read(pieces[0], out_hash=whole):
+                total += len(chunk)
+                yield chunk
+            for p in pieces[1:]:
                 for chunk in read(p):
                     whole.update(chunk)
                     total += len(chunk)

@@ -16,6 +16,7 @@ from . import Repository
 from .manifest import BackupManifest, FileEntry
 from .storage import check_name
 
+WRITEBACK_BYTES = 8 << 20  # a big file's writeback to disk is started at every this many bytes written
 STAGING_MARK = ".walvault-restore.json"  # in the staging directory: which restore it holds (removed at the end)
 
 
@@ -55,9 +56,10 @@ def _write_checked(repo: Repository, path: Path, entry: FileEntry) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".walvault-part")
     try:
-        with open(part, "wb") as f:
+        with open(part, "wb") as f, _Writeback(f.fileno(), entry.size) as writeback:
             for chunk in repo.read_entry(entry, check_stored=False):  # what is written is checked
                 f.write(chunk)
+                writeback.written(len(chunk))
             f.flush()
             os.fsync(f.fileno())
         os.replace(part, path)
@@ -65,6 +67,47 @@ def _write_checked(repo: Repository, path: Path, entry: FileEntry) -> bool:
         part.unlink(missing_ok=True)
         raise
     return False
+
+
+class _Writeback:
+    """A big file's writeback to disk started as it is written, every WRITEBACK_BYTES, on a thread of its own (the
+    call waits for the disk's queue): its fsync then waits for the last few MiB, not for all of it (on a 256 MB
+    file, 0.18 s of a 0.65 s restore). Linux starts the writeback of a range's dirty pages on POSIX_FADV_DONTNEED
+    (sync_file_range's SYNC_FILE_RANGE_WRITE, which Python lacks); the pages still dirty then stay cached. Where
+    there is no posix_fadvise (macOS), the fsync does it all, as before. `written(n)` after n more bytes written."""
+
+    def __init__(self, fd: int, size: int):
+        self._fd, self._written, self._started, self._thread = fd, 0, 0, None
+        if size >= 2 * WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+            import queue
+            import threading
+
+            self._queue: queue.Queue = queue.Queue()
+            self._thread = threading.Thread(target=self._run, name="walvault-writeback", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        start = 0
+        while (end := self._queue.get()) is not None:
+            try:
+                os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass  # only a head start: the fsync writes what this did not
+            start = end
+
+    def written(self, nbytes: int) -> None:
+        self._written += nbytes
+        if self._thread is not None and self._written - self._started >= WRITEBACK_BYTES:
+            self._queue.put(self._written)
+            self._started = self._written
+
+    def __enter__(self) -> _Writeback:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
 
 
 def fsync_tree(root: Path) -> None:
