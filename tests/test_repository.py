@@ -882,3 +882,39 @@ def test_lease_of_a_killed_process_not_yet_reaped_is_broken(repo_target):
             assert f"pid {child.pid}" in lease.broke
     finally:
         child.wait()
+
+
+def test_a_threaded_hash_reports_its_failure_and_never_blocks_its_feeder():
+    """fsutil.Sha256 on a thread: its digest so far, then more; a hasher that fails (a stand-in object: a real
+    hashlib one does not fail on bytes) is raised by hexdigest(), and the feeder, giving more chunks than the
+    queue holds, does not block on the dead thread."""
+    from walcore.fsutil import Sha256
+
+    with Sha256(threaded=True) as h:
+        h.update(b"abc")
+        first = h.hexdigest()
+        h.update(b"def")
+        assert (first, h.hexdigest()) == (hashlib.sha256(b"abc").hexdigest(), hashlib.sha256(b"abcdef").hexdigest())
+
+    class FailingHasher:  # a stand-in: fails on its third chunk
+        calls = 0
+
+        def update(self, data):
+            FailingHasher.calls += 1
+            if FailingHasher.calls == 3:
+                raise MemoryError("the third chunk")
+
+    done = threading.Event()
+
+    def feed():
+        with Sha256(threaded=True, hasher=FailingHasher()) as h:
+            for _ in range(64):  # eight times what the queue holds
+                h.update(b"x" * 1024)
+            with pytest.raises(MemoryError, match="the third chunk"):
+                h.hexdigest()
+        done.set()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    feeder.join(30)
+    assert done.is_set(), "the feeder blocked on the hashing thread"

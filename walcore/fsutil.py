@@ -73,6 +73,7 @@ class Sha256:
     def __init__(self, threaded: bool = False, hasher=None):
         self._hash = hasher if hasher is not None else hashlib.sha256()
         self._thread = None
+        self._error: BaseException | None = None
         if threaded:
             import queue
             import threading
@@ -82,9 +83,16 @@ class Sha256:
             self._thread.start()
 
     def _run(self) -> None:
+        # The queue is drained whatever happens, so that a feeder or a waiter never blocks on a dead thread; the
+        # first error is raised by hexdigest()
         while (data := self._queue.get()) is not None:
-            self._hash.update(data)
-            self._queue.task_done()
+            try:
+                if self._error is None:
+                    self._hash.update(data)
+            except BaseException as e:
+                self._error = e
+            finally:
+                self._queue.task_done()
 
     def update(self, data: bytes) -> None:
         if self._thread is None:
@@ -100,6 +108,8 @@ class Sha256:
     def hexdigest(self) -> str:
         if self._thread is not None and self._thread.is_alive():
             self._queue.join()
+        if self._error is not None:
+            raise self._error
         return self._hash.hexdigest()
 
     def __enter__(self) -> Sha256:
